@@ -1,0 +1,71 @@
+"""Observed-state builders for the pure decision tests: objects as the API server returns them."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+from warmpool.pool import builders
+from warmpool.pool.decide import InstanceView
+from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
+from warmpool.pool.parts import PARTS, Part
+
+SETTINGS = builders.PoolSettings()
+_rv = itertools.count(100)
+
+
+def appdef(min_instances: int = 2, max_instances: int = 10, generation: int = 1,
+           deleting: bool = False) -> AppDefinition:
+    obj = {
+        "metadata": {"name": "java", "namespace": "ns", "uid": "aaaa-bbbb-381261d79c23",
+                     "generation": generation,
+                     **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})},
+        "spec": {"name": "java-17", "image": "img", "port": 3000, "uid": 101,
+                 "minInstances": min_instances, "maxInstances": max_instances},
+    }
+    parsed = parse_appdefinition(obj)
+    assert isinstance(parsed, AppDefinition), parsed
+    return parsed
+
+
+def session(name: str = "s1", user: str = "jane@example.com", instance: int | None = None,
+            created: str = "2026-01-01T00:00:01Z", deleting: bool = False,
+            status: str | None = None, appdef_name: str = "java") -> Session:
+    ann = {"theia-cloud.io/instance-id": str(instance),
+           "theia-cloud.io/session-start-strategy": "eager"} if instance else {}
+    return parse_session({
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                     "creationTimestamp": created, "annotations": ann,
+                     **({"deletionTimestamp": "2026-01-01T00:00:09Z"} if deleting else {})},
+        "spec": {"name": name, "appDefinition": appdef_name, "user": user},
+        "status": {"operatorStatus": status} if status else {},
+    })
+
+
+def observed(body: dict[str, Any]) -> dict[str, Any]:
+    """What the API server would return after creating `body`."""
+    obj = copy.deepcopy(body)
+    obj["metadata"]["uid"] = f"uid-{obj['metadata']['name']}"
+    obj["metadata"]["resourceVersion"] = str(next(_rv))
+    return obj
+
+
+def instance(a: AppDefinition, k: int, holder: Session | None = None,
+             missing: tuple[Part, ...] = ()) -> InstanceView:
+    """Instance k converged: free (holder None) or fully claimed by `holder`."""
+    objects: dict[Part, dict[str, Any] | None] = {}
+    for part in PARTS:
+        if part in missing:
+            objects[part] = None
+            continue
+        objects[part] = observed(builders.build(part, a, k, holder=holder, proxy_template=None,
+                                                settings=SETTINGS))
+    return InstanceView(k, objects)
+
+
+def with_objects(view: InstanceView, **changes: dict[str, Any] | None) -> InstanceView:
+    objects = dict(view.objects)
+    for name, obj in changes.items():
+        objects[Part[name]] = obj
+    return InstanceView(view.id, objects)

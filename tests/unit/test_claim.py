@@ -1,0 +1,118 @@
+"""Claim choice and input validation (pool-spec.md §4 'Claim' and 'Bad input')."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from pool_fixtures import appdef, instance, session, with_objects
+
+from warmpool.pool.claim import (
+    ClaimError,
+    ClaimHeld,
+    ClaimSkip,
+    ClaimTry,
+    ClaimWait,
+    decide_claim,
+)
+from warmpool.pool.model import Invalid, parse_appdefinition, session_error
+from warmpool.pool.parts import Part
+
+
+def pool(a, holders=None, missing=None):
+    holders, missing = holders or {}, missing or {}
+    return {k: instance(a, k, holder=holders.get(k), missing=missing.get(k, ()))
+            for k in range(1, a.min_instances + 1)}
+
+
+def test_lowest_free_complete_instance_is_tried_first() -> None:
+    a = appdef(min_instances=4)
+    s_held = session("held", instance=1, status="HANDLED")
+    instances = pool(a, holders={1: s_held}, missing={2: (Part.DEPLOYMENT,)})
+    new = session("new", created="2026-01-01T00:00:09Z")
+    assert decide_claim(new, a, instances, [s_held, new]) == ClaimTry((3, 4))
+
+
+def test_no_free_instance_waits_with_a_reason() -> None:
+    a = appdef(min_instances=1)
+    held = session("held", instance=1, status="HANDLED")
+    new = session("new", created="2026-01-01T00:00:09Z")
+    decision = decide_claim(new, a, pool(a, holders={1: held}), [held, new])
+    assert isinstance(decision, ClaimWait) and "free instance" in decision.message
+
+
+def test_oldest_waiting_session_is_served_first() -> None:
+    a = appdef(min_instances=1)
+    old = session("old", created="2026-01-01T00:00:01Z")
+    young = session("young", user="bob@example.com", created="2026-01-01T00:00:05Z")
+    instances = pool(a)
+    assert isinstance(decide_claim(young, a, instances, [old, young]), ClaimWait)
+    assert decide_claim(old, a, instances, [old, young]) == ClaimTry((1,))
+
+
+def test_instance_with_release_traces_is_not_free() -> None:
+    a = appdef(min_instances=1)
+    view = instance(a, 1)
+    email = copy.deepcopy(view.get(Part.EMAIL_CONFIGMAP))
+    email["data"]["authenticated-emails-list"] = "previous@example.com"
+    s = session()
+    assert isinstance(decide_claim(s, a, {1: with_objects(view, EMAIL_CONFIGMAP=email)}, [s]),
+                      ClaimWait)
+
+
+def test_a_session_that_already_holds_reconciles_its_instance() -> None:
+    a = appdef(min_instances=2)
+    s = session(instance=2, status="HANDLING")
+    assert decide_claim(s, a, pool(a, holders={2: s}), [s]) == ClaimHeld(2)
+
+
+def test_unknown_appdefinition_is_an_error() -> None:
+    s = session(appdef_name="nope")
+    decision = decide_claim(s, None, {}, [s])
+    assert isinstance(decision, ClaimError) and "'nope' not found" in decision.message
+
+
+def test_invalid_appdefinition_makes_the_session_wait() -> None:
+    s = session()
+    assert isinstance(decide_claim(s, Invalid("bad"), {}, [s]), ClaimWait)
+
+
+def test_deleting_session_is_skipped() -> None:
+    s = session(deleting=True)
+    assert isinstance(decide_claim(s, appdef(), {}, [s]), ClaimSkip)
+
+
+@pytest.mark.parametrize(
+    "user",
+    ["", "   ", "jane@example.com\nbob@example.com", "jane@example.com,bob@example.com",
+     "jane @example.com", "no-at-sign", "two@@example.com", "a@b@c.com", " jane@example.com"],
+)
+def test_bad_users_are_errors_and_never_claim(user: str) -> None:
+    s = session(user=user)
+    assert session_error(s) is not None
+    decision = decide_claim(s, appdef(), pool(appdef()), [s])
+    assert isinstance(decision, ClaimError)
+    assert user.strip() == "" or user.strip() not in decision.message  # no address in messages
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"minInstances": -1}, ">= 0"),
+        ({"minInstances": 5, "maxInstances": 2}, "must not exceed"),
+        ({"minInstances": "3"}, "must be an integer"),
+        ({"minInstances": 2.5}, "must be an integer"),
+        ({"minInstances": True}, "must be an integer"),
+        ({"minInstances": None}, "is missing"),
+        ({"port": None}, "spec.port is missing"),
+        ({"port": 70000}, "TCP port"),
+        ({"image": ""}, "spec.image"),
+        ({"name": "bad name!"}, "spec.name"),
+    ],
+)
+def test_invalid_appdefinitions_are_refused_with_a_precise_message(spec, fragment) -> None:
+    base = {"name": "ok", "image": "img", "port": 3000, "minInstances": 1, "maxInstances": 3}
+    base.update(spec)
+    base = {k: val for k, val in base.items() if val is not None}
+    parsed = parse_appdefinition({"metadata": {"name": "a", "uid": "u" * 20}, "spec": base})
+    assert isinstance(parsed, Invalid) and fragment in parsed.message

@@ -1,0 +1,238 @@
+"""pool-spec.md §4, rule by rule, on the pure decision function (no server)."""
+
+from __future__ import annotations
+
+import copy
+
+from pool_fixtures import SETTINGS, appdef, instance, observed, session, with_objects
+
+from warmpool.pool import builders
+from warmpool.pool.actions import (
+    AnnotateSession,
+    Create,
+    Delete,
+    Patch,
+    RefreshPods,
+    Report,
+    ResetPods,
+    SetSessionStatus,
+)
+from warmpool.pool.decide import InstanceView, decide_instance
+from warmpool.pool.parts import PARTS, Part
+
+
+def plan(view, a, sessions=(), name="java"):
+    return decide_instance(view, name, a, list(sessions), proxy_template=None, settings=SETTINGS)
+
+
+def of(actions, kind):
+    return [x for x in actions if isinstance(x, kind)]
+
+
+def test_empty_slot_within_pool_creates_five_free_objects() -> None:
+    a = appdef(min_instances=2)
+    p = plan(InstanceView(1, {}), a)
+    assert p.state == "free"
+    creates = of(p.actions, Create)
+    assert [c.part for c in creates] == list(PARTS)
+    for c in creates:
+        assert [r["uid"] for r in c.body["metadata"]["ownerReferences"]] == [a.uid]
+    email = creates[0].body
+    assert email["data"] == {"authenticated-emails-list": ""}
+
+
+def test_converged_free_instance_needs_nothing() -> None:
+    a = appdef(min_instances=2)
+    assert plan(instance(a, 2), a).actions == []
+
+
+def test_claimed_instance_above_min_is_kept_whole_the_defect() -> None:
+    a = appdef(min_instances=2)
+    s = session(instance=5, status="HANDLED")
+    p = plan(instance(a, 5, holder=s), a, [s])
+    assert p.state == "claimed"
+    assert p.actions == []  # nothing deleted, nothing stripped
+
+
+def test_missing_configmaps_of_claimed_instance_are_recreated_with_the_holders_email() -> None:
+    a = appdef(min_instances=2)
+    s = session(instance=5, status="HANDLED")
+    view = instance(a, 5, holder=s, missing=(Part.EMAIL_CONFIGMAP, Part.PROXY_CONFIGMAP))
+    p = plan(view, a, [s])
+    creates = {c.part: c.body for c in of(p.actions, Create)}
+    assert set(creates) == {Part.EMAIL_CONFIGMAP, Part.PROXY_CONFIGMAP}
+    assert creates[Part.EMAIL_CONFIGMAP]["data"]["authenticated-emails-list"] == s.user
+    for body in creates.values():
+        assert {r["uid"] for r in body["metadata"]["ownerReferences"]} == {a.uid, s.uid}
+    assert of(p.actions, RefreshPods)
+    assert not of(p.actions, Delete)
+
+
+def test_claim_in_flight_is_completed_from_the_external_service_reference() -> None:
+    a = appdef(min_instances=2)
+    # Not annotated yet: the claimer crashed right after its deciding write.
+    s = session(status="HANDLING")
+    view = instance(a, 1)
+    ext = copy.deepcopy(view.get(Part.EXTERNAL_SERVICE))
+    ext["metadata"]["ownerReferences"].append(s.owner_reference())
+    p = plan(with_objects(view, EXTERNAL_SERVICE=ext), a, [s])
+    assert p.state == "claimed" and p.holder == s
+    patched = {x.part for x in of(p.actions, Patch)}
+    assert patched == set(PARTS)  # Session reference everywhere, labels on the external Service
+    email = next(x for x in of(p.actions, Patch) if x.part is Part.EMAIL_CONFIGMAP)
+    assert email.patch["data"] == {"authenticated-emails-list": s.user}
+    assert of(p.actions, AnnotateSession)[0].annotations["theia-cloud.io/instance-id"] == "1"
+    assert of(p.actions, SetSessionStatus)[0].status["operatorStatus"] == "HANDLED"
+
+
+def test_the_appdefinition_reference_is_restored_never_stripped() -> None:
+    a = appdef(min_instances=1)
+    s = session(instance=3, status="HANDLED")
+    view = instance(a, 3, holder=s)
+    dep = copy.deepcopy(view.get(Part.DEPLOYMENT))
+    dep["metadata"]["ownerReferences"] = [s.owner_reference()]  # what the Java operator left
+    p = plan(with_objects(view, DEPLOYMENT=dep), a, [s])
+    (fix,) = of(p.actions, Patch)
+    assert {r["uid"] for r in fix.patch["metadata"]["ownerReferences"]} == {a.uid, s.uid}
+    assert fix.resource_version == dep["metadata"]["resourceVersion"]
+
+
+def test_outdated_generation_is_not_replaced_while_claimed() -> None:
+    s = session(instance=1, status="HANDLED")
+    view = instance(appdef(generation=1), 1, holder=s)
+    p = plan(view, appdef(generation=2), [s])
+    assert not of(p.actions, Delete) and not of(p.actions, Create)
+
+
+def test_outdated_free_instance_is_replaced() -> None:
+    view = instance(appdef(generation=1), 1)
+    p = plan(view, appdef(generation=2))
+    assert p.state == "outdated"
+    assert len(of(p.actions, Delete)) == 5 and len(of(p.actions, Create)) == 5
+    for c in of(p.actions, Create):
+        assert c.body["metadata"]["labels"]["theia-cloud.io/appdefinition-generation"] == "2"
+
+
+def test_free_instance_above_min_is_deleted_with_preconditions() -> None:
+    a = appdef(min_instances=1)
+    view = instance(a, 2)
+    p = plan(view, a)
+    assert p.state == "retired"
+    deletes = of(p.actions, Delete)
+    assert len(deletes) == 5
+    assert all(d.uid and d.resource_version for d in deletes)
+
+
+def test_object_with_a_foreign_owner_is_reported_not_deleted() -> None:
+    a = appdef(min_instances=1)
+    view = instance(a, 2)
+    cm = copy.deepcopy(view.get(Part.PROXY_CONFIGMAP))
+    cm["metadata"]["ownerReferences"].append(
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u-other"})
+    p = plan(with_objects(view, PROXY_CONFIGMAP=cm), a)
+    assert Part.PROXY_CONFIGMAP not in {d.part for d in of(p.actions, Delete)}
+    assert any(r.reason == "ForeignOwner" for r in of(p.actions, Report))
+
+
+def test_release_clears_allow_list_first_resets_pod_and_unlabels_external_service_last() -> None:
+    a = appdef(min_instances=2)
+    gone = session(instance=1, deleting=True)
+    p = plan(instance(a, 1, holder=gone), a, [gone])
+    assert p.state == "free"
+    kinds = [type(x) for x in p.actions]
+    assert kinds[0] is Patch and p.actions[0].part is Part.EMAIL_CONFIGMAP
+    assert p.actions[0].patch["data"] == {"authenticated-emails-list": ""}
+    assert kinds[1] is ResetPods
+    assert p.actions[-1].part is Part.EXTERNAL_SERVICE
+    for x in of(p.actions, Patch):
+        owners = x.patch["metadata"]["ownerReferences"]
+        assert [r["uid"] for r in owners] == [a.uid]  # Session gone, AppDefinition kept
+    ext = p.actions[-1].patch["metadata"]["labels"]
+    assert ext["theia-cloud.io/session"] is None and ext["theia-cloud.io/user"] is None
+
+
+def test_release_after_the_garbage_collector_still_cleans_labels_and_allow_list() -> None:
+    a = appdef(min_instances=2)
+    gone = session(instance=1, deleting=True)
+    view = instance(a, 1, holder=gone)
+    objects = {}
+    for part, obj in view.existing():  # the GC has already removed the Session references
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["ownerReferences"] = [a.owner_reference()]
+        objects[part] = obj
+    p = plan(InstanceView(1, objects), a, [])
+    assert of(p.actions, ResetPods)
+    assert of(p.actions, Patch)[0].patch["data"] == {"authenticated-emails-list": ""}
+
+
+def test_released_instance_above_min_is_deleted() -> None:
+    a = appdef(min_instances=1)
+    gone = session(instance=4, deleting=True)
+    p = plan(instance(a, 4, holder=gone), a, [gone])
+    assert p.state == "retired" and len(of(p.actions, Delete)) == 5
+
+
+def test_appdefinition_deleted_keeps_claimed_instance_and_deletes_it_on_release() -> None:
+    a = appdef(min_instances=2)
+    s = session(instance=1, status="HANDLED")
+    view = instance(a, 1, holder=s)
+    assert plan(view, None, [s]).actions == []
+    gone = session(instance=1, deleting=True)
+    p = plan(view, None, [gone])
+    assert len(of(p.actions, Delete)) == 5
+
+
+def test_never_zero_owners_object_with_only_a_dead_sessions_reference_is_deleted() -> None:
+    a = appdef(min_instances=2)
+    gone = session(instance=1, deleting=True)
+    view = instance(a, 1, holder=gone)
+    dep = copy.deepcopy(view.get(Part.DEPLOYMENT))
+    dep["metadata"]["ownerReferences"] = [gone.owner_reference()]
+    p = plan(with_objects(view, DEPLOYMENT=dep), None, [gone])
+    assert Part.DEPLOYMENT in {d.part for d in of(p.actions, Delete)}
+    for x in of(p.actions, Patch):
+        assert x.patch.get("metadata", {}).get("ownerReferences", [1])
+
+
+def test_holder_with_an_invalid_user_gets_an_empty_allow_list() -> None:
+    a = appdef()
+    s = session(instance=1, status="HANDLED")
+    view = instance(a, 1, holder=s)
+    edited = session(instance=1, status="HANDLED", user="jane@example.com\nmallory@evil.io")
+    p = plan(view, a, [edited])
+    email = next(x for x in of(p.actions, Patch) if x.part is Part.EMAIL_CONFIGMAP)
+    assert email.patch["data"] == {"authenticated-emails-list": ""}
+    assert any(r.reason == "InvalidUser" for r in of(p.actions, Report))
+
+
+def test_two_claimants_the_referenced_and_annotated_one_wins() -> None:
+    a = appdef()
+    s1 = session("s1", instance=1, status="HANDLED", created="2026-01-01T00:00:05Z")
+    s2 = session("s2", user="bob@example.com", instance=1, created="2026-01-01T00:00:01Z")
+    p = plan(instance(a, 1, holder=s1), a, [s1, s2])
+    assert p.holder == s1
+    assert any(r.reason == "InstanceConflict" for r in of(p.actions, Report))
+
+
+def test_proxy_config_fills_url_and_port() -> None:
+    a = appdef()
+    body = builders.build(Part.PROXY_CONFIGMAP, a, 3, holder=None,
+                          proxy_template="u=https://placeholder/cb p=placeholder-port",
+                          settings=SETTINGS)
+    text = body["data"]["oauth2-proxy.cfg"]
+    assert text == "u=https://instances.theia-cloud.local/java-17-3/cb p=3000"
+
+
+def test_deployment_mounts_both_configmaps_not_optional() -> None:
+    a = appdef()
+    dep = observed(builders.build(Part.DEPLOYMENT, a, 1, holder=None, proxy_template=None,
+                                  settings=SETTINGS))
+    spec = dep["spec"]["template"]["spec"]
+    names = {c["name"] for c in spec["containers"]}
+    assert "oauth2-proxy" in names
+    volumes = {vol["name"]: vol["configMap"] for vol in spec["volumes"]}
+    assert all("optional" not in cm for cm in volumes.values())
+    assert {cm["name"] for cm in volumes.values()} == {
+        builders.object_name(a, Part.PROXY_CONFIGMAP, 1),
+        builders.object_name(a, Part.EMAIL_CONFIGMAP, 1),
+    }

@@ -1,0 +1,81 @@
+"""What a decision asks the executor to do. Plain data: tests compare plans, not API calls.
+
+Every write to an existing object names the resourceVersion it was decided on, so the API server
+rejects it (409) if anything changed since: a stale decision can never be applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmpool.pool.parts import Part
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    part: Part
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """A JSON merge patch, applied only if the object is still at `resource_version`."""
+
+    part: Part
+    name: str
+    resource_version: str
+    patch: dict[str, Any]
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Delete with uid and resourceVersion preconditions."""
+
+    part: Part
+    name: str
+    uid: str
+    resource_version: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResetPods:
+    """Delete the instance's pods so that the Deployment starts a clean one (release)."""
+
+    app_selector: str
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshPods:
+    """Stamp the instance's pods so the kubelet re-reads the mounted allow-list sooner."""
+
+    app_selector: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnnotateSession:
+    session: str
+    annotations: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class SetSessionStatus:
+    session: str
+    status: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """An Event (and log line) for a person: something the controller will not fix itself."""
+
+    reason: str
+    message: str
+    warning: bool = True
+    regarding: dict[str, str] = field(default_factory=dict)
+
+
+Action = (
+    Create | Patch | Delete | ResetPods | RefreshPods | AnnotateSession | SetSessionStatus | Report
+)

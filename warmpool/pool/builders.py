@@ -1,0 +1,201 @@
+"""Build the five objects of instance k as plain Kubernetes dicts.
+
+Pure functions of the AppDefinition, the id and the holder: no API access, so the desired shape
+of every object is unit-testable and the executor only ever sends what these return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from warmpool.pool import naming
+from warmpool.pool import vocabulary as v
+from warmpool.pool.model import AppDefinition, Session
+from warmpool.pool.parts import Part
+
+MINIMAL_PROXY_CONFIG = """\
+# Written by warmpool: the namespace has no oauth2-proxy-config ConfigMap to copy from.
+http_address = "0.0.0.0:5000"
+reverse_proxy = true
+upstreams = ["http://127.0.0.1:placeholder-port/"]
+redirect_url = "https://placeholder/oauth2/callback"
+provider = "oidc"
+skip_provider_button = true
+cookie_secure = true
+"""
+
+OAUTH2_PROXY_IMAGE = "quay.io/oauth2-proxy/oauth2-proxy:v7.5.1"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    """Deployment-wide settings the object shapes depend on (not per AppDefinition)."""
+
+    instances_host: str = "instances.theia-cloud.local"
+    oauth2_proxy_image: str = OAUTH2_PROXY_IMAGE
+
+    def instance_url(self, appdef: AppDefinition, instance: int) -> str:
+        return f"https://{self.instances_host}/{naming.app_selector(appdef.spec_name, instance)}/"
+
+
+def object_name(appdef: AppDefinition, part: Part, instance: int) -> str:
+    return part.object_name(appdef.spec_name, appdef.uid, instance)
+
+
+def session_labels(appdef: AppDefinition, session: Session) -> dict[str, str]:
+    """Labels both Services carry while `session` holds the instance."""
+    return {
+        v.LABEL_SESSION: session.name,
+        v.LABEL_SESSION_UUID: session.uid,
+        v.LABEL_USER: naming.user_label(session.user),
+        v.LABEL_APP_DEFINITION: appdef.spec_name,
+        v.LABEL_COMPONENT: "session",
+        v.LABEL_PART_OF: "theia-cloud",
+    }
+
+
+def base_labels(appdef: AppDefinition, part: Part, instance: int) -> dict[str, str]:
+    """Labels an object carries whether it is free or claimed."""
+    gen = {v.LABEL_GENERATION: str(appdef.generation)}
+    selector = naming.app_selector(appdef.spec_name, instance)
+    match part:
+        case Part.EXTERNAL_SERVICE:
+            return {v.LABEL_APP: selector, **gen}
+        case Part.INTERNAL_SERVICE:
+            return {v.LABEL_APP: selector, v.LABEL_SERVICE_TYPE: v.SERVICE_TYPE_INTERNAL, **gen}
+        case Part.PROXY_CONFIGMAP:
+            return {v.LABEL_TEMPLATE_PURPOSE: v.PURPOSE_PROXY, **gen}
+        case Part.EMAIL_CONFIGMAP:
+            return {v.LABEL_TEMPLATE_PURPOSE: v.PURPOSE_EMAILS, **gen}
+        case Part.DEPLOYMENT:
+            return gen
+
+
+def proxy_config(
+    appdef: AppDefinition, instance: int, template: str | None, settings: PoolSettings
+) -> str:
+    """The namespace's oauth2-proxy template with this instance's URL and port filled in."""
+    text = template if template is not None else MINIMAL_PROXY_CONFIG
+    url = settings.instance_url(appdef, instance).rstrip("/")
+    return text.replace("https://placeholder", url).replace("placeholder-port", str(appdef.port))
+
+
+def build(
+    part: Part,
+    appdef: AppDefinition,
+    instance: int,
+    *,
+    holder: Session | None,
+    proxy_template: str | None,
+    settings: PoolSettings,
+) -> dict[str, Any]:
+    """The full desired object; `holder` is the claiming Session, or None for a free instance."""
+    owners = [appdef.owner_reference()]
+    labels = base_labels(appdef, part, instance)
+    if holder is not None:
+        owners.append(holder.owner_reference())
+        if part.is_service:
+            labels.update(session_labels(appdef, holder))
+    metadata = {
+        "name": object_name(appdef, part, instance),
+        "namespace": appdef.namespace,
+        "labels": labels,
+        "ownerReferences": owners,
+    }
+    body: dict[str, Any] = {"apiVersion": part.api_version, "kind": part.kind, "metadata": metadata}
+    selector = naming.app_selector(appdef.spec_name, instance)
+    match part:
+        case Part.EXTERNAL_SERVICE:
+            body["spec"] = {
+                "selector": {v.LABEL_APP: selector},
+                "ports": [{"name": "http", "port": appdef.port, "targetPort": "web"}],
+            }
+        case Part.INTERNAL_SERVICE:
+            body["spec"] = {
+                "selector": {v.LABEL_APP: selector},
+                "ports": [{"name": "http-internal", "port": v.INTERNAL_PORT,
+                           "targetPort": appdef.port}],
+            }
+        case Part.PROXY_CONFIGMAP:
+            body["data"] = {v.PROXY_CONFIG_KEY: proxy_config(appdef, instance, proxy_template,
+                                                             settings)}
+        case Part.EMAIL_CONFIGMAP:
+            body["data"] = {v.EMAILS_KEY: holder.user if holder is not None else ""}
+        case Part.DEPLOYMENT:
+            body["spec"] = _deployment_spec(appdef, instance, selector, settings)
+    return body
+
+
+def _resources(appdef: AppDefinition) -> dict[str, dict[str, str]]:
+    requests = {k: q for k, q in (("cpu", appdef.requests_cpu),
+                                  ("memory", appdef.requests_memory)) if q}
+    limits = {k: q for k, q in (("cpu", appdef.limits_cpu), ("memory", appdef.limits_memory)) if q}
+    out: dict[str, dict[str, str]] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _deployment_spec(
+    appdef: AppDefinition, instance: int, selector: str, settings: PoolSettings
+) -> dict[str, Any]:
+    proxy_cm = object_name(appdef, Part.PROXY_CONFIGMAP, instance)
+    email_cm = object_name(appdef, Part.EMAIL_CONFIGMAP, instance)
+    app: dict[str, Any] = {
+        "name": naming.as_valid_name(appdef.spec_name),
+        "image": appdef.image,
+        "imagePullPolicy": appdef.image_pull_policy,
+        "ports": [{"containerPort": appdef.port}],
+        "resources": _resources(appdef),
+    }
+    if appdef.run_as_user is not None:
+        app["securityContext"] = {"runAsUser": appdef.run_as_user}
+    proxy = {
+        "name": "oauth2-proxy",
+        "image": settings.oauth2_proxy_image,
+        "args": [
+            "--config=/etc/oauth2-proxy.cfg",
+            f"--authenticated-emails-file=/emails/{v.EMAILS_KEY}",
+        ],
+        "ports": [{"name": "web", "containerPort": v.OAUTH2_PROXY_PORT}],
+        "volumeMounts": [
+            {"name": "oauth2-proxy-config", "mountPath": "/etc/oauth2-proxy.cfg",
+             "subPath": v.PROXY_CONFIG_KEY},
+            {"name": "oauth2-emails", "mountPath": "/emails"},
+        ],
+    }
+    return {
+        "replicas": 1,
+        "selector": {"matchLabels": {v.LABEL_APP: selector}},
+        "template": {
+            "metadata": {
+                "labels": {v.LABEL_APP: selector, v.LABEL_GENERATION: str(appdef.generation)},
+            },
+            "spec": {
+                "automountServiceAccountToken": False,
+                "containers": [app, proxy],
+                "volumes": [
+                    # Neither is optional: a pod whose allow-list is missing must not start
+                    # (it would answer 403 to everyone, or worse, serve without the proxy).
+                    {"name": "oauth2-proxy-config", "configMap": {"name": proxy_cm}},
+                    {"name": "oauth2-emails", "configMap": {"name": email_cm}},
+                ],
+            },
+        },
+    }
+
+
+def owner_refs(obj: Mapping[str, Any] | None) -> Sequence[Mapping[str, Any]]:
+    if not obj:
+        return ()
+    return (obj.get("metadata") or {}).get("ownerReferences") or ()
+
+
+def labels_of(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
+    if not obj:
+        return {}
+    return (obj.get("metadata") or {}).get("labels") or {}

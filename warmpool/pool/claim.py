@@ -1,0 +1,118 @@
+"""Which instance a Session should get, or why it waits or fails. Pure, like ``decide``.
+
+Fairness is decided here rather than by queue order: a Session may take a free instance only if
+fewer Sessions older than it are waiting than there are free instances. Claim jobs may run in
+any order on any worker; the oldest waiting Sessions are still the ones served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from warmpool.pool import vocabulary as v
+from warmpool.pool.decide import InstanceView, holders, release_markers
+from warmpool.pool.model import AppDefinition, Invalid, Session, session_error
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimError:
+    """The Session can never be served as it is: status ERROR with this message."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimWait:
+    """No instance for now: status HANDLING with this message; re-offered when one frees."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimHeld:
+    """The Session already holds this instance (perhaps half-claimed): reconcile it."""
+
+    instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimTry:
+    """Try these free ids in order; the first deciding write that succeeds wins."""
+
+    candidates: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSkip:
+    """Nothing to do (being deleted, or already in ERROR)."""
+
+    reason: str
+
+
+ClaimDecision = ClaimError | ClaimWait | ClaimHeld | ClaimTry | ClaimSkip
+
+
+def held_instance(
+    session: Session, instances: Mapping[int, InstanceView], sessions: Sequence[Session]
+) -> int | None:
+    """The id `session` holds, by the same rule the instance reconcile uses, or None."""
+    for k, inst in sorted(instances.items()):
+        found = holders(inst, session.appdef, sessions)
+        if found and found[0].uid == session.uid:
+            return k
+    return None
+
+
+def is_free(inst: InstanceView, appdef: AppDefinition, sessions: Sequence[Session]) -> bool:
+    """Claimable: within the pool, all five objects there, no holder and no trace of one."""
+    return (
+        inst.id <= appdef.min_instances
+        and inst.complete
+        and not holders(inst, appdef.name, sessions)
+        and not release_markers(inst)
+    )
+
+
+def waiting_sessions(
+    appdef_name: str, instances: Mapping[int, InstanceView], sessions: Sequence[Session]
+) -> list[Session]:
+    """Live, valid Sessions of the pool that hold nothing yet, oldest first."""
+    holding = {h.uid for inst in instances.values() for h in holders(inst, appdef_name, sessions)}
+    return sorted(
+        (s for s in sessions
+         if s.live and s.appdef == appdef_name and s.uid not in holding
+         and s.status != v.STATUS_ERROR and session_error(s) is None),
+        key=lambda s: (s.created, s.name),
+    )
+
+
+def decide_claim(
+    session: Session,
+    appdef: AppDefinition | Invalid | None,
+    instances: Mapping[int, InstanceView],
+    sessions: Sequence[Session],
+) -> ClaimDecision:
+    if session.deleting:
+        return ClaimSkip("Session is being deleted")
+    if (error := session_error(session)) is not None:
+        return ClaimError(error)
+    if appdef is None:
+        return ClaimError(f"AppDefinition {session.appdef!r} not found in namespace "
+                          f"{session.namespace!r}")
+    if isinstance(appdef, Invalid):
+        return ClaimWait(f"AppDefinition {session.appdef!r} is invalid ({appdef.message}); "
+                         "waiting until it is fixed")
+    if appdef.deleting:
+        return ClaimError(f"AppDefinition {appdef.name!r} is being deleted")
+    if (k := held_instance(session, instances, sessions)) is not None:
+        return ClaimHeld(k)
+    if session.status == v.STATUS_ERROR:
+        return ClaimSkip("Session is in ERROR")
+    free = sorted(k for k, inst in instances.items() if is_free(inst, appdef, sessions))
+    queue = waiting_sessions(appdef.name, instances, sessions)
+    position = next((i for i, s in enumerate(queue) if s.uid == session.uid), len(queue))
+    if position < len(free):
+        return ClaimTry(tuple(free))
+    return ClaimWait(f"Waiting for a free instance of {appdef.name} "
+                     f"(all {appdef.min_instances} prewarmed instances are taken or starting)")

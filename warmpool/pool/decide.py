@@ -1,0 +1,322 @@
+"""Level-triggered decisions: observed state of one instance in, the actions that converge it out.
+
+This is pool-spec.md §4 as code. It reads nothing and writes nothing, so every rule (the fix for
+the Java operator's defect included) is tested without a server; the executor applies the plan
+under the instance's lease, and a 409 makes the caller observe again and decide again.
+
+Three rules carry the fix:
+- a claimed instance keeps all five objects, each owned by the AppDefinition *and* the Session,
+  whatever minInstances says, and whatever is missing is recreated with the holder's e-mail;
+- the AppDefinition's reference is never stripped, and no object is left with zero owners;
+- a release clears the allow-list first and the external Service's Session reference last, so
+  a crash anywhere in between leaves a marker that makes the next run finish the release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmpool.pool import builders, naming
+from warmpool.pool import vocabulary as v
+from warmpool.pool.actions import (
+    Action,
+    AnnotateSession,
+    Create,
+    Delete,
+    Patch,
+    RefreshPods,
+    Report,
+    ResetPods,
+    SetSessionStatus,
+)
+from warmpool.pool.builders import PoolSettings
+from warmpool.pool.model import AppDefinition, Session, session_error
+from warmpool.pool.parts import PARTS, Part
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """The observed objects of instance `id` (None where an object does not exist)."""
+
+    id: int
+    objects: Mapping[Part, Obj | None]
+
+    def get(self, part: Part) -> Obj | None:
+        return self.objects.get(part)
+
+    def existing(self) -> list[tuple[Part, Obj]]:
+        return [(p, o) for p in PARTS if (o := self.objects.get(p)) is not None]
+
+    @property
+    def complete(self) -> bool:
+        return all(self.objects.get(p) is not None for p in PARTS)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The actions for one instance and the state it is converging to (for status and metrics)."""
+
+    state: str  # "claimed" | "free" | "outdated" | "retired"
+    holder: Session | None
+    actions: list[Action] = field(default_factory=list)
+
+
+# --- small readers -------------------------------------------------------------------------
+
+def _meta(obj: Obj) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def refs(obj: Obj | None) -> list[dict[str, Any]]:
+    return [dict(r) for r in builders.owner_refs(obj)]
+
+
+def is_session_ref(ref: Mapping[str, Any]) -> bool:
+    return ref.get("kind") == v.SESSION_KIND and str(ref.get("apiVersion", "")).startswith(
+        v.GROUP + "/"
+    )
+
+
+def is_appdef_ref(ref: Mapping[str, Any], appdef_name: str) -> bool:
+    return (
+        ref.get("kind") == v.APPDEF_KIND
+        and str(ref.get("apiVersion", "")).startswith(v.GROUP + "/")
+        and ref.get("name") == appdef_name
+    )
+
+
+def is_foreign_ref(ref: Mapping[str, Any], appdef_name: str) -> bool:
+    return not is_session_ref(ref) and not is_appdef_ref(ref, appdef_name)
+
+
+def has_ref(ref_list: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> bool:
+    """References are matched by (name, uid), as the garbage collector matches them."""
+    return any(r.get("name") == ref["name"] and r.get("uid") == ref["uid"] for r in ref_list)
+
+
+def _generation(obj: Obj) -> str | None:
+    return builders.labels_of(obj).get(v.LABEL_GENERATION)
+
+
+def _emails(obj: Obj | None) -> str:
+    return ((obj or {}).get("data") or {}).get(v.EMAILS_KEY) or ""
+
+
+def release_markers(instance: InstanceView) -> bool:
+    """True while any trace of a holder remains: a Session reference, session label or e-mail."""
+    for part, obj in instance.existing():
+        if any(is_session_ref(r) for r in refs(obj)):
+            return True
+        if part.is_service and any(k in builders.labels_of(obj) for k in v.SESSION_LABEL_KEYS):
+            return True
+    return bool(_emails(instance.get(Part.EMAIL_CONFIGMAP)).strip())
+
+
+def holders(
+    instance: InstanceView, appdef_name: str, sessions: Sequence[Session]
+) -> list[Session]:
+    """Live Sessions holding the instance, the rightful one first (pool-spec §4 `claimant`).
+
+    A Session holds k if it is annotated with k, or (claim in flight) references k's external
+    Service. One that does both comes first; then the reference (it is the deciding write),
+    then the annotation; ties by age.
+    """
+    live = {s.uid: s for s in sessions if s.live and s.appdef == appdef_name}
+    ext = instance.get(Part.EXTERNAL_SERVICE)
+    ext_refs = {r.get("uid") for r in refs(ext) if is_session_ref(r)}
+    by_ref = {uid for uid in ext_refs if uid in live}
+    by_annotation = {s.uid for s in live.values() if s.instance_id == instance.id}
+
+    def rank(s: Session) -> tuple[int, str, str]:
+        both = s.uid in by_ref and s.uid in by_annotation
+        return (0 if both else 1 if s.uid in by_ref else 2, s.created, s.name)
+
+    return sorted((live[u] for u in by_ref | by_annotation), key=rank)
+
+
+# --- the decision --------------------------------------------------------------------------
+
+def decide_instance(
+    instance: InstanceView,
+    appdef_name: str,
+    appdef: AppDefinition | None,
+    sessions: Sequence[Session],
+    *,
+    proxy_template: str | None,
+    settings: PoolSettings,
+) -> Plan:
+    """Converge one instance. `appdef` is None when the AppDefinition no longer exists."""
+    claimants = holders(instance, appdef_name, sessions)
+    if claimants:
+        return _claimed(instance, appdef, claimants, proxy_template, settings)
+    return _free(instance, appdef_name, appdef, proxy_template, settings)
+
+
+def _claimed(
+    instance: InstanceView,
+    appdef: AppDefinition | None,
+    claimants: list[Session],
+    proxy_template: str | None,
+    settings: PoolSettings,
+) -> Plan:
+    holder = claimants[0]
+    actions: list[Action] = []
+    if len(claimants) > 1:
+        others = ", ".join(s.name for s in claimants[1:])
+        actions.append(Report("InstanceConflict",
+                              f"instance {instance.id} is claimed by {holder.name}; "
+                              f"also by {others}, who must claim again"))
+    user_ok = session_error(holder) is None
+    if not user_ok:
+        actions.append(Report("InvalidUser", f"Session {holder.name} holds instance "
+                              f"{instance.id} but its spec.user is not one e-mail address; "
+                              "its allow-list is left empty"))
+    emails = holder.user if user_ok else ""
+    if appdef is None or appdef.deleting:
+        # The AppDefinition is gone: its spec cannot rebuild anything, so keep what exists and
+        # keep only the allow-list right. The release deletes the instance when the Session ends.
+        email = instance.get(Part.EMAIL_CONFIGMAP)
+        if email is not None and _emails(email) != emails:
+            actions.append(_patch(Part.EMAIL_CONFIGMAP, email, {"data": {v.EMAILS_KEY: emails}},
+                                  "allow-list of the holder"))
+        return Plan("claimed", holder, actions)
+
+    email_written = False
+    for part in PARTS:
+        obj = instance.get(part)
+        if obj is None:
+            body = builders.build(part, appdef, instance.id, holder=holder,
+                                  proxy_template=proxy_template, settings=settings)
+            if part is Part.EMAIL_CONFIGMAP:
+                body["data"][v.EMAILS_KEY] = emails
+                email_written = True
+            actions.append(Create(part, body))
+            continue
+        patch: dict[str, Any] = {}
+        current = refs(obj)
+        wanted = [r for r in current if not is_session_ref(r) or r.get("uid") == holder.uid]
+        for ref in (appdef.owner_reference(), holder.owner_reference()):
+            if not has_ref(wanted, ref):
+                wanted.append(ref)
+        if wanted != current:
+            patch.setdefault("metadata", {})["ownerReferences"] = wanted
+        if part.is_service:
+            labels = builders.labels_of(obj)
+            changed = {k: val for k, val in builders.session_labels(appdef, holder).items()
+                       if labels.get(k) != val}
+            if changed:
+                patch.setdefault("metadata", {})["labels"] = changed
+        if part is Part.EMAIL_CONFIGMAP and _emails(obj) != emails:
+            patch["data"] = {v.EMAILS_KEY: emails}
+            email_written = True
+        if patch:
+            actions.append(_patch(part, obj, patch, f"held by Session {holder.name}"))
+    if email_written:
+        actions.append(RefreshPods(naming.app_selector(appdef.spec_name, instance.id)))
+    if (holder.instance_id != instance.id
+            or holder.annotations.get(v.ANNOTATION_START_STRATEGY) != v.START_STRATEGY_EAGER):
+        actions.append(AnnotateSession(holder.name, {
+            v.ANNOTATION_INSTANCE_ID: str(instance.id),
+            v.ANNOTATION_START_STRATEGY: v.START_STRATEGY_EAGER,
+        }))
+    if holder.status != v.STATUS_HANDLED:
+        ext_name = builders.object_name(appdef, Part.EXTERNAL_SERVICE, instance.id)
+        actions.append(SetSessionStatus(holder.name, {
+            "operatorStatus": v.STATUS_HANDLED,
+            "operatorMessage": f"Instance {instance.id} of {appdef.name} ({ext_name})",
+            "url": settings.instance_url(appdef, instance.id),
+        }))
+    # An outdated generation is deliberately left alone while claimed: the session keeps
+    # running, and the release refreshes the instance.
+    return Plan("claimed", holder, actions)
+
+
+def _free(
+    instance: InstanceView,
+    appdef_name: str,
+    appdef: AppDefinition | None,
+    proxy_template: str | None,
+    settings: PoolSettings,
+) -> Plan:
+    keep = appdef is not None and not appdef.deleting and instance.id <= appdef.min_instances
+    releasing = release_markers(instance)
+    actions: list[Action] = []
+    if not keep:
+        for part, obj in instance.existing():
+            foreign = [r for r in refs(obj) if is_foreign_ref(r, appdef_name)]
+            if not foreign:
+                actions.append(_delete(part, obj, "free and above minInstances"
+                                       if appdef is not None else "AppDefinition deleted"))
+                continue
+            owners = ", ".join(f"{r.get('kind')}/{r.get('name')}" for r in foreign)
+            actions.append(Report(
+                "ForeignOwner",
+                f"{part.kind} {_meta(obj).get('name')} would be deleted (instance {instance.id} "
+                f"is free and above minInstances) but is also owned by {owners}: left in place",
+                regarding={"kind": part.kind, "name": str(_meta(obj).get("name"))}))
+            patch = _free_patch(part, obj, appdef_name, appdef)
+            if patch:
+                actions.append(_patch(part, obj, patch, "free (kept for its other owner)"))
+        return Plan("retired", None, actions)
+
+    assert appdef is not None
+    outdated = False
+    for part in PARTS:
+        obj = instance.get(part)
+        if obj is None:
+            actions.append(Create(part, builders.build(part, appdef, instance.id, holder=None,
+                                                       proxy_template=proxy_template,
+                                                       settings=settings)))
+        elif _generation(obj) != str(appdef.generation):
+            outdated = True
+            if any(is_foreign_ref(r, appdef_name) for r in refs(obj)):
+                actions.append(Report("ForeignOwner", f"{part.kind} {_meta(obj).get('name')} is "
+                                      "outdated but has another owner: not replaced"))
+                continue
+            actions.append(_delete(part, obj, f"outdated generation {_generation(obj)}"))
+            actions.append(Create(part, builders.build(part, appdef, instance.id, holder=None,
+                                                       proxy_template=proxy_template,
+                                                       settings=settings)))
+        else:
+            patch = _free_patch(part, obj, appdef_name, appdef)
+            if patch:
+                actions.append(_patch(part, obj, patch, "free"))
+        if part is Part.EMAIL_CONFIGMAP and releasing:
+            # Access is cut (allow-list emptied above); now give the next user a clean pod.
+            actions.append(ResetPods(naming.app_selector(appdef.spec_name, instance.id)))
+    return Plan("outdated" if outdated else "free", None, actions)
+
+
+def _free_patch(
+    part: Part, obj: Obj, appdef_name: str, appdef: AppDefinition | None
+) -> dict[str, Any]:
+    """The merge patch that brings an existing object to the free shape (no holder traces)."""
+    patch: dict[str, Any] = {}
+    current = refs(obj)
+    wanted = [r for r in current if not is_session_ref(r)]
+    if appdef is not None and not any(is_appdef_ref(r, appdef_name) for r in wanted):
+        wanted.append(appdef.owner_reference())
+    if wanted != current and wanted:  # never leave an object with zero owners
+        patch.setdefault("metadata", {})["ownerReferences"] = wanted
+    if part.is_service:
+        stale = {k: None for k in v.SESSION_LABEL_KEYS if k in builders.labels_of(obj)}
+        if stale:
+            patch.setdefault("metadata", {})["labels"] = stale
+    if part is Part.EMAIL_CONFIGMAP and _emails(obj):
+        patch["data"] = {v.EMAILS_KEY: ""}
+    return patch
+
+
+def _patch(part: Part, obj: Obj, patch: dict[str, Any], why: str) -> Patch:
+    meta = _meta(obj)
+    return Patch(part, str(meta.get("name")), str(meta.get("resourceVersion")), patch, why)
+
+
+def _delete(part: Part, obj: Obj, why: str) -> Delete:
+    meta = _meta(obj)
+    return Delete(part, str(meta.get("name")), str(meta.get("uid")),
+                  str(meta.get("resourceVersion")), why)

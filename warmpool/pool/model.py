@@ -1,0 +1,185 @@
+"""Typed, validated views of the two custom resources.
+
+The API server admits anything (the CRDs preserve unknown fields and do not type-check, so that
+real Theia Cloud objects are accepted); validation therefore happens here, once, and a bad object
+becomes an ``Invalid`` with a message a person can act on instead of an exception mid-reconcile.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmpool.pool import vocabulary as v
+
+_SPEC_NAME = re.compile(r"^[a-z0-9A-Z\-_]+$")
+# One address: no whitespace (this covers newlines), no comma, exactly one "@", text on both
+# sides and a dot in the domain. oauth2-proxy reads the list one address per line, so anything
+# that could split into two lines or entries would admit a second person.
+_EMAIL = re.compile(r"^[^@\s,;]+@[^@\s,;]+\.[^@\s,;]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A resource the controller refuses to act on, and why."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppDefinition:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec_name: str
+    image: str
+    image_pull_policy: str
+    run_as_user: int | None
+    port: int
+    min_instances: int
+    max_instances: int
+    requests_cpu: str | None
+    requests_memory: str | None
+    limits_cpu: str | None
+    limits_memory: str | None
+    deleting: bool
+
+    def owner_reference(self) -> dict[str, str]:
+        return {
+            "apiVersion": v.APPDEF_API_VERSION,
+            "kind": v.APPDEF_KIND,
+            "name": self.name,
+            "uid": self.uid,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    name: str
+    namespace: str
+    uid: str
+    appdef: str
+    user: str
+    created: str
+    deleting: bool
+    instance_id: int | None
+    status: str
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        return not self.deleting
+
+    def owner_reference(self) -> dict[str, str]:
+        return {
+            "apiVersion": v.SESSION_API_VERSION,
+            "kind": v.SESSION_KIND,
+            "name": self.name,
+            "uid": self.uid,
+        }
+
+
+def _int_field(spec: Mapping[str, Any], key: str, *, required: bool) -> int | Invalid | None:
+    value = spec.get(key)
+    if value is None:
+        return Invalid(f"spec.{key} is missing") if required else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return Invalid(f"spec.{key} must be an integer, got {value!r}")
+    return value
+
+
+def parse_appdefinition(obj: Mapping[str, Any]) -> AppDefinition | Invalid:
+    """Validate an AppDefinition as the pool needs it; an ``Invalid`` is left untouched."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return Invalid("spec is missing")
+    ints: dict[str, int | None] = {}
+    for key, required in (
+        ("minInstances", True),
+        ("maxInstances", True),
+        ("port", True),
+        ("uid", False),
+    ):
+        parsed = _int_field(spec, key, required=required)
+        if isinstance(parsed, Invalid):
+            return parsed
+        ints[key] = parsed
+    min_i, max_i, port = ints["minInstances"], ints["maxInstances"], ints["port"]
+    assert min_i is not None and max_i is not None and port is not None
+    if min_i < 0:
+        return Invalid(f"spec.minInstances must be >= 0, got {min_i}")
+    if max_i < min_i:
+        return Invalid(f"spec.minInstances ({min_i}) must not exceed spec.maxInstances ({max_i})")
+    if not 0 < port < 65536:
+        return Invalid(f"spec.port must be a TCP port (1-65535), got {port}")
+    spec_name = spec.get("name")
+    if not isinstance(spec_name, str) or not _SPEC_NAME.match(spec_name):
+        return Invalid(f"spec.name must match ^[a-z0-9A-Z-_]+$, got {spec_name!r}")
+    image = spec.get("image")
+    if not isinstance(image, str) or not image.strip():
+        return Invalid("spec.image is missing")
+    if not meta.get("uid"):
+        return Invalid("metadata.uid is missing")
+    return AppDefinition(
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace", ""),
+        uid=meta["uid"],
+        generation=int(meta.get("generation") or 1),
+        spec_name=spec_name,
+        image=image,
+        image_pull_policy=str(spec.get("imagePullPolicy") or "IfNotPresent"),
+        run_as_user=ints["uid"],
+        port=port,
+        min_instances=min_i,
+        max_instances=max_i,
+        requests_cpu=_opt_str(spec.get("requestsCpu")),
+        requests_memory=_opt_str(spec.get("requestsMemory")),
+        limits_cpu=_opt_str(spec.get("limitsCpu")),
+        limits_memory=_opt_str(spec.get("limitsMemory")),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+def parse_session(obj: Mapping[str, Any]) -> Session:
+    """A Session as observed; validity is a separate question (``session_error``)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    raw_id = annotations.get(v.ANNOTATION_INSTANCE_ID)
+    instance_id = int(raw_id) if isinstance(raw_id, str) and raw_id.isdigit() else None
+    status = (obj.get("status") or {}).get("operatorStatus") or v.STATUS_NEW
+    user = spec.get("user")
+    return Session(
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace", ""),
+        uid=meta.get("uid", ""),
+        appdef=str(spec.get("appDefinition") or ""),
+        user=user if isinstance(user, str) else "",
+        created=meta.get("creationTimestamp") or "",
+        deleting=bool(meta.get("deletionTimestamp")),
+        instance_id=instance_id,
+        status=status,
+        annotations=dict(annotations),
+    )
+
+
+def session_error(session: Session) -> str | None:
+    """Why a Session must not get an instance (status ERROR), or None when it may."""
+    if not session.appdef:
+        return "spec.appDefinition is empty"
+    if not session.user:
+        return "spec.user is empty: an instance is only handed to a named user"
+    if not _EMAIL.match(session.user):
+        return (
+            "spec.user must be exactly one e-mail address "
+            "(no whitespace, newline, comma or second '@')"
+        )
+    return None

@@ -1,0 +1,38 @@
+"""The five objects of an instance, and how each is named.
+
+Listed in the order a release must touch them: the e-mail list first (access ends at once),
+the external Service last (its Session reference is what a claim decides on, so it is the
+marker that says "this instance still needs releasing" until everything else is clean).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from warmpool.pool import naming
+
+
+class Part(Enum):
+    EMAIL_CONFIGMAP = ("v1", "ConfigMap", "email")
+    PROXY_CONFIGMAP = ("v1", "ConfigMap", "proxy")
+    DEPLOYMENT = ("apps/v1", "Deployment", None)
+    INTERNAL_SERVICE = ("v1", "Service", "int")
+    EXTERNAL_SERVICE = ("v1", "Service", None)
+
+    def __init__(self, api_version: str, kind: str, ident: str | None) -> None:
+        self.api_version = api_version
+        self.kind = kind
+        self.ident = ident
+
+    def object_name(self, appdef_spec_name: str, appdef_uid: str, instance: int) -> str:
+        if self is Part.INTERNAL_SERVICE:
+            # The spec's table names the internal Service with the suffix form ("…-int").
+            return naming.create_name_with_suffix(appdef_spec_name, appdef_uid, instance, "int")
+        return naming.create_name(appdef_spec_name, appdef_uid, instance, self.ident)
+
+    @property
+    def is_service(self) -> bool:
+        return self.kind == "Service"
+
+
+PARTS: tuple[Part, ...] = tuple(Part)
