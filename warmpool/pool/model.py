@@ -67,6 +67,7 @@ class Session:
     deleting: bool
     instance_id: int | None
     status: str
+    message: str = ""
     annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -155,7 +156,8 @@ def parse_session(obj: Mapping[str, Any]) -> Session:
     annotations = meta.get("annotations") or {}
     raw_id = annotations.get(v.ANNOTATION_INSTANCE_ID)
     instance_id = int(raw_id) if isinstance(raw_id, str) and raw_id.isdigit() else None
-    status = (obj.get("status") or {}).get("operatorStatus") or v.STATUS_NEW
+    status_obj = obj.get("status") or {}
+    status = status_obj.get("operatorStatus") or v.STATUS_NEW
     user = spec.get("user")
     return Session(
         name=meta.get("name", ""),
@@ -167,6 +169,7 @@ def parse_session(obj: Mapping[str, Any]) -> Session:
         deleting=bool(meta.get("deletionTimestamp")),
         instance_id=instance_id,
         status=status,
+        message=str(status_obj.get("operatorMessage") or ""),
         annotations=dict(annotations),
     )
 

@@ -1,0 +1,241 @@
+"""pool-spec.md scenarios S1, S2, S4 (sequential), S5 and bad input on the real control plane.
+
+The controller runs in-process and sequentially here (``run_until_quiet``): these tests are about
+what the reconcile logic does to a real API server with a real garbage collector. Concurrency
+(S3, S6) is tested through the queue's workers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.pool_world import (
+    USERS,
+    assert_invariants,
+    create_appdef,
+    create_session,
+    delete_session,
+    emails,
+    held_instance,
+    instance_objects,
+    owner_kinds,
+    patch_appdef_spec,
+    session,
+)
+from tests.waiting import wait_for
+from warmpool.controller.sequential import run_until_quiet
+from warmpool.pool import vocabulary as v
+
+
+def _claim_all(kube, ns, count, appdef="java"):
+    for i in range(1, count + 1):
+        create_session(kube, ns, f"s{i}", USERS[i], appdef)
+    run_until_quiet(kube, ns)
+    return {f"s{i}": held_instance(kube, ns, f"s{i}") for i in range(1, count + 1)}
+
+
+@pytest.mark.parametrize("release", ["before-gc", "after-gc"])
+def test_s1_lowering_min_below_claimed_ids_keeps_them_and_release_deletes_them(
+    kube, namespace, release
+) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=5)
+    run_until_quiet(kube, ns)
+    held = _claim_all(kube, ns, 5)
+    assert sorted(held.values()) == [1, 2, 3, 4, 5]
+    assert_invariants(kube, ns)
+    untouched = {k: {n: o["metadata"]["resourceVersion"]
+                     for n, o in instance_objects(kube, ns, "java", k).items()} for k in (1, 2)}
+
+    patch_appdef_spec(kube, ns, "java", minInstances=2)
+    run_until_quiet(kube, ns)
+
+    for name, k in held.items():
+        objs = instance_objects(kube, ns, "java", k)
+        assert len(objs) == 5, f"instance {k} lost objects: {sorted(objs)}"
+        assert emails(kube, ns, "java", k) == USERS[int(name[1:])]
+        for obj in objs.values():
+            assert owner_kinds(obj) == ["AppDefinition", "Session"]
+    for k in (1, 2):
+        now = {n: o["metadata"]["resourceVersion"]
+               for n, o in instance_objects(kube, ns, "java", k).items()}
+        assert now == untouched[k], f"instance {k} was touched"
+    assert_invariants(kube, ns)
+
+    released = [n for n, k in held.items() if k > 2]
+    for name in released:
+        delete_session(kube, ns, name)
+    if release == "after-gc":
+        # The controller is "stopped": let the garbage collector strip the Session references.
+        def gc_done() -> bool:
+            return all("Session" not in owner_kinds(o)
+                       for k in (3, 4, 5) for o in instance_objects(kube, ns, "java", k).values())
+        wait_for(gc_done, timeout=90, message="GC to drop the Session owner references")
+    run_until_quiet(kube, ns)
+
+    for k in (3, 4, 5):
+        wait_for(lambda k=k: not instance_objects(kube, ns, "java", k), timeout=30,
+                 message=f"instance {k} to be deleted")
+    assert_invariants(kube, ns)
+
+
+def test_s2_spec_change_replaces_free_instances_and_claimed_ones_after_release(
+    kube, namespace
+) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=3)
+    run_until_quiet(kube, ns)
+    held = _claim_all(kube, ns, 2)
+    assert sorted(held.values()) == [1, 2]
+    patch_appdef_spec(kube, ns, "java", image="theiacloud/theia-cloud-demo:2.0")
+    run_until_quiet(kube, ns)
+
+    def gens(k):
+        return {o["metadata"]["labels"][v.LABEL_GENERATION]
+                for o in instance_objects(kube, ns, "java", k).values()}
+    assert gens(1) == {"1"} and gens(2) == {"1"}  # claimed: kept as they were
+    assert gens(3) == {"2"}  # free: replaced
+    assert emails(kube, ns, "java", held["s1"]) == USERS[1]
+    assert_invariants(kube, ns)
+
+    delete_session(kube, ns, "s1")
+    run_until_quiet(kube, ns)
+    assert gens(held["s1"]) == {"2"}
+    assert emails(kube, ns, "java", held["s1"]) == ""
+    assert_invariants(kube, ns)
+
+
+def test_s4_release_then_claim_of_the_same_instance_admits_only_the_new_user(
+    kube, namespace
+) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=1)
+    run_until_quiet(kube, ns)
+    create_session(kube, ns, "old", USERS[1])
+    run_until_quiet(kube, ns)
+    assert held_instance(kube, ns, "old") == 1
+    delete_session(kube, ns, "old")
+    create_session(kube, ns, "new", USERS[2])
+    run_until_quiet(kube, ns)
+    assert held_instance(kube, ns, "new") == 1
+    assert emails(kube, ns, "java", 1) == USERS[2]
+    assert_invariants(kube, ns)
+
+
+def test_waiting_sessions_are_served_oldest_first_when_an_instance_frees(kube, namespace) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=1)
+    run_until_quiet(kube, ns)
+    for name, user in (("first", USERS[1]), ("second", USERS[2]), ("third", USERS[3])):
+        create_session(kube, ns, name, user)
+    run_until_quiet(kube, ns)
+    assert held_instance(kube, ns, "first") == 1
+    for name in ("second", "third"):
+        status = session(kube, ns, name)["status"]
+        assert status["operatorStatus"] == "HANDLING" and "Waiting" in status["operatorMessage"]
+    assert_invariants(kube, ns)
+    delete_session(kube, ns, "first")
+    run_until_quiet(kube, ns)
+    assert held_instance(kube, ns, "second") == 1
+    assert held_instance(kube, ns, "third") is None
+    assert_invariants(kube, ns)
+
+
+@pytest.mark.parametrize("purpose", ["emails", "proxy"])
+def test_s5_configmap_of_claimed_instance_deleted_by_hand_is_recreated(
+    kube, namespace, purpose
+) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    create_session(kube, ns, "s1", USERS[1])
+    run_until_quiet(kube, ns)
+    k = held_instance(kube, ns, "s1")
+    (victim,) = [o for key, o in instance_objects(kube, ns, "java", k).items()
+                 if key.startswith("ConfigMap/")
+                 and o["metadata"]["labels"][v.LABEL_TEMPLATE_PURPOSE] == purpose]
+    kube.delete("v1", "ConfigMap", ns, victim["metadata"]["name"])
+    run_until_quiet(kube, ns)
+    again = instance_objects(kube, ns, "java", k)
+    assert f"ConfigMap/{victim['metadata']['name']}" in again
+    assert emails(kube, ns, "java", k) == USERS[1]
+    assert_invariants(kube, ns)
+
+
+def test_adopts_the_java_operators_broken_state(kube, namespace) -> None:
+    """The defect's aftermath: ConfigMaps deleted, AppDefinition reference stripped."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=3)
+    run_until_quiet(kube, ns)
+    create_session(kube, ns, "s1", USERS[1])
+    create_session(kube, ns, "s2", USERS[2])
+    create_session(kube, ns, "s3", USERS[3])
+    run_until_quiet(kube, ns)
+    objs = instance_objects(kube, ns, "java", 3)
+    for key, obj in objs.items():
+        kind, name = key.split("/")
+        api = "apps/v1" if kind == "Deployment" else "v1"
+        if kind == "ConfigMap":
+            kube.delete(api, kind, ns, name)
+        else:
+            sess = [r for r in obj["metadata"]["ownerReferences"] if r["kind"] == "Session"]
+            kube.merge_patch(api, kind, ns, name, {"metadata": {"ownerReferences": sess}})
+    run_until_quiet(kube, ns)
+    assert len(instance_objects(kube, ns, "java", 3)) == 5
+    assert emails(kube, ns, "java", 3) == USERS[3]
+    assert_invariants(kube, ns)
+
+
+BAD_USERS = {
+    "empty": "",
+    "multi-line": f"{USERS[1]}\n{USERS[2]}",
+    "comma": f"{USERS[1]},{USERS[2]}",
+    "whitespace": "user1 @example.com",
+    "no-at": "not-an-address",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_USERS))
+def test_bad_session_user_gets_error_status_and_takes_nothing(kube, namespace, case) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=1)
+    run_until_quiet(kube, ns)
+    before = {n: o["metadata"]["resourceVersion"]
+              for n, o in instance_objects(kube, ns, "java", 1).items()}
+    create_session(kube, ns, "bad", BAD_USERS[case])
+    run_until_quiet(kube, ns)
+    status = session(kube, ns, "bad")["status"]
+    assert status["operatorStatus"] == "ERROR"
+    assert "spec.user" in status["operatorMessage"]
+    after = {n: o["metadata"]["resourceVersion"]
+             for n, o in instance_objects(kube, ns, "java", 1).items()}
+    assert after == before
+    assert_invariants(kube, ns)
+
+
+def test_session_for_unknown_appdefinition_gets_error(kube, namespace) -> None:
+    ns = namespace
+    create_session(kube, ns, "lost", USERS[1], appdef="does-not-exist")
+    run_until_quiet(kube, ns)
+    status = session(kube, ns, "lost")["status"]
+    assert status["operatorStatus"] == "ERROR"
+    assert "'does-not-exist' not found" in status["operatorMessage"]
+
+
+@pytest.mark.parametrize("bad", [{"minInstances": -1}, {"minInstances": 9, "maxInstances": 3},
+                                 {"minInstances": "abc"}])
+def test_invalid_appdefinition_is_reported_and_its_pool_left_as_it_is(
+    kube, namespace, bad
+) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    create_session(kube, ns, "s1", USERS[1])
+    run_until_quiet(kube, ns)
+    before = {k: sorted(instance_objects(kube, ns, "java", k)) for k in (1, 2)}
+    patch_appdef_spec(kube, ns, "java", **bad)
+    run_until_quiet(kube, ns)
+    assert {k: sorted(instance_objects(kube, ns, "java", k)) for k in (1, 2)} == before
+    assert emails(kube, ns, "java", held_instance(kube, ns, "s1")) == USERS[1]
+    events, _ = kube.list("v1", "Event", ns)
+    assert any(e["reason"] == "InvalidAppDefinition" for e in events)

@@ -1,0 +1,89 @@
+"""Test-side verbs on the real API server: make AppDefinitions and Sessions, read instances.
+
+These are what a person or Theia Cloud's service does to the cluster; the controller's own
+code is deliberately not used here, so a test cannot pass because both sides share a bug.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from warmpool.invariants import check
+from warmpool.kube.api import Kube
+from warmpool.pool import naming
+from warmpool.pool import vocabulary as v
+
+USERS = [f"user{i}@example.com" for i in range(100)]
+
+
+def create_appdef(kube: Kube, ns: str, name: str = "java", *, min_instances: int = 2,
+                  max_instances: int = 10, spec_name: str | None = None,
+                  image: str = "theiacloud/theia-cloud-demo:1.0") -> dict[str, Any]:
+    return kube.create({
+        "apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"name": spec_name or f"{name}-app", "image": image, "uid": 101, "port": 3000,
+                 "ingressname": "theia-cloud-demo-ws-ingress", "minInstances": min_instances,
+                 "maxInstances": max_instances, "requestsCpu": "100m", "requestsMemory": "64Mi",
+                 "limitsCpu": "1", "limitsMemory": "512Mi", "someFutureField": {"kept": True}},
+    })
+
+
+def patch_appdef_spec(kube: Kube, ns: str, name: str, **spec: Any) -> dict[str, Any]:
+    return kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, name, {"spec": spec})
+
+
+def create_session(kube: Kube, ns: str, name: str, user: str, appdef: str = "java"
+                   ) -> dict[str, Any]:
+    return kube.create({
+        "apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"name": name, "appDefinition": appdef, "user": user, "workspace": "ws"},
+    })
+
+
+def delete_session(kube: Kube, ns: str, name: str) -> None:
+    kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+
+
+def session(kube: Kube, ns: str, name: str) -> dict[str, Any]:
+    obj = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+    assert obj is not None, f"Session {name} is gone"
+    return obj
+
+
+def held_instance(kube: Kube, ns: str, name: str) -> int | None:
+    ann = session(kube, ns, name)["metadata"].get("annotations") or {}
+    raw = ann.get(v.ANNOTATION_INSTANCE_ID)
+    return int(raw) if raw else None
+
+
+def instance_objects(kube: Kube, ns: str, appdef: str, k: int) -> dict[str, dict[str, Any]]:
+    """The pool objects of instance k found by listing (not by the controller's name logic)."""
+    ad = kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, appdef)
+    uid12 = ad["metadata"]["uid"][-12:] if ad else None
+    out = {}
+    for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment"), ("v1", "ConfigMap")):
+        items, _ = kube.list(api_version, kind, ns, label_selector=v.LABEL_GENERATION)
+        for item in items:
+            name = item["metadata"]["name"]
+            if naming.instance_id_from_name(name) == k and (uid12 is None or uid12 in name):
+                out[f"{kind}/{name}"] = item
+    return out
+
+
+def emails(kube: Kube, ns: str, appdef: str, k: int) -> str | None:
+    for key, obj in instance_objects(kube, ns, appdef, k).items():
+        labels = obj["metadata"].get("labels") or {}
+        if key.startswith("ConfigMap/") and labels.get(v.LABEL_TEMPLATE_PURPOSE) == "emails":
+            return (obj.get("data") or {}).get(v.EMAILS_KEY, "")
+    return None
+
+
+def owner_kinds(obj: dict[str, Any]) -> list[str]:
+    return sorted(r["kind"] for r in obj["metadata"].get("ownerReferences") or [])
+
+
+def assert_invariants(kube: Kube, ns: str, quiet: bool = True) -> None:
+    violations = check(kube, ns, quiet=quiet)
+    assert not violations, "invariants violated:\n" + "\n".join(map(str, violations))

@@ -1,0 +1,81 @@
+"""Run the pool's jobs one at a time in this thread until nothing changes.
+
+This is the Java operator's execution model (one thread, no queue) on warmpool's reconcile
+logic. It exists for two callers: tests of the pool core that must not depend on the queue, and
+the convergence benchmark, where it is the baseline the scaled-out workers are measured against.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from warmpool.controller.guard import LocalLeases
+from warmpool.controller.reconcile import (
+    Deferred,
+    claim_session,
+    reconcile_instance,
+    resync_pool,
+)
+from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
+from warmpool.kube.api import Kube
+from warmpool.pool import vocabulary as v
+from warmpool.pool.builders import PoolSettings
+
+log = logging.getLogger(__name__)
+
+
+def pool_keys(kube: Kube, namespace: str) -> list[PoolKey]:
+    """One key per AppDefinition named by an AppDefinition or by a Session."""
+    appdefs, _ = kube.list(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace)
+    sessions, _ = kube.list(v.SESSION_API_VERSION, v.SESSION_KIND, namespace)
+    names = {a["metadata"]["name"] for a in appdefs}
+    names |= {(s.get("spec") or {}).get("appDefinition") for s in sessions} - {None, ""}
+    return [PoolKey(namespace, n) for n in sorted(names)]
+
+
+def _fingerprint(kube: Kube, namespace: str) -> frozenset[tuple[str, str, str]]:
+    seen = set()
+    for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment"), ("v1", "ConfigMap"),
+                              (v.SESSION_API_VERSION, v.SESSION_KIND)):
+        items, _ = kube.list(api_version, kind, namespace)
+        seen |= {(kind, i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in items}
+    return frozenset(seen)
+
+
+def run_until_quiet(
+    kube: Kube, namespace: str, settings: PoolSettings | None = None, max_rounds: int = 20
+) -> int:
+    """Resync every pool and run every job, round after round, until a round changes nothing.
+
+    Returns the number of rounds. Raises RuntimeError if the namespace never settles, which in
+    a test means a reconcile that keeps rewriting what it wrote (a level-triggering bug).
+    """
+    settings = settings or PoolSettings()
+    leases = LocalLeases()
+    before = _fingerprint(kube, namespace)
+    for round_no in range(1, max_rounds + 1):
+        queue: deque[Key] = deque(pool_keys(kube, namespace))
+        done: set[Key] = set()
+        while queue:
+            key = queue.popleft()
+            if key in done:
+                continue
+            done.add(key)
+            try:
+                match key:
+                    case PoolKey():
+                        queue.extend(resync_pool(kube, key))
+                    case InstanceKey():
+                        with leases.try_lease(str(key)) as guard:
+                            assert guard is not None
+                            queue.extend(reconcile_instance(kube, key, guard, settings).follow_ups)
+                    case SessionKey():
+                        claim_session(kube, key, leases, settings)
+            except Deferred as exc:  # single-threaded: nothing else can hold a lease
+                raise RuntimeError(f"{key} deferred in a sequential run: {exc}") from exc
+        after = _fingerprint(kube, namespace)
+        if after == before:
+            return round_no
+        before = after
+    raise RuntimeError(f"namespace {namespace} did not settle in {max_rounds} rounds")

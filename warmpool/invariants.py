@@ -1,0 +1,142 @@
+"""The invariants I1-I6 of pool-spec.md §5, checked against the cluster as it is.
+
+Used by every integration test, the chaos suite and the demo's verdict. It reads the API server
+directly and shares no state with the controller, so a controller bug cannot hide from it; it
+does reuse the pure readers (names, holders) so that "instance k" means the same thing here.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from warmpool.kube import observe
+from warmpool.kube.api import Kube
+from warmpool.pool import builders
+from warmpool.pool import vocabulary as v
+from warmpool.pool.decide import InstanceView, has_ref, holders, refs
+from warmpool.pool.model import (
+    AppDefinition,
+    Session,
+    parse_appdefinition,
+    parse_session,
+    session_error,
+)
+from warmpool.pool.parts import PARTS, Part
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    invariant: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.invariant}: {self.message}"
+
+
+def check(kube: Kube, namespace: str, *, quiet: bool = True) -> list[Violation]:
+    """All violations in `namespace`. With quiet=False only those that must hold at all times."""
+    appdef_items, _ = kube.list(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace)
+    session_items, _ = kube.list(v.SESSION_API_VERSION, v.SESSION_KIND, namespace)
+    sessions = [parse_session(o) for o in session_items]
+    objects = observe.list_pool_objects(kube, namespace)
+    out: list[Violation] = []
+
+    for obj in objects:  # I4
+        if not refs(obj):
+            out.append(Violation("I4", f"{obj['kind']} {obj['metadata']['name']} has no owner"))
+
+    appdefs: dict[str, AppDefinition | None] = {}
+    for item in appdef_items:
+        parsed = parse_appdefinition(item)
+        appdefs[item["metadata"]["name"]] = parsed if isinstance(parsed, AppDefinition) else None
+    names = set(appdefs) | {s.appdef for s in sessions if s.appdef}
+    held: dict[str, set[str]] = defaultdict(set)
+    for name in sorted(names):
+        appdef = appdefs.get(name)
+        pool = observe.group_pool(objects, name, appdef)
+        mine = [s for s in sessions if s.appdef == name]
+        out += _check_pool(name, appdef, pool, mine, quiet, held)
+    if quiet:  # I6
+        for s in sessions:
+            if not s.live or session_error(s) is not None or s.appdef not in appdefs:
+                continue
+            ok_handled = s.status == v.STATUS_HANDLED and s.name in held[s.appdef]
+            ok_waiting = s.status == v.STATUS_HANDLING and bool(s.message)
+            if not (ok_handled or ok_waiting):
+                out.append(Violation("I6", f"Session {s.name} is {s.status} "
+                                     f"({s.message!r}) without an instance"))
+    return out
+
+
+def _check_pool(
+    name: str, appdef: AppDefinition | None, pool: dict[int, InstanceView],
+    sessions: list[Session], quiet: bool, held: dict[str, set[str]],
+) -> list[Violation]:
+    out: list[Violation] = []
+    live = [s for s in sessions if s.live]
+    by_instance: dict[int, set[str]] = defaultdict(set)
+    for s in live:
+        if s.instance_id is not None:
+            by_instance[s.instance_id].add(s.name)
+    for k, inst in pool.items():
+        ext = inst.get(Part.EXTERNAL_SERVICE)
+        for r in refs(ext):
+            if r.get("kind") == v.SESSION_KIND and any(s.uid == r.get("uid") for s in live):
+                by_instance[k].add(str(r.get("name")))
+    for k, who in sorted(by_instance.items()):  # I3
+        if len(who) > 1:
+            out.append(Violation("I3", f"instance {k} of {name} is held by {sorted(who)}"))
+
+    for s in live:  # I1 and I2 for held instances
+        if s.instance_id is None:
+            continue
+        inst = pool.get(s.instance_id, InstanceView(s.instance_id, {}))
+        top = holders(inst, name, sessions)
+        if top and top[0].uid == s.uid:
+            held[name].add(s.name)
+        for part in PARTS:
+            obj = inst.get(part)
+            if obj is None:
+                out.append(Violation("I1", f"Session {s.name} holds instance {s.instance_id} of "
+                                     f"{name} but its {part.name} is missing"))
+                continue
+            owners = refs(obj)
+            need = [s.owner_reference()] + ([appdef.owner_reference()] if appdef else [])
+            for ref in need:
+                if not has_ref(owners, ref):
+                    out.append(Violation("I1", f"{part.kind} {obj['metadata']['name']} of "
+                                         f"Session {s.name} is not owned by {ref['kind']}"))
+        email = inst.get(Part.EMAIL_CONFIGMAP)
+        if email is not None and _emails(email) != s.user:
+            out.append(Violation("I2", f"allow-list of instance {s.instance_id} of {name} does "
+                                 f"not hold exactly the user of Session {s.name}"))
+
+    for k, inst in pool.items():  # I2 for free instances, I5 when quiet
+        if holders(inst, name, sessions) or k in by_instance:
+            continue
+        email = inst.get(Part.EMAIL_CONFIGMAP)
+        if email is not None and _emails(email).strip():
+            out.append(Violation("I2", f"free instance {k} of {name} has a non-empty allow-list"))
+        if not quiet or appdef is None:
+            continue
+        if k > appdef.min_instances and inst.existing():
+            out.append(Violation("I5", f"free instance {k} of {name} exists above "
+                                 f"minInstances={appdef.min_instances}"))
+        elif k <= appdef.min_instances:
+            for part in PARTS:
+                obj = inst.get(part)
+                gen = builders.labels_of(obj).get(v.LABEL_GENERATION) if obj else None
+                if gen != str(appdef.generation):
+                    state = "missing" if obj is None else f"at generation {gen}"
+                    out.append(Violation("I5", f"free instance {k} of {name}: {part.name} is "
+                                         f"{state}"))
+    if quiet and appdef is not None and not appdef.deleting:
+        for k in range(1, appdef.min_instances + 1):
+            if k not in pool and k not in by_instance:
+                out.append(Violation("I5", f"instance {k} of {name} is missing"))
+    return out
+
+
+def _emails(obj: dict) -> str:
+    return (obj.get("data") or {}).get(v.EMAILS_KEY) or ""

@@ -1,0 +1,176 @@
+"""The controller's window on the Kubernetes API: plain dicts over the official DynamicClient.
+
+Decisions are computed on dicts exactly as the API server returns them, so one thin layer here
+turns calls into dicts and API errors into the few outcomes the controller distinguishes
+(not found, conflict, everything else), and nothing else in the code base imports the client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import config as kube_config
+from kubernetes.client import ApiClient
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+Obj = dict[str, Any]
+
+
+class Conflict(Exception):
+    """409: the object changed since it was read (or already exists). Re-read and decide again."""
+
+
+class Gone(Exception):
+    """410 on a watch or list continuation: the resourceVersion is too old; relist."""
+
+
+class KubeError(Exception):
+    """Any other API failure, with the server's status and message kept for the person."""
+
+    def __init__(self, status: int | None, message: str) -> None:
+        super().__init__(f"Kubernetes API error {status}: {message}")
+        self.status = status
+
+
+def _wrap(exc: DynamicApiError) -> Exception:
+    if isinstance(exc, ConflictError):
+        return Conflict(exc.summary())
+    if exc.status == 410:
+        return Gone(exc.summary())
+    return KubeError(exc.status, exc.summary())
+
+
+def connect(kubeconfig: str | None = None) -> ApiClient:
+    """An API client from a kubeconfig file, else in-cluster config (never the global default)."""
+    if kubeconfig:
+        return kube_config.new_client_from_config(config_file=kubeconfig)
+    try:
+        kube_config.load_incluster_config()
+    except kube_config.ConfigException:
+        return kube_config.new_client_from_config()
+    return ApiClient()
+
+
+class Kube:
+    """Get, list, create, merge-patch, delete and watch any kind, namespaced, as dicts."""
+
+    def __init__(self, api_client: ApiClient) -> None:
+        self.api_client = api_client
+        self.dyn = DynamicClient(api_client)
+        self._resources: dict[tuple[str, str], Any] = {}
+
+    def _res(self, api_version: str, kind: str) -> Any:
+        key = (api_version, kind)
+        if key not in self._resources:
+            self._resources[key] = self.dyn.resources.get(api_version=api_version, kind=kind)
+        return self._resources[key]
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Obj:
+        try:
+            resp = fn(*args, serialize=False, **kwargs)
+        except DynamicApiError as exc:
+            raise _wrap(exc) from None
+        return json.loads(resp.data)
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        try:
+            return self._call(self._res(api_version, kind).get, name=name, namespace=namespace)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(
+        self, api_version: str, kind: str, namespace: str | None, *,
+        label_selector: str | None = None,
+    ) -> tuple[list[Obj], str]:
+        """All items (one page; the pools here are thousands, not millions) and the list's RV."""
+        res = self._res(api_version, kind)
+        body = self._call(res.get, namespace=namespace, label_selector=label_selector)
+        return body.get("items") or [], str((body.get("metadata") or {}).get("resourceVersion"))
+
+    def create(self, body: Mapping[str, Any]) -> Obj:
+        meta = body["metadata"]
+        res = self._res(body["apiVersion"], body["kind"])
+        return self._call(res.create, body=dict(body), namespace=meta.get("namespace"))
+
+    def merge_patch(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any],
+        *, resource_version: str | None = None, status: bool = False,
+    ) -> Obj:
+        """A JSON merge patch; with `resource_version` the server refuses it (409) if stale."""
+        body = dict(patch)
+        if resource_version is not None:
+            body["metadata"] = {**body.get("metadata", {}), "resourceVersion": resource_version}
+        res = self._res(api_version, kind)
+        if status:
+            res = res.subresources["status"]
+        return self._call(res.patch, body=body, name=name, namespace=namespace,
+                          content_type=MERGE_PATCH)
+
+    def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, *,
+        uid: str | None = None, resource_version: str | None = None,
+    ) -> bool:
+        """Delete with preconditions; False if it was already gone. A stale precondition: 409."""
+        preconditions = {k: val for k, val in (("uid", uid), ("resourceVersion", resource_version))
+                         if val}
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if preconditions:
+            body["preconditions"] = preconditions
+        try:
+            self._call(self._res(api_version, kind).delete, name=name, namespace=namespace,
+                       body=body)
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def watch(
+        self, api_version: str, kind: str, namespace: str | None, *, resource_version: str,
+        label_selector: str | None = None, timeout_seconds: int = 300,
+    ) -> Iterator[dict[str, Any]]:
+        """Raw watch events ({type, object} dicts, bookmarks included) from `resource_version`."""
+        res = self._res(api_version, kind)
+        try:
+            for event in self.dyn.watch(res, namespace=namespace, label_selector=label_selector,
+                                        resource_version=resource_version,
+                                        timeout=timeout_seconds, allow_watch_bookmarks=True):
+                raw = event.get("raw_object") or {}
+                if event.get("type") == "ERROR":
+                    if raw.get("code") == 410:
+                        raise Gone(raw.get("message", "resourceVersion too old"))
+                    raise KubeError(raw.get("code"), raw.get("message", "watch error"))
+                yield {"type": event["type"], "object": raw}
+        except DynamicApiError as exc:
+            raise _wrap(exc) from None
+
+    def event(
+        self, namespace: str, regarding: Mapping[str, str], reason: str, message: str,
+        *, warning: bool, component: str = "warmpool",
+    ) -> None:
+        """Record a core/v1 Event; best effort, since an event must never fail a reconcile."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{regarding.get('name', 'warmpool')}.",
+                         "namespace": namespace},
+            "involvedObject": {**regarding, "namespace": namespace},
+            "reason": reason, "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": component},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            self.create(body)
+        except (KubeError, Conflict) as exc:
+            log.warning("could not record event %s: %s", reason, exc)

@@ -1,0 +1,104 @@
+"""Read what the decisions need: the AppDefinition, its Sessions and its instances' objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from warmpool.kube.api import Kube
+from warmpool.pool import builders, naming
+from warmpool.pool import vocabulary as v
+from warmpool.pool.decide import InstanceView, is_appdef_ref, refs
+from warmpool.pool.model import AppDefinition, Invalid, Session, parse_appdefinition, parse_session
+from warmpool.pool.parts import PARTS, Part
+
+# Every pool object carries the generation label: one selector finds them all, in a watch too.
+POOL_SELECTOR = v.LABEL_GENERATION
+
+
+def read_appdef(kube: Kube, namespace: str, name: str) -> AppDefinition | Invalid | None:
+    obj = kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace, name)
+    return None if obj is None else parse_appdefinition(obj)
+
+
+def read_session(kube: Kube, namespace: str, name: str) -> Session | None:
+    obj = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, namespace, name)
+    return None if obj is None else parse_session(obj)
+
+
+def list_sessions(kube: Kube, namespace: str, appdef_name: str | None = None) -> list[Session]:
+    items, _ = kube.list(v.SESSION_API_VERSION, v.SESSION_KIND, namespace)
+    sessions = [parse_session(o) for o in items]
+    return [s for s in sessions if appdef_name is None or s.appdef == appdef_name]
+
+
+def proxy_template(kube: Kube, namespace: str) -> str | None:
+    cm = kube.get("v1", "ConfigMap", namespace, v.NAMESPACE_PROXY_TEMPLATE)
+    return None if cm is None else (cm.get("data") or {}).get(v.PROXY_CONFIG_KEY)
+
+
+def observe_instance(kube: Kube, appdef: AppDefinition, instance: int) -> InstanceView:
+    """The five objects of one instance, by their exact names (five GETs)."""
+    objects = {
+        part: kube.get(part.api_version, part.kind, appdef.namespace,
+                       builders.object_name(appdef, part, instance))
+        for part in PARTS
+    }
+    return InstanceView(instance, objects)
+
+
+def classify(obj: dict[str, Any]) -> Part | None:
+    """Which of the five an object is, from its kind and labels (when names cannot be computed)."""
+    kind = obj.get("kind")
+    labels = builders.labels_of(obj)
+    if kind == "Deployment":
+        return Part.DEPLOYMENT
+    if kind == "Service":
+        internal = labels.get(v.LABEL_SERVICE_TYPE) == v.SERVICE_TYPE_INTERNAL
+        return Part.INTERNAL_SERVICE if internal else Part.EXTERNAL_SERVICE
+    if kind == "ConfigMap":
+        return {v.PURPOSE_PROXY: Part.PROXY_CONFIGMAP,
+                v.PURPOSE_EMAILS: Part.EMAIL_CONFIGMAP}.get(labels.get(v.LABEL_TEMPLATE_PURPOSE))
+    return None
+
+
+def list_pool_objects(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    """Every pool object in the namespace (three lists), each with its kind filled in."""
+    out: list[dict[str, Any]] = []
+    for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment"), ("v1", "ConfigMap")):
+        items, _ = kube.list(api_version, kind, namespace, label_selector=POOL_SELECTOR)
+        for item in items:
+            item.setdefault("kind", kind)
+            item.setdefault("apiVersion", api_version)
+            out.append(item)
+    return out
+
+
+def group_pool(
+    objects: list[dict[str, Any]], appdef_name: str, appdef: AppDefinition | None
+) -> dict[int, InstanceView]:
+    """Group pool objects of one AppDefinition into instances.
+
+    With the AppDefinition at hand an object belongs to it by its exact expected name (so an
+    object whose AppDefinition reference the Java operator stripped is still found); without it
+    (deleted) by an owner reference naming it.
+    """
+    found: dict[int, dict[Part, dict[str, Any] | None]] = {}
+    for obj in objects:
+        name = (obj.get("metadata") or {}).get("name", "")
+        k = naming.instance_id_from_name(name)
+        part = classify(obj)
+        if k is None or part is None:
+            continue
+        if appdef is not None:
+            if builders.object_name(appdef, part, k) != name:
+                continue
+        elif not any(is_appdef_ref(r, appdef_name) for r in refs(obj)):
+            continue
+        found.setdefault(k, {})[part] = obj
+    return {k: InstanceView(k, {p: objs.get(p) for p in PARTS}) for k, objs in found.items()}
+
+
+def observe_pool(
+    kube: Kube, namespace: str, appdef_name: str, appdef: AppDefinition | None
+) -> dict[int, InstanceView]:
+    return group_pool(list_pool_objects(kube, namespace), appdef_name, appdef)
