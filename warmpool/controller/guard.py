@@ -13,15 +13,11 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 
-class LeaseLost(Exception):
-    """The lease expired or was taken over: stop writing at once."""
-
-
 class Guard(Protocol):
     fence: int
 
     def ensure_held(self) -> None:
-        """Raise LeaseLost if the lease this job runs under is no longer its own."""
+        """Raise (the lease implementation's LeaseLost) if the lease is no longer this job's."""
 
 
 class Leases(Protocol):

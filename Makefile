@@ -1,0 +1,35 @@
+# Entry points. The README's first commands are `make demo` and `make test`; CI runs .ci/run,
+# which starts Redis and then calls `make test`.
+.PHONY: venv demo test test-fast lint cluster-up cluster-down
+
+PYTHON ?= python3
+
+# The stamp reinstalls when the dependencies change; a half-made .venv is never taken as done.
+.venv/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv
+	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -e '.[test]'
+	touch $@
+
+venv: .venv/.installed
+
+## The main job on embedded defaults: local control plane, embedded Redis, scheduler, workers.
+demo: .venv/.installed
+	.venv/bin/warmpool demo
+
+## Everything CI runs: unit tests, then the real-server tiers (not the on-demand `slow` tier).
+test: .venv/.installed
+	.venv/bin/python -m pytest -m "not slow"
+
+## Unit tests only: no server, seconds.
+test-fast: .venv/.installed
+	.venv/bin/python -m pytest tests/unit
+
+lint: .venv/.installed
+	.venv/bin/ruff check .
+
+cluster-up: .venv/.installed
+	.venv/bin/warmpool cluster up
+
+cluster-down: .venv/.installed
+	.venv/bin/warmpool cluster down

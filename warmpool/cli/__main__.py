@@ -1,0 +1,3 @@
+from warmpool.cli.main import main
+
+main()

@@ -1,0 +1,120 @@
+"""`warmpool cluster ...`: build, start and stop the local Kubernetes control plane.
+
+The heavy lifting is in warmpool.cluster.local; this module only maps it to commands and turns
+failures into one readable line (the full evidence stays in the component logs, or shows with
+`warmpool --debug`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from warmpool.cluster import local
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _state_dir_option(func: F) -> F:
+    return click.option(
+        "--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+        help="Where data, logs and kubeconfig live "
+             "[default: ${WARMPOOL_STATE:-~/.local/state/warmpool}/cluster].",
+    )(func)
+
+
+def _friendly_errors(func: F) -> F:
+    """ClusterError (and OS errors such as a missing binary) become one line and exit 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        debug = bool((ctx.find_root().obj or {}).get("debug"))
+        try:
+            return func(*args, **kwargs)
+        except local.ClusterError as exc:
+            if debug:
+                raise
+            click.secho(f"error: {exc.message}", fg="red", err=True)
+            ctx.exit(1)
+        except OSError as exc:
+            if debug:
+                raise
+            click.secho(f"error: {exc}", fg="red", err=True)
+            ctx.exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group()
+def cluster() -> None:
+    """Local Kubernetes v1.20 control plane (etcd, kube-apiserver, kube-controller-manager)."""
+
+
+@cluster.command()
+@_friendly_errors
+def build() -> None:
+    """Build the binaries from Debian's source package (minutes when cold; reused after)."""
+    local.build(progress=True)
+    click.echo(f"binaries in {local.bin_dir()}")
+
+
+@cluster.command()
+@_state_dir_option
+@click.option("--watch-cache/--no-watch-cache", default=None,
+              help="kube-apiserver's watch cache; off makes compaction give 410 Gone to "
+                   "watches [default: on, or $WARMPOOL_WATCH_CACHE].")
+@_friendly_errors
+def up(state_dir: Path | None, watch_cache: bool | None) -> None:
+    """Start the control plane (building it first if needed); does nothing if it runs."""
+    info = local.up(state_dir, watch_cache=watch_cache)
+    click.echo(f"cluster up: {info.server} (etcd {info.etcd_url})")
+    click.echo(f"kubeconfig: {info.kubeconfig}")
+    click.echo(f"use it:     eval \"$(warmpool cluster env"
+               f"{'' if state_dir is None else f' --state-dir {state_dir}'})\"")
+
+
+@cluster.command()
+@_state_dir_option
+@_friendly_errors
+def down(state_dir: Path | None) -> None:
+    """Stop every component; data, kubeconfig and logs are kept."""
+    stopped = local.down(state_dir)
+    click.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@cluster.command()
+@_state_dir_option
+@_friendly_errors
+def env(state_dir: Path | None) -> None:
+    """Print `export KUBECONFIG=...` for eval in a shell."""
+    click.echo(local.env(state_dir), nl=False)
+
+
+@cluster.command()
+@_state_dir_option
+@_friendly_errors
+def status(state_dir: Path | None) -> None:
+    """Show each component's pid and whether the API server is ready; exit 1 if not ready."""
+    st = local.status(state_dir)
+    click.echo(f"state dir:  {st['state_dir']}")
+    for name, comp in st["components"].items():
+        state = "running" if comp["running"] else "stopped"
+        pid = f"pid {comp['pid']}" if comp["pid"] else ""
+        click.echo(f"  {name:<24} {state:<8} {pid}")
+    if st["ready"]:
+        click.echo(f"api server: ready at {st['server']}")
+        click.echo(f"kubeconfig: {st['kubeconfig']}")
+    else:
+        click.echo("api server: not ready")
+    if not local.binaries_present():
+        click.echo(f"binaries:   not built ({local.bin_dir()}); `warmpool cluster build`")
+    if not st["ready"]:
+        click.get_current_context().exit(1)
+
+
+__all__ = ["cluster"]

@@ -1,0 +1,178 @@
+"""`warmpool demo`: the seed's defect, replayed against the real system, with a verdict.
+
+It starts everything on this machine (control plane, embedded Redis, scheduler, workers), then
+acts as a person and Theia Cloud would: an AppDefinition, Sessions claiming instances, the admin
+lowering minInstances below claimed ids (what made the Java operator delete live allow-lists),
+Sessions ending. The controller is never called directly; the demo only writes to the API server
+and watches the pool converge, then checks the invariants I1-I6.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from warmpool import invariants
+from warmpool.kube.api import Kube, KubeError, connect
+from warmpool.kube.observe import group_pool, list_pool_objects
+from warmpool.pool import vocabulary as v
+from warmpool.pool.decide import holders
+from warmpool.pool.model import parse_session
+from warmpool.pool.parts import Part
+from warmpool.stack import LocalStack
+
+NAMESPACE = "warmpool-demo"
+APPDEF = "java-17"
+USERS = ["ada@example.com", "grace@example.com", "linus@example.com", "barbara@example.com"]
+
+
+class Timeline:
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.rows: list[tuple[str, str]] = []
+
+    def add(self, text: str) -> None:
+        self.rows.append((f"{time.monotonic() - self.start:6.1f}s", text))
+
+    def table(self) -> Table:
+        t = Table(title="timeline", show_header=False, box=None, pad_edge=False)
+        for when, text in self.rows[-10:]:
+            t.add_row(when, text)
+        return t
+
+
+def pool_table(kube: Kube) -> Table:
+    objects = list_pool_objects(kube, NAMESPACE)
+    items, _ = kube.list(v.SESSION_API_VERSION, v.SESSION_KIND, NAMESPACE)
+    sessions = [parse_session(s) for s in items]
+    ad = kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, NAMESPACE, APPDEF)
+    spec = (ad or {}).get("spec") or {}
+    t = Table(title=f"pool {APPDEF}  minInstances={spec.get('minInstances', '-')}", width=76)
+    for col in ("id", "state", "objects", "session", "allow-list", "owners"):
+        t.add_column(col)
+    pool = group_pool(objects, APPDEF, None)
+    for k, inst in sorted(pool.items()):
+        held = holders(inst, APPDEF, sessions)
+        email = inst.get(Part.EMAIL_CONFIGMAP)
+        allow = (email.get("data") or {}).get(v.EMAILS_KEY, "") if email else "MISSING"
+        owners = sorted({r["kind"][:7] for _, o in inst.existing()
+                         for r in o["metadata"].get("ownerReferences") or []})
+        t.add_row(str(k), "claimed" if held else "free", f"{len(inst.existing())}/5",
+                  held[0].name if held else "", allow or "(empty)", "+".join(owners))
+    waiting = [s.name for s in sessions if s.live and s.status == v.STATUS_HANDLING]
+    if waiting:
+        t.caption = f"waiting: {', '.join(waiting)}"
+    return t
+
+
+@click.command()
+@click.option("--keep", is_flag=True, help="Leave the system running and print how to reach it.")
+@click.option("--workers", default=2, show_default=True, help="Worker processes.")
+@click.option("--threads", default=4, show_default=True, help="Threads per worker process.")
+@click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait per step.")
+def demo(keep: bool, workers: int, threads: int, timeout: float) -> None:
+    """Replay Theia Cloud's pool defect against warmpool and check the invariants."""
+    console = Console(width=min(Console().width, 80))
+    state = Path(os.environ.get("WARMPOOL_STATE", Path.home() / ".local/state/warmpool")) / "demo"
+    stack = LocalStack(state, NAMESPACE, workers=workers, threads=threads)
+    timeline = Timeline()
+    ok = False
+    try:
+        console.print("[bold]warmpool demo[/]: starting the local control plane …")
+        stack.start_cluster()
+        timeline.add("control plane up")
+        stack.start_redis()
+        timeline.add("Redis " + ("from WARMPOOL_REDIS_URL" if os.environ.get(
+            "WARMPOOL_REDIS_URL") else "embedded"))
+        assert stack.cluster is not None
+        kube = Kube(connect(str(stack.cluster.kubeconfig)))
+        _fresh_namespace(kube)
+        stack.start_workers()
+        stack.start_scheduler()
+        timeline.add(f"scheduler + {workers} worker processes x {threads} threads")
+        ok = _scenario(kube, stack, timeline, console, timeout)
+    finally:
+        if keep:
+            assert stack.cluster is not None
+            console.print(f"left running.\n  export KUBECONFIG={stack.cluster.kubeconfig}\n"
+                          f"  export WARMPOOL_REDIS_URL={stack.redis_url}\n"
+                          f"  logs: {state / 'logs'}")
+        else:
+            stack.stop()
+    raise SystemExit(0 if ok else 1)
+
+
+def _fresh_namespace(kube: Kube) -> None:
+    if kube.get("v1", "Namespace", "", NAMESPACE) is not None:
+        kube.delete("v1", "Namespace", "", NAMESPACE)
+        _wait(lambda: kube.get("v1", "Namespace", "", NAMESPACE) is None, 120)
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, tick: Callable[[], None] | None = None,
+          ) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if tick:
+            tick()
+        try:
+            if predicate():
+                return True
+        except KubeError:
+            pass
+        time.sleep(0.25)
+    return False
+
+
+def _scenario(kube: Kube, stack: LocalStack, timeline: Timeline, console: Console,
+              timeout: float) -> bool:
+    def quiet() -> bool:
+        return not invariants.check(kube, NAMESPACE, quiet=True)
+
+    with Live(console=console, refresh_per_second=4) as live:
+        def tick() -> None:
+            live.update(Group(pool_table(kube), timeline.table()))
+            if dead := stack.dead():
+                raise click.ClickException(f"{', '.join(dead)} exited; see "
+                                           f"{stack.log_path(dead[0])}")
+
+        def step(text: str, action: Callable[[], object]) -> bool:
+            timeline.add(text)
+            action()
+            converged = _wait(quiet, timeout, tick)
+            timeline.add("  converged" if converged else "  NOT converged in time")
+            tick()
+            return converged
+
+        ok = step("AppDefinition java-17 with minInstances=4", lambda: kube.create({
+            "apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
+            "metadata": {"name": APPDEF, "namespace": NAMESPACE},
+            "spec": {"name": APPDEF, "image": "theiacloud/theia-cloud-demo:1.0", "uid": 101,
+                     "port": 3000, "minInstances": 4, "maxInstances": 8,
+                     "ingressname": "demo", "requestsCpu": "100m", "requestsMemory": "64Mi",
+                     "limitsCpu": "1", "limitsMemory": "512Mi"}}))
+        ok &= step("4 Sessions claim instances", lambda: [kube.create({
+            "apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
+            "metadata": {"name": f"session-{i}", "namespace": NAMESPACE},
+            "spec": {"name": f"session-{i}", "appDefinition": APPDEF, "user": user}})
+            for i, user in enumerate(USERS, 1)])
+        ok &= step("admin lowers minInstances to 1 (the defect)", lambda: kube.merge_patch(
+            v.APPDEF_API_VERSION, v.APPDEF_KIND, NAMESPACE, APPDEF, {"spec": {"minInstances": 1}}))
+        ok &= step("Sessions 2-4 end", lambda: [kube.delete(
+            v.SESSION_API_VERSION, v.SESSION_KIND, NAMESPACE, f"session-{i}") for i in (2, 3, 4)])
+    violations = invariants.check(kube, NAMESPACE, quiet=True)
+    for violation in violations:
+        console.print(f"[red]✗ {violation}[/]")
+    if ok and not violations:
+        console.print("[green]✓ invariants I1-I6 hold: no claimed instance lost an object, "
+                      "nothing orphaned[/]")
+        return True
+    console.print("[red]✗ the pool did not converge to a correct state[/]")
+    return False
