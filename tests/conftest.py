@@ -1,0 +1,141 @@
+"""Shared fixtures: a real local Kubernetes control plane for the whole test session.
+
+Fixtures (use them by name as arguments):
+
+- `cluster` (session): a `warmpool.cluster.local.ClusterInfo` with `.kubeconfig`, `.server`,
+  `.token`, `.etcd_url` (for compaction, 410 tests), `.state_dir`, `.pids`. Started once per
+  session in a temp dir with `--watch-cache=false` (so a compaction really gives 410 Gone), and
+  stopped at the end. With WARMPOOL_TEST_KUBECONFIG set, that cluster is used instead and nothing
+  is started (WARMPOOL_TEST_ETCD_URL may then name its etcd).
+- `kube_api` (session): a `kubernetes.client.ApiClient` for that cluster. Never the global
+  default configuration, so a stray ~/.kube/config can never be touched by a test.
+- `core_v1`, `apps_v1`, `custom_objects` (session): the API groups on `kube_api`.
+- `namespace` (function): a fresh, uniquely named namespace (its default ServiceAccount is
+  ready, so pods can be created at once), deleted after the test.
+
+Tests that use the cluster get the `cluster` marker automatically, so `-m "not cluster"` selects
+the rest; nothing is skipped: the fixtures build and start what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `from tests.waiting import wait_for` under plain `pytest` too
+    sys.path.insert(0, str(ROOT))
+
+from kubernetes import client, config  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
+
+from tests.waiting import wait_for  # noqa: E402
+from warmpool.cluster import local  # noqa: E402
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that needs the control plane (directly or through another fixture)."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
+def _external_cluster(kubeconfig: Path) -> local.ClusterInfo:
+    """Describe a cluster given by kubeconfig (current context, token auth) without owning it."""
+    cfg = yaml.safe_load(kubeconfig.read_text())
+    ctx_name = cfg.get("current-context")
+    ctx = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
+    server = next(c["cluster"]["server"] for c in cfg["clusters"] if c["name"] == ctx["cluster"])
+    user = next(u["user"] for u in cfg["users"] if u["name"] == ctx["user"])
+    return local.ClusterInfo(
+        kubeconfig=kubeconfig, server=server, token=str(user.get("token", "")),
+        etcd_url=os.environ.get("WARMPOOL_TEST_ETCD_URL") or None,
+    )
+
+
+@pytest.fixture(scope="session")
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[local.ClusterInfo]:
+    external = os.environ.get("WARMPOOL_TEST_KUBECONFIG")
+    if external:
+        yield _external_cluster(Path(external))
+        return
+    if not local.binaries_present():
+        # Minutes, once per machine (cached outside the repo): show the stages live, not
+        # captured, so a CI log does not sit silent.
+        capman = request.config.pluginmanager.getplugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+            local.build(progress=True)
+    state_dir = tmp_path_factory.mktemp("cluster")
+    # die_with_parent: a killed pytest leaves no etcd or apiserver behind.
+    info = local.up(state_dir, watch_cache=False, die_with_parent=True)
+    try:
+        yield info
+    finally:
+        local.down(state_dir)
+
+
+@pytest.fixture(scope="session")
+def kube_api(cluster: local.ClusterInfo) -> Iterator[client.ApiClient]:
+    api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    try:
+        yield api_client
+    finally:
+        api_client.close()
+
+
+@pytest.fixture(scope="session")
+def core_v1(kube_api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(kube_api)
+
+
+@pytest.fixture(scope="session")
+def apps_v1(kube_api: client.ApiClient) -> client.AppsV1Api:
+    return client.AppsV1Api(kube_api)
+
+
+@pytest.fixture(scope="session")
+def custom_objects(kube_api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(kube_api)
+
+
+def _namespace_name(test_name: str) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"t-{base}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api) -> Iterator[str]:
+    name = _namespace_name(request.node.name)
+    core_v1.create_namespace({"metadata": {"name": name, "labels": {"warmpool-test": "true"}}})
+
+    def default_sa_has_token() -> bool:
+        # Pods are refused until the ServiceAccount (and in 1.20 its token secret) exists.
+        sa = core_v1.read_namespaced_service_account("default", name)
+        return bool(sa.secrets)
+
+    wait_for(default_sa_has_token, timeout=30, ignore=(ApiException,),
+             message=f"the default ServiceAccount of {name}")
+    try:
+        yield name
+    finally:
+        try:
+            core_v1.delete_namespace(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The local cluster's cert is self-signed and skipped on purpose (loopback only).
+    config.addinivalue_line(
+        "filterwarnings", "ignore::urllib3.exceptions.InsecureRequestWarning")
