@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench <name> [options]` (`python -m bench` lists them)."""

@@ -1,0 +1,23 @@
+"""Dispatch `python -m bench <name> [args...]` to the benchmark module registered as `name`."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+#: name -> module with a `main(argv: list[str]) -> int`
+BENCHMARKS: dict[str, str] = {
+    "queue": "bench.queue_bench",
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
+        print("usage: python -m bench <name> [options]\nbenchmarks: " + ", ".join(BENCHMARKS))
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(BENCHMARKS[argv[0]])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

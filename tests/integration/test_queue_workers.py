@@ -1,0 +1,349 @@
+"""The keyed queue on a real Redis with real dramatiq workers: in this process, and as 3
+worker processes that get SIGKILLed and SIGTERMed.
+
+Runs are observed through `workers.probe`, which logs [key, worker, start, end, fence] for
+every completed run; wall-clock times are comparable because every process is on this host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests import redis_server
+from tests.redis_server import delete_prefix, isolated_settings
+from tests.waiting import wait_for
+from warmpool.queue import AddResult, Inspector, KeyedQueue, QueueSettings
+from workers import probe, runtime
+from workers.process import WorkerPool
+from workers.runtime import RunningWorker, start_worker
+
+pytestmark = pytest.mark.redis
+
+# fixtures (a real Redis; per-test key prefix)
+redis_url = redis_server.redis_url
+redis_client = redis_server.redis_client
+queue_settings = redis_server.queue_settings
+
+Record = tuple[str, str, float, float, int]
+
+
+def key(i: int) -> str:
+    return f"instance/qt/app/{i}"
+
+
+def read_log(client: redis.Redis, settings: QueueSettings) -> list[Record]:
+    raw = client.lrange(probe.probe_key(settings, "log"), 0, -1)
+    return [tuple(json.loads(r)) for r in raw]  # type: ignore[misc]
+
+
+def runs_per_key(records: list[Record]) -> Counter[str]:
+    return Counter(r[0] for r in records)
+
+
+def quiescent(client: redis.Redis, settings: QueueSettings) -> bool:
+    """Nothing waiting, running, delayed or queued: no further run can happen."""
+    s = Inspector(client, settings).stats()
+    return s.waiting == 0 and s.running == 0 and s.delayed == 0 and s.messages == 0
+
+
+def wait_quiescent(client: redis.Redis, settings: QueueSettings, timeout: float = 60) -> None:
+    wait_for(
+        lambda: quiescent(client, settings),
+        timeout=timeout,
+        interval=0.05,
+        message=lambda: f"queue to drain: {Inspector(client, settings).stats()}",
+    )
+
+
+def assert_never_concurrent(records: list[Record]) -> None:
+    """Per key, every run ends before the next one starts, and fences grow in run order."""
+    by_key: dict[str, list[Record]] = defaultdict(list)
+    for r in records:
+        by_key[r[0]].append(r)
+    for k, runs in by_key.items():
+        runs.sort(key=lambda r: r[2])
+        for prev, nxt in itertools.pairwise(runs):
+            assert nxt[2] >= prev[3], f"{k}: run {nxt} started before {prev} ended"
+            assert nxt[4] > prev[4], f"{k}: fence went backwards {prev} -> {nxt}"
+
+
+def hold(client: redis.Redis, settings: QueueSettings, k: str, seconds: float = 120) -> None:
+    client.hset(probe.probe_key(settings, "hold"), k, seconds)
+
+
+def wait_holding(client: redis.Redis, settings: QueueSettings) -> tuple[str, int]:
+    raw = wait_for(
+        lambda: client.lpop(probe.probe_key(settings, "holding")),
+        timeout=30,
+        interval=0.02,
+        message="a probe job to start holding its key",
+    )
+    k, pid = json.loads(raw)
+    return k, pid
+
+
+def release(client: redis.Redis, settings: QueueSettings, k: str) -> None:
+    client.sadd(probe.probe_key(settings, "release"), k)
+
+
+# --- in-process worker -------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def probe_handlers() -> Iterator[None]:
+    """In-process workers run the probe, whatever else this test process registered."""
+    with runtime.using(probe.HANDLERS):
+        yield
+
+
+@pytest.fixture
+def worker(queue_settings: QueueSettings) -> Iterator[RunningWorker]:
+    running = start_worker(queue_settings, threads=4)
+    yield running
+    running.stop(timeout=10)
+
+
+def test_added_while_running_runs_exactly_once_more(
+    worker: RunningWorker, queue_settings: QueueSettings, redis_client: redis.Redis
+) -> None:
+    q = KeyedQueue(redis_client, queue_settings)
+    k = key(1)
+    hold(redis_client, queue_settings, k)
+    assert q.add(k) == AddResult.ENQUEUED
+    assert wait_holding(redis_client, queue_settings)[0] == k
+    assert [q.add(k) for _ in range(5)] == [AddResult.RERUN] + [AddResult.DEDUPLICATED] * 4
+    release(redis_client, queue_settings, k)
+    wait_quiescent(redis_client, queue_settings)
+    assert runs_per_key(read_log(redis_client, queue_settings)) == {k: 2}
+
+
+def test_failures_retry_with_backoff_then_succeed(
+    worker: RunningWorker, queue_settings: QueueSettings, redis_client: redis.Redis
+) -> None:
+    q = KeyedQueue(redis_client, queue_settings)
+    k = key(2)
+    redis_client.hset(probe.probe_key(queue_settings, "fail"), k, 3)
+    q.add(k)
+    wait_quiescent(redis_client, queue_settings)
+    assert runs_per_key(read_log(redis_client, queue_settings)) == {k: 1}
+    state = Inspector(redis_client, queue_settings).key(k)
+    assert (state.state, state.failures, state.last_error) == ("idle", 0, None)
+
+
+def test_dead_letter_and_redrive_through_worker(redis_client: redis.Redis, redis_url: str) -> None:
+    settings = isolated_settings(redis_url, max_failures=3)
+    running = start_worker(settings, threads=2)
+    try:
+        q = KeyedQueue(redis_client, settings)
+        k = key(3)
+        redis_client.hset(probe.probe_key(settings, "fail"), k, 3)
+        q.add(k)
+        wait_for(lambda: q.list_dead(), timeout=30, interval=0.05, message="a dead letter")
+        (dead,) = q.list_dead()
+        assert dead.key == k and "ProbeFailure" in dead.error
+        assert dead.actor == "reconcile_instance"
+        assert q.retry_dead(k) == AddResult.ENQUEUED
+        wait_quiescent(redis_client, settings)
+        assert runs_per_key(read_log(redis_client, settings)) == {k: 1}
+        assert q.list_dead() == []
+    finally:
+        running.stop(timeout=10)
+        delete_prefix(redis_client, settings.prefix.split(":", 1)[0] + ":")
+
+
+def test_stop_drains_and_gives_back_prefetched_messages(
+    queue_settings: QueueSettings, redis_client: redis.Redis
+) -> None:
+    q = KeyedQueue(redis_client, queue_settings)
+    redis_client.set(probe.probe_key(queue_settings, "sleep"), 0.05)
+    keys = [key(i) for i in range(1, 21)]
+    q.add_many(keys)
+    running = start_worker(queue_settings, threads=2)
+    wait_for(lambda: read_log(redis_client, queue_settings), timeout=30, interval=0.02)
+    running.stop(timeout=30)
+    lo = Inspector(redis_client, queue_settings).layout
+    assert list(redis_client.scan_iter(match=f"{queue_settings.namespace}:__acks__.*")) == []
+    done = set(runs_per_key(read_log(redis_client, queue_settings)))
+    waiting = {m.decode() for m in redis_client.smembers(lo.dirty)}
+    assert done | waiting == set(keys) and not done & waiting
+    assert redis_client.llen(lo.messages_list) == len(waiting)  # every waiting key has one
+    assert redis_client.zcard(lo.inflight) == 0
+    again = start_worker(queue_settings, threads=2)
+    try:
+        wait_quiescent(redis_client, queue_settings)
+    finally:
+        again.stop(timeout=10)
+    assert runs_per_key(read_log(redis_client, queue_settings)) == {k: 1 for k in keys}
+
+
+# --- worker processes --------------------------------------------------------------------
+
+
+@pytest.fixture
+def pools(redis_client: redis.Redis) -> Iterator[list[WorkerPool]]:
+    """Worker pools made by the test; stopped, and their keys deleted, at the end."""
+    started: list[WorkerPool] = []
+    yield started
+    for pool in started:
+        pool.stop(timeout=15)
+        delete_prefix(redis_client, pool.settings.prefix.split(":", 1)[0] + ":")
+
+
+def make_pool(
+    pools: list[WorkerPool], settings: QueueSettings, processes: int = 3, threads: int = 4
+) -> WorkerPool:
+    pool = WorkerPool(
+        settings,
+        processes=processes,
+        threads=threads,
+        modules=("workers.probe",),
+        env={"WARMPOOL_PROBE": "log"},
+    )
+    pools.append(pool)
+    return pool
+
+
+def fast_recovery(url: str) -> QueueSettings:
+    """Short lease and heartbeat so SIGKILLed workers' keys come back within seconds."""
+    return isolated_settings(
+        url, lease_ttl=2.0, heartbeat_timeout=2.0, recovery_period=0.25, drain_timeout=5
+    )
+
+
+@pytest.fixture
+def recovery_settings(redis_url: str, redis_client: redis.Redis) -> Iterator[QueueSettings]:
+    settings = fast_recovery(redis_url)
+    yield settings
+    delete_prefix(redis_client, settings.prefix.split(":", 1)[0] + ":")
+
+
+def holder_of_a_key(pool: WorkerPool, client: redis.Redis, settings: QueueSettings) -> int | None:
+    """The index of a worker process that holds a key right now, if any."""
+    for state in Inspector(client, settings).running():
+        pid = int(state.holder.split(":")[1]) if state.holder else None
+        if pid in pool.pids:
+            return pool.index_of(pid)
+    return None
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["steady", "sigkill-restart"])
+def test_load_over_few_keys_never_overlaps_and_converges(
+    kill: bool,
+    pools: list[WorkerPool],
+    recovery_settings: QueueSettings,
+    redis_client: redis.Redis,
+) -> None:
+    settings = recovery_settings
+    redis_client.set(probe.probe_key(settings, "sleep"), 0.002)
+    pool = make_pool(pools, settings).start()
+    q = KeyedQueue(redis_client, settings)
+    rng = random.Random(7)
+    last_add: dict[str, float] = {}
+    results: Counter[str] = Counter()
+    kills = 0
+    log = probe.probe_key(settings, "log")
+    for n in range(3000):
+        k = key(rng.randint(1, 10))
+        last_add[k] = time.time()
+        results[q.add(k)] += 1
+        if n % 100 == 99:  # interleave adds with runs: wait for workers to make progress
+            seen = redis_client.llen(log)
+            wait_for(lambda s=seen: redis_client.llen(log) > s, timeout=30, interval=0.005)
+        if kill and n % 500 == 250:
+            victim = holder_of_a_key(pool, redis_client, settings)
+            victim = rng.randrange(3) if victim is None else victim
+            pool.kill(victim)
+            pool.restart(victim, wait=False)
+            kills += 1
+    if kill:
+        wait_for(lambda: not pool.dead(), timeout=30, message="restarted workers")
+    wait_quiescent(redis_client, settings, timeout=90)
+    records = read_log(redis_client, settings)
+    assert_never_concurrent(records)
+    starts: dict[str, float] = {}
+    for k, _, start, _, _ in records:
+        starts[k] = max(starts.get(k, 0.0), start)
+    for k, added in last_add.items():
+        assert starts.get(k, 0.0) > added, f"{k}: no completed run after its last add"
+    assert len(records) <= 3000
+    # the killed workers' unacked messages were requeued by dramatiq's maintenance
+    assert list(redis_client.scan_iter(match=f"{settings.namespace}:__acks__.*")) == []
+    assert results[AddResult.DEDUPLICATED] > 0
+    print(
+        f"\n{'sigkill' if kill else 'steady'}: 3000 adds over 10 keys -> {len(records)} runs "
+        f"({dict(results)}), {kills} SIGKILLs, {len({r[1] for r in records})} worker threads"
+    )
+
+
+def test_dedup_10000_adds_over_100_keys_run_100_times(
+    pools: list[WorkerPool], queue_settings: QueueSettings, redis_client: redis.Redis
+) -> None:
+    q = KeyedQueue(redis_client, queue_settings)
+    keys = [key(i) for i in range(1, 101)]
+    results = Counter(q.add_many(keys[i % 100] for i in range(10_000)))
+    assert results == {AddResult.ENQUEUED: 100, AddResult.DEDUPLICATED: 9_900}
+    make_pool(pools, queue_settings).start()
+    wait_quiescent(redis_client, queue_settings)
+    assert runs_per_key(read_log(redis_client, queue_settings)) == {k: 1 for k in keys}
+
+
+def test_sigkilled_holder_key_reruns_within_lease_ttl(
+    pools: list[WorkerPool],
+    queue_settings: QueueSettings,
+    redis_client: redis.Redis,
+    record_property: pytest.RecordProperty,
+) -> None:
+    """Default settings (10 s lease): the key of a SIGKILLed holder runs again and completes."""
+    pool = make_pool(pools, queue_settings).start()
+    q = KeyedQueue(redis_client, queue_settings)
+    k = key(7)
+    hold(redis_client, queue_settings, k)
+    q.add(k)
+    held, pid = wait_holding(redis_client, queue_settings)
+    assert held == k
+    killed_at = time.monotonic()
+    pool.kill(pool.index_of(pid))
+    s = queue_settings
+    wait_for(
+        lambda: runs_per_key(read_log(redis_client, s))[k] == 1,
+        timeout=s.lease_ttl + s.recovery_period + 10,
+        interval=0.02,
+        message=lambda: f"{k} to rerun: {Inspector(redis_client, s).key(k)}",
+    )
+    elapsed = time.monotonic() - killed_at
+    record_property("sigkill_rerun_seconds", round(elapsed, 2))
+    print(
+        f"\nSIGKILLed holder: {k} completed again {elapsed:.2f}s later (lease TTL {s.lease_ttl}s)"
+    )
+    wait_quiescent(redis_client, s)
+    state = Inspector(redis_client, s).key(k)
+    assert state.state == "idle" and state.failures == 0
+
+
+def test_sigterm_drains_running_job_and_requeues_the_rest(
+    pools: list[WorkerPool], recovery_settings: QueueSettings, redis_client: redis.Redis
+) -> None:
+    settings = recovery_settings
+    first = make_pool(pools, settings, processes=1, threads=2).start()
+    q = KeyedQueue(redis_client, settings)
+    k = key(1)
+    hold(redis_client, settings, k, seconds=1.0)
+    q.add(k)
+    wait_holding(redis_client, settings)
+    redis_client.set(probe.probe_key(settings, "sleep"), 0.05)
+    q.add_many(key(i) for i in range(2, 31))
+    first.stop(timeout=20)  # SIGTERM: the held job finishes, prefetched messages go back
+    assert runs_per_key(read_log(redis_client, settings))[k] == 1
+    assert list(redis_client.scan_iter(match=f"{settings.namespace}:__acks__.*")) == []
+    assert Inspector(redis_client, settings).stats().running == 0
+    make_pool(pools, settings, processes=1, threads=4).start()
+    wait_quiescent(redis_client, settings)
+    assert runs_per_key(read_log(redis_client, settings)) == {key(i): 1 for i in range(1, 31)}

@@ -1,0 +1,153 @@
+"""Settings, routing, inspection, the handler registry and the worker CLI."""
+
+from __future__ import annotations
+
+import fakeredis
+import pytest
+import redis
+from click.testing import CliRunner
+
+from warmpool.queue.inspect import Inspector
+from warmpool.queue.jobs import JobContext, Jobs
+from warmpool.queue.layout import Layout
+from warmpool.queue.routing import actor_for_key
+from warmpool.queue.settings import QueueSettings
+
+
+def test_settings_from_env_and_overrides() -> None:
+    env = {
+        "WARMPOOL_REDIS_URL": "redis://h:1/2",
+        "WARMPOOL_QUEUE_LEASE_TTL": "12.5",
+        "WARMPOOL_QUEUE_MAX_FAILURES": "20",
+        "WARMPOOL_QUEUE_QUEUE_NAME": "q",
+    }
+    s = QueueSettings.from_env(env, max_failures=None, prefix="p:")
+    assert (s.redis_url, s.lease_ttl, s.max_failures, s.queue_name, s.prefix) == (
+        "redis://h:1/2",
+        12.5,
+        20,
+        "q",
+        "p:",
+    )
+    assert QueueSettings.from_env({}).redis_url is None
+    assert s.lease_ttl_ms == 12500
+    assert QueueSettings().renew_period == pytest.approx(5 / 3)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"lease_ttl": 0}, {"max_failures": 0}, {"queue_name": "x.DQ"}, {"batch": 0}]
+)
+def test_settings_reject_nonsense(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        QueueSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_layout_keeps_dramatiq_names() -> None:
+    lo = Layout.of(QueueSettings())
+    assert lo.messages_list == "dramatiq:warmpool"
+    assert lo.xq_messages == "dramatiq:warmpool.XQ.msgs"
+    assert lo.acks("w1") == "dramatiq:__acks__.w1.warmpool"
+    assert lo.heartbeats == "dramatiq:__heartbeats__"
+    assert lo.lease("instance/ns/app/3") == "warmpool:lease:instance/ns/app/3"
+
+
+def test_routing_by_key_kind() -> None:
+    assert actor_for_key("instance/ns/app/3") == "reconcile_instance"
+    assert actor_for_key("session/ns/s1") == "claim_session"
+    assert actor_for_key("pool/ns/app") == "resync_pool"
+    with pytest.raises(ValueError):
+        actor_for_key("nonsense")
+
+
+@pytest.fixture
+def jobs() -> Jobs:
+    return Jobs(fakeredis.FakeRedis(), QueueSettings(), router=lambda k: "job")
+
+
+def _deliver(jobs: Jobs) -> JobContext:
+    from dramatiq.message import Message
+
+    lo = jobs.queue.layout
+    rid = jobs.client.lpop(lo.messages_list)
+    ctx = jobs.begin(Message.decode(jobs.client.hget(lo.messages, rid)).args[0])
+    assert isinstance(ctx, JobContext)
+    return ctx
+
+
+def test_inspector_key_states(jobs: Jobs) -> None:
+    insp = Inspector(jobs.client, jobs.settings)
+    assert insp.key("a").state == "idle"
+    jobs.queue.add("a")
+    st = insp.key("a")
+    assert (st.state, st.waiting, st.running) == ("waiting", True, False)
+    assert st.waiting_seconds is not None and st.waiting_seconds >= 0
+    ctx = _deliver(jobs)
+    jobs.queue.add("a")
+    st = insp.key("a")
+    assert (st.state, st.waiting, st.running, st.fence) == ("running", True, True, ctx.fence)
+    assert st.holder is not None and st.holder in ctx.token
+    assert st.lease_ttl_seconds is not None and 0 < st.lease_ttl_seconds <= 10
+    jobs.finish(ctx, RuntimeError("nope"))  # re-added: reruns at once
+    ctx = _deliver(jobs)
+    jobs.finish(ctx, RuntimeError("nope again"))
+    st = insp.key("a")
+    assert (st.state, st.failures) == ("delayed", 2)
+    assert st.delayed_seconds is not None and "nope again" in (st.last_error or "")
+    stats = insp.stats()
+    assert (stats.waiting, stats.running, stats.delayed, stats.failing) == (0, 0, 1, 1)
+    assert [d[0] for d in insp.delayed()] == ["a"]
+
+
+def test_inspector_stats_and_workers(jobs: Jobs) -> None:
+    insp = Inspector(jobs.client, jobs.settings)
+    for k in ("a", "b", "c"):
+        jobs.queue.add(k)
+    ctx = _deliver(jobs)
+    jobs.client.zadd(jobs.queue.layout.heartbeats, {"w1": 0})
+    s = insp.stats()
+    assert (s.waiting, s.messages, s.running, s.dead, s.workers_alive) == (2, 2, 1, 0, 0)
+    assert s.oldest_wait_seconds is not None
+    assert [r.key for r in insp.running()] == [ctx.key]
+    (w,) = insp.workers()
+    assert w.worker_id == "w1" and not w.alive
+
+
+def test_handler_registry() -> None:
+    from workers import runtime
+
+    def handler(ctx: JobContext) -> None:
+        pass
+
+    before = runtime.registered()
+    with runtime.using({}):
+        with pytest.raises(runtime.NoHandler):
+            runtime.handler_for("pool")
+        assert runtime.register("pool", handler) is handler
+        assert runtime.handler_for("pool") is handler
+        with pytest.raises(ValueError):
+            runtime.register("bogus", handler)
+    assert runtime.registered() == before
+
+
+def test_worker_broker_declares_keyed_actors() -> None:
+    from dramatiq.middleware import Retries
+
+    from warmpool.queue.broker import keyed_middleware
+    from workers.runtime import build_worker_broker
+
+    client: redis.Redis = fakeredis.FakeRedis()
+    broker = build_worker_broker(QueueSettings(redis_url="redis://x"), client=client)
+    for name in ("reconcile_instance", "claim_session", "resync_pool"):
+        actor = broker.get_actor(name)
+        assert actor.options["keyed"] is True and actor.queue_name == "warmpool"
+    assert not any(isinstance(m, Retries) for m in broker.middleware)
+    assert broker.middleware[0] is keyed_middleware(broker)
+    assert broker.heartbeat_timeout == 5000
+
+
+def test_worker_cli_help() -> None:
+    from workers.cli import worker
+
+    result = CliRunner().invoke(worker, ["--help"])
+    assert result.exit_code == 0
+    assert "--processes" in result.output and "--threads" in result.output

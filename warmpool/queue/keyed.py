@@ -1,0 +1,125 @@
+"""The producer API: add a key now or after a delay.
+
+`add` is the only way keyed work enters the queue (never dramatiq's `send`): one script marks
+the key dirty and, unless it already waits or runs, writes its dramatiq message in the same
+step, so there is no moment where a key is waiting without a message.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+import redis
+
+from warmpool.queue import deadletters
+from warmpool.queue.deadletters import DeadLetter
+from warmpool.queue.layout import Layout
+from warmpool.queue.messages import MessageFactory
+from warmpool.queue.observer import QueueObserver, get_observer
+from warmpool.queue.redis_conn import connect
+from warmpool.queue.routing import Router, actor_for_key
+from warmpool.queue.scripts import Scripts
+from warmpool.queue.settings import QueueSettings
+
+
+class AddResult(enum.StrEnum):
+    ENQUEUED = "enqueued"  # now waiting, message queued
+    DEDUPLICATED = "deduplicated"  # already waiting (or already due earlier): nothing to do
+    RERUN = "rerun"  # running now: it runs exactly once more when the holder is done
+    DELAYED = "delayed"  # scheduled (or moved earlier) in the delayed set
+
+
+class KeyedQueue:
+    """Producer side of the keyed work queue (thread-safe; share one per process)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        settings: QueueSettings,
+        *,
+        router: Router = actor_for_key,
+        observer: QueueObserver | None = None,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.layout = Layout.of(settings)
+        self.scripts = Scripts(client, self.layout)
+        self.messages = MessageFactory(settings.queue_name, router)
+        self._observer = observer
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: QueueSettings,
+        *,
+        router: Router = actor_for_key,
+        observer: QueueObserver | None = None,
+    ) -> KeyedQueue:
+        """A queue on its own connection; no URL in the settings means `resolve_redis_url()`."""
+        if settings.redis_url is None:
+            from warmpool.queue.embedded import resolve_redis_url
+
+            settings = settings.replace(redis_url=resolve_redis_url())
+        assert settings.redis_url is not None
+        return cls(connect(settings.redis_url), settings, router=router, observer=observer)
+
+    @property
+    def observer(self) -> QueueObserver:
+        return self._observer or get_observer()
+
+    def add(self, key: str) -> AddResult:
+        """Make `key` run: once, however often it is added before a worker takes it; once
+        more after the current run if it is running; never two at once."""
+        rid, body = self.messages.body(key)
+        result = AddResult(self.scripts.add([(key, rid, body)])[0])
+        self.observer.on_add(key, result)
+        return result
+
+    def add_many(self, keys: Iterable[str], chunk: int = 500) -> list[AddResult]:
+        """`add` for many keys, in few round trips (a resync fanning out to its instances)."""
+        results: list[AddResult] = []
+        batch: list[tuple[str, str, bytes]] = []
+
+        def flush() -> None:
+            for (key, _, _), r in zip(batch, self.scripts.add(batch), strict=True):
+                results.append(AddResult(r))
+                self.observer.on_add(key, r)
+            batch.clear()
+
+        for key in keys:
+            batch.append((key, *self.messages.body(key)))
+            if len(batch) >= chunk:
+                flush()
+        if batch:
+            flush()
+        return results
+
+    def add_after(self, key: str, delay: float) -> AddResult:
+        """Make `key` run no earlier than `delay` seconds from now -- or earlier, if it is
+        added again meanwhile (re-adding a waiting key only ever moves it earlier)."""
+        delay_ms = int(delay * 1000)
+        if delay_ms <= 0:
+            return self.add(key)
+        result = AddResult(self.scripts.add_after(key, delay_ms))
+        self.observer.on_add(key, result)
+        return result
+
+    defer = add_after
+
+    def list_dead(self, limit: int = 1000) -> list[DeadLetter]:
+        return deadletters.list_dead(self, limit)
+
+    def retry_dead(self, key_or_id: str) -> str:
+        """Run a dead-lettered key (or dead message id) again, failures reset."""
+        return deadletters.retry_dead(self, key_or_id)
+
+    def purge_dead(self) -> int:
+        return deadletters.purge_dead(self)
+
+    def forget(self, key: str) -> None:
+        """Reset the key's failure count and error (client-go's Forget), without running it."""
+        with self.client.pipeline() as pipe:
+            pipe.hdel(self.layout.failures, key)
+            pipe.hdel(self.layout.errors, key)
+            pipe.execute()

@@ -1,0 +1,111 @@
+"""Where everything lives in Redis: the project's keys next to dramatiq's standard ones.
+
+Project keys (prefix `warmpool:` by default):
+  dirty      set   keys waiting to run (client-go's `dirty`)
+  lease:<k>  str   "<fence>|<holder token>", PX ttl: holding it is "processing k"
+  fence      str   one counter INCRed on every lease acquisition, so each key's fences grow
+  inflight   zset  k -> lease deadline (ms), for recovering keys whose holder died
+  delayed    zset  k -> ready time (ms); never holds a dirty key
+  failures   hash  k -> consecutive failures
+  errors     hash  k -> last error text
+  added_at   hash  k -> first-add time (ms) of the current wait, for queue-duration metrics
+  pending    hash  k -> dramatiq message id of k's queued message, for the orphan audit
+  dead       hash  k -> dramatiq message id of k's dead letter in `.XQ`
+  maintenance:<task>  str  short NX lock: one process at a time runs recovery / audit
+
+dramatiq keys (namespace `dramatiq`): `<ns>:<queue>` (list of message ids), `<queue>.msgs`,
+`<queue>.XQ` / `.XQ.msgs` (dead letters), `__acks__.<worker>.<queue>`, `__heartbeats__`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from warmpool.queue.settings import QueueSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    prefix: str
+    namespace: str
+    queue: str
+
+    @classmethod
+    def of(cls, settings: QueueSettings) -> Layout:
+        return cls(settings.prefix, settings.namespace, settings.queue_name)
+
+    def _p(self, name: str) -> str:
+        return self.prefix + name
+
+    @property
+    def dirty(self) -> str:
+        return self._p("dirty")
+
+    @property
+    def inflight(self) -> str:
+        return self._p("inflight")
+
+    @property
+    def failures(self) -> str:
+        return self._p("failures")
+
+    @property
+    def delayed(self) -> str:
+        return self._p("delayed")
+
+    @property
+    def errors(self) -> str:
+        return self._p("errors")
+
+    @property
+    def added_at(self) -> str:
+        return self._p("added_at")
+
+    @property
+    def pending(self) -> str:
+        return self._p("pending")
+
+    @property
+    def dead(self) -> str:
+        return self._p("dead")
+
+    @property
+    def fence(self) -> str:
+        return self._p("fence")
+
+    @property
+    def lease_prefix(self) -> str:
+        return self._p("lease:")
+
+    def lease(self, key: str) -> str:
+        return self.lease_prefix + key
+
+    def maintenance_lock(self, task: str) -> str:
+        return self._p(f"maintenance:{task}")
+
+    # dramatiq's layout (see dramatiq/brokers/redis/dispatch.lua)
+    def _d(self, name: str) -> str:
+        return f"{self.namespace}:{name}"
+
+    @property
+    def messages_list(self) -> str:
+        return self._d(self.queue)
+
+    @property
+    def messages(self) -> str:
+        return self._d(self.queue + ".msgs")
+
+    @property
+    def xq(self) -> str:
+        return self._d(self.queue + ".XQ")
+
+    @property
+    def xq_messages(self) -> str:
+        return self._d(self.queue + ".XQ.msgs")
+
+    @property
+    def heartbeats(self) -> str:
+        return self._d("__heartbeats__")
+
+    def acks(self, worker_id: str, queue: str | None = None) -> str:
+        return self._d(f"__acks__.{worker_id}.{queue or self.queue}")

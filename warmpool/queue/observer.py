@@ -1,0 +1,79 @@
+"""Hooks for metrics: the queue reports what happens, the metrics package decides what to
+count. Keys are passed for logging and tracing; do not use them as metric labels."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class QueueObserver(Protocol):
+    def on_add(self, key: str, result: str) -> None:
+        """result: enqueued | deduplicated | rerun | delayed."""
+
+    def on_start(self, key: str, queue_seconds: float | None) -> None:
+        """A job took the key's lease; queue_seconds since its first add (None if unknown)."""
+
+    def on_skip(self, key: str, reason: str) -> None:
+        """A delivered message did not run: busy (another holder) | stale (already done)."""
+
+    def on_done(self, key: str, result: str, work_seconds: float) -> None:
+        """result: success | retry | dead | lost | released."""
+
+    def on_retry(self, key: str, delay_seconds: float, failures: int) -> None: ...
+
+    def on_dead_letter(self, key: str, error: str) -> None: ...
+
+    def on_lease_lost(self, key: str) -> None:
+        """A held lease was found taken or expired (renewal failed or release refused)."""
+
+    def on_contention(self, key: str, holder: str) -> None:
+        """try_lease found the key held by someone else."""
+
+    def on_recovered(self, key: str, result: str) -> None:
+        """A crashed holder's key was taken back by maintenance: recovered | dead."""
+
+
+class NullObserver:
+    """No-op base: subclass and override what you count."""
+
+    def on_add(self, key: str, result: str) -> None:
+        pass
+
+    def on_start(self, key: str, queue_seconds: float | None) -> None:
+        pass
+
+    def on_skip(self, key: str, reason: str) -> None:
+        pass
+
+    def on_done(self, key: str, result: str, work_seconds: float) -> None:
+        pass
+
+    def on_retry(self, key: str, delay_seconds: float, failures: int) -> None:
+        pass
+
+    def on_dead_letter(self, key: str, error: str) -> None:
+        pass
+
+    def on_lease_lost(self, key: str) -> None:
+        pass
+
+    def on_contention(self, key: str, holder: str) -> None:
+        pass
+
+    def on_recovered(self, key: str, result: str) -> None:
+        pass
+
+
+_default: QueueObserver = NullObserver()
+
+
+def set_observer(observer: QueueObserver) -> None:
+    """Install the process-wide default observer (what queues and workers built without an
+    explicit one use)."""
+    global _default
+    _default = observer
+
+
+def get_observer() -> QueueObserver:
+    return _default

@@ -1,0 +1,104 @@
+"""Queue settings: one frozen dataclass shared by producers, workers and tools.
+
+Every process that touches the queue must agree on the key layout (prefix, namespace, queue
+name) and on the lease and backoff numbers, so they travel together as one picklable value
+(it is handed to spawned worker processes as is).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ENV_URL = "WARMPOOL_REDIS_URL"
+ENV_PREFIX = "WARMPOOL_QUEUE_"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """Numbers are seconds unless the name says otherwise.
+
+    redis_url: None means "resolve one" (see `warmpool.queue.embedded.resolve_redis_url`).
+    prefix: prefix of the project's own keys (`warmpool:dirty`, `warmpool:lease:<key>`, ...).
+    namespace: dramatiq's key namespace; keep `dramatiq` so dramatiq's tools read the queue.
+    lease_ttl: a held key whose holder stops renewing is free again after this long.
+    backoff_base/backoff_cap: per-key retry delay is base * 2**(failures-1), capped.
+    max_failures: consecutive failures after which a key is dead-lettered.
+    maintenance_period: how often each worker process promotes due delayed keys.
+    recovery_period: how often (cluster-wide, one process at a time) crashed holders' keys
+        and dead workers' unacked messages are recovered.
+    audit_period: how often dirty keys that lost their message are repaired.
+    heartbeat_timeout: a worker process silent for this long is dead; its unacked messages
+        are requeued (dramatiq's own default is 60 s and only on 0.1 % of calls).
+    poll_timeout: the longest an idle consumer sleeps between fetches.
+    drain_timeout: how long a stopping worker waits for running jobs.
+    batch: how many keys one maintenance script call handles.
+    """
+
+    redis_url: str | None = None
+    queue_name: str = "warmpool"
+    prefix: str = "warmpool:"
+    namespace: str = "dramatiq"
+    lease_ttl: float = 10.0
+    backoff_base: float = 0.005
+    backoff_cap: float = 60.0
+    max_failures: int = 8
+    maintenance_period: float = 0.02
+    recovery_period: float = 1.0
+    audit_period: float = 10.0
+    heartbeat_timeout: float = 5.0
+    poll_timeout: float = 0.1
+    drain_timeout: float = 30.0
+    batch: int = 200
+
+    def __post_init__(self) -> None:
+        positive = (
+            "lease_ttl",
+            "backoff_base",
+            "backoff_cap",
+            "maintenance_period",
+            "recovery_period",
+            "audit_period",
+            "heartbeat_timeout",
+            "poll_timeout",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"queue setting {name} must be > 0, got {getattr(self, name)!r}")
+        if self.max_failures < 1 or self.batch < 1:
+            raise ValueError("queue settings max_failures and batch must be >= 1")
+        if not self.queue_name or self.queue_name.endswith((".DQ", ".XQ")):
+            raise ValueError(f"bad queue name {self.queue_name!r}")
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        return int(self.lease_ttl * 1000)
+
+    @property
+    def renew_period(self) -> float:
+        """Leases and the worker heartbeat are refreshed three times per the shorter timeout,
+        so one lost round trip never lets either lapse."""
+        return min(self.lease_ttl, self.heartbeat_timeout) / 3
+
+    def replace(self, **changes: Any) -> QueueSettings:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> QueueSettings:
+        """`WARMPOOL_REDIS_URL`, and `WARMPOOL_QUEUE_<FIELD>` for any other field
+        (e.g. `WARMPOOL_QUEUE_LEASE_TTL=15`); explicit overrides win."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        if env.get(ENV_URL):
+            values["redis_url"] = env[ENV_URL]
+        for field in dataclasses.fields(cls):
+            raw = env.get(ENV_PREFIX + field.name.upper())
+            if raw is None or field.name == "redis_url":
+                continue
+            default = field.default
+            values[field.name] = type(default)(raw) if default is not None else raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
