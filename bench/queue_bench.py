@@ -6,7 +6,7 @@ The backlog is written to a staging list while the workers idle, then RENAMEd on
 dramatiq's queue in one step, so the clock measures consumption only: no producer competes
 for the CPU, and no worker starts late.
 
-  python -m bench queue [--processes 2] [--threads 8] [--jobs 20000] [--rounds 2]
+  python -m bench queue [--processes 2] [--threads 8] [--jobs 20000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--redis-url", default=None)
     args = parser.parse_args(argv)
     url = args.redis_url or resolve_redis_url()

@@ -31,7 +31,8 @@ _ACKED = "_warmpool_acked"
 
 
 def mark_acked(message: MessageProxy) -> None:
-    """The keyed `done` script acked this delivery; dramatiq's consumer need not."""
+    """A keyed script (start on a skip, done after a run) acked this delivery; dramatiq's
+    consumer need not."""
     setattr(message, _ACKED, True)
 
 

@@ -45,7 +45,10 @@ class QueueSettings:
     lease_ttl: float = 10.0
     backoff_base: float = 0.005
     backoff_cap: float = 60.0
-    max_failures: int = 8
+    # 5 ms doubling reaches the 60 s cap at the 15th failure: 20 failures is about eight
+    # minutes of consecutive errors (an API server outage outlasts that only rarely) before a
+    # key is parked as a dead letter; the periodic resync re-adds it anyway.
+    max_failures: int = 20
     maintenance_period: float = 0.02
     recovery_period: float = 1.0
     audit_period: float = 10.0
