@@ -1,0 +1,153 @@
+"""S3 and S6 of pool-spec.md: the pool under real concurrency, real worker processes.
+
+Three worker processes run the pool's handlers against the real API server; the test plays the
+scheduler by enqueueing keys itself, so these tests depend on the queue and the reconcile logic
+only. The invariants that must hold at every moment (I1, I3, I4, checked with quiet=False) are
+polled while the work runs; all of them once it is quiet.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests import redis_server
+from tests.pool_world import (
+    USERS,
+    create_appdef,
+    create_session,
+    delete_session,
+    held_instance,
+    patch_appdef_spec,
+    session,
+)
+from tests.redis_server import delete_prefix, isolated_settings
+from tests.waiting import wait_for
+from warmpool.invariants import check
+from warmpool.keys import InstanceKey, PoolKey, SessionKey
+from warmpool.kube.api import Kube
+from warmpool.pool import naming
+from warmpool.pool import vocabulary as v
+from warmpool.queue.keyed import KeyedQueue
+from warmpool.queue.redis_conn import connect
+from warmpool.queue.settings import QueueSettings
+from workers.process import WorkerPool
+
+redis_url = redis_server.redis_url
+redis_client = redis_server.redis_client
+
+
+@pytest.fixture
+def settings(redis_url: str, redis_client: redis.Redis) -> Iterator[QueueSettings]:
+    # A short lease so a SIGKILLed worker's keys come back within seconds.
+    s = isolated_settings(redis_url, lease_ttl=2.0, heartbeat_timeout=2.0, recovery_period=0.25,
+                          drain_timeout=5)
+    yield s
+    delete_prefix(redis_client, s.prefix.split(":", 1)[0] + ":")
+
+
+@pytest.fixture
+def workers(settings: QueueSettings, cluster) -> Iterator[WorkerPool]:
+    pool = WorkerPool(settings, processes=3, threads=4, modules=("workers.handlers",),
+                      env={"KUBECONFIG": str(cluster.kubeconfig)})
+    pool.start()
+    yield pool
+    pool.stop(timeout=15)
+
+
+@pytest.fixture
+def queue(settings: QueueSettings) -> KeyedQueue:
+    return KeyedQueue(connect(settings.redis_url), settings)
+
+
+class Watchdog:
+    """Collects violations of what must hold at every moment, each time it is polled."""
+
+    def __init__(self, kube: Kube, ns: str) -> None:
+        self.kube, self.ns, self.seen = kube, ns, set()
+
+    def quiet(self) -> bool:
+        self.seen |= {str(x) for x in check(self.kube, self.ns, quiet=False)}
+        return not check(self.kube, self.ns, quiet=True)
+
+    def converge(self, timeout: float = 90) -> None:
+        wait_for(self.quiet, timeout=timeout, interval=0.1,
+                 message=lambda: "\n".join(map(str, check(self.kube, self.ns))))
+        assert not self.seen, "violated while running:\n" + "\n".join(sorted(self.seen))
+
+
+def test_s3_claim_and_scale_down_of_the_same_instance_at_once(
+    kube, namespace, workers, queue
+) -> None:
+    ns, dog = namespace, Watchdog(kube, namespace)
+    create_appdef(kube, ns, min_instances=3)
+    queue.add(str(PoolKey(ns, "java")))
+    dog.converge()
+    for round_no in range(8):
+        name = f"s{round_no}"
+        # The claim and the scale-down below every id are issued together.
+        create_session(kube, ns, name, USERS[round_no])
+        patch_appdef_spec(kube, ns, "java", minInstances=0)
+        queue.add_many([str(SessionKey(ns, name)), str(PoolKey(ns, "java")),
+                        *(str(InstanceKey(ns, "java", k)) for k in (1, 2, 3))])
+        dog.converge()
+        k = held_instance(kube, ns, name)
+        status = session(kube, ns, name)["status"]
+        # Either it won the race (and keeps its whole instance above minInstances) or it waits.
+        assert (k is not None and status["operatorStatus"] == "HANDLED") or (
+            k is None and status["operatorStatus"] == "HANDLING"), status
+        delete_session(kube, ns, name)
+        patch_appdef_spec(kube, ns, "java", minInstances=3)
+        queue.add_many([str(PoolKey(ns, "java"))] + ([str(InstanceKey(ns, "java", k))] if k
+                                                      else []))
+        dog.converge()
+
+
+def test_s6_workers_sigkilled_mid_claims_complete_or_roll_back(
+    kube, namespace, workers, queue
+) -> None:
+    ns, dog = namespace, Watchdog(kube, namespace)
+    rng = random.Random(6)
+    create_appdef(kube, ns, min_instances=8)
+    queue.add(str(PoolKey(ns, "java")))
+    dog.converge(timeout=120)
+    for i in range(8):
+        create_session(kube, ns, f"s{i}", USERS[i])
+        queue.add(str(SessionKey(ns, f"s{i}")))
+        if i % 3 == 1:  # kill a worker while claims are in flight, then bring it back
+            victim = rng.randrange(3)
+            workers.kill(victim)
+            workers.restart(victim)
+    dog.converge(timeout=120)
+    held = sorted(held_instance(kube, ns, f"s{i}") for i in range(8))
+    assert held == list(range(1, 9))
+
+
+def test_s6_a_claim_left_half_done_by_a_dead_worker_is_completed(
+    kube, namespace, workers, queue
+) -> None:
+    """The state a worker leaves when killed right after its deciding write."""
+    ns, dog = namespace, Watchdog(kube, namespace)
+    ad = create_appdef(kube, ns, min_instances=2)
+    queue.add(str(PoolKey(ns, "java")))
+    dog.converge()
+    s = create_session(kube, ns, "s1", USERS[1])
+    ext_name = naming.create_name(ad["spec"]["name"], ad["metadata"]["uid"], 1)
+    ext = kube.get("v1", "Service", ns, ext_name)
+    ref = {"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
+           "name": "s1", "uid": s["metadata"]["uid"]}
+    kube.merge_patch("v1", "Service", ns, ext_name, {"metadata": {
+        "ownerReferences": [*ext["metadata"]["ownerReferences"], ref],
+        "labels": {v.LABEL_SESSION: "s1"}}})
+    # ... and its lease on instance 1 is still there, held by nobody alive.
+    lease_key = queue.layout.lease_prefix + str(InstanceKey(ns, "java", 1))
+    queue.client.set(lease_key, "1|dead-host:1:1:x.1", px=2000)
+    queue.add(str(SessionKey(ns, "s1")))
+    dog.converge()
+    assert held_instance(kube, ns, "s1") == 1
+    email = kube.get("v1", "ConfigMap", ns,
+                     naming.create_name(ad["spec"]["name"], ad["metadata"]["uid"], 1, "email"))
+    assert email["data"][v.EMAILS_KEY] == USERS[1]
