@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
+import urllib3
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -79,6 +80,9 @@ def pool_table(kube: Kube) -> Table:
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait per step.")
 def demo(keep: bool, workers: int, threads: int, timeout: float) -> None:
     """Replay Theia Cloud's pool defect against warmpool and check the invariants."""
+    # The demo talks only to its own loopback control plane, whose self-signed certificate is
+    # skipped on purpose; the warning per request would bury the table.
+    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     console = Console(width=min(Console().width, 80))
     state = Path(os.environ.get("WARMPOOL_STATE", Path.home() / ".local/state/warmpool")) / "demo"
     stack = LocalStack(state, NAMESPACE, workers=workers, threads=threads)

@@ -16,11 +16,13 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def _register() -> None:
     """Attach sub-commands; each lives in its own module so `--help` stays cheap to import."""
+    from scheduler.cli import scheduler
     from warmpool.cli import cluster, demo
     from workers.cli import worker
 
     cli.add_command(cluster.cluster)
     cli.add_command(demo.demo)
+    cli.add_command(scheduler)
     cli.add_command(worker)
 
 
