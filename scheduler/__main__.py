@@ -1,0 +1,3 @@
+from scheduler.cli import scheduler
+
+scheduler(prog_name="python -m scheduler")

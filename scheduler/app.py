@@ -1,0 +1,324 @@
+"""The scheduler's run loop: watches -> keys -> the queue, while (and only while) leading.
+
+Threads: one reflector per watched kind and namespace, the leader elector, a dispatcher that
+adds keys to the queue, and a resync timer. Every replica watches (its caches stay warm, so
+a standby that takes over resyncs from memory at once and its readiness means "can take
+over"); only the leader adds keys, and it asks ``is_leader()`` right before every add, which
+turns false by itself a renew deadline after the last successful renewal.
+
+Resyncs (a ``PoolKey`` for every AppDefinition named by an AppDefinition, a Session or a pool
+object's owner reference, from the caches): once every watch has its first list and this
+process leads (startup, and every new leadership), then every ``resync_period``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from scheduler import mapping
+from scheduler.leader import LeaderConfig, LeaderElector
+from scheduler.reflector import Backoff, Reflector, Watched
+from warmpool.keys import Key, PoolKey
+from warmpool.kube.api import Kube
+from warmpool.kube.observe import POOL_SELECTOR
+from warmpool.pool import vocabulary as v
+
+log = logging.getLogger(__name__)
+
+WATCHED: tuple[Watched, ...] = (
+    Watched(v.APPDEF_KIND, v.APPDEF_API_VERSION),
+    Watched(v.SESSION_KIND, v.SESSION_API_VERSION),
+    Watched("Service", "v1", POOL_SELECTOR),
+    Watched("Deployment", "apps/v1", POOL_SELECTOR),
+    Watched("ConfigMap", "v1", POOL_SELECTOR),
+)
+
+
+class Producer(Protocol):
+    """What the scheduler needs of the queue (``KeyedQueue`` is one)."""
+
+    def add_many(self, keys: Iterable[str]) -> Any: ...
+
+
+@dataclass
+class SchedulerConfig:
+    namespaces: Sequence[str] | None = None  # None: all namespaces
+    resync_period: float = 600.0
+    watch_timeout: tuple[float, float] = (300.0, 600.0)
+    leader: LeaderConfig | None = None  # None: no election, always leading
+
+
+@dataclass
+class SchedulerStats:
+    offered: int = 0
+    dropped_not_leader: int = 0
+    enqueued: int = 0
+    enqueue_errors: int = 0
+    resyncs: int = 0
+    last_resync: float | None = None
+    last_resync_reason: str | None = None
+    leaderships: int = 0
+    became_leader_at: float | None = None
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kube_factory: Callable[[], Kube],
+        producer: Producer,
+        config: SchedulerConfig,
+    ) -> None:
+        self.config = config
+        self.producer = producer
+        self.stats = SchedulerStats()
+        self._stop = threading.Event()
+        self._lock = threading.Condition()
+        self._pending: dict[str, Key] = {}
+        self._resync_due = True
+        self._resync_reason = "startup"
+        self._wake_resync = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._stopped = False
+
+        namespaces: list[str | None] = list(config.namespaces) if config.namespaces else [None]
+        self.reflectors: list[Reflector] = []
+        self._sessions: list[Reflector] = []
+        for ns in namespaces:
+            kube = kube_factory()  # one client per namespace: its watches hold connections
+            for watched in WATCHED:
+                r = Reflector(kube, watched, ns, self._handler(watched.kind),
+                              timeout_range=config.watch_timeout, backoff=Backoff())
+                self.reflectors.append(r)
+                if watched.kind == v.SESSION_KIND:
+                    self._sessions.append(r)
+        self.elector: LeaderElector | None = None
+        if config.leader is not None:
+            self.elector = LeaderElector(kube_factory(), config.leader,
+                                         on_started=self._started_leading,
+                                         on_stopped=self._stopped_leading)
+
+    # --- state ------------------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        return self.elector.is_leader() if self.elector is not None else True
+
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
+    def healthy(self) -> bool:
+        return bool(self._threads) and all(t.is_alive() for t in self._threads)
+
+    def ready(self) -> bool:
+        return self.synced()
+
+    def status(self) -> dict[str, Any]:
+        e = self.elector
+        return {
+            "healthy": self.healthy(),
+            "ready": self.ready(),
+            "leader": self.is_leader(),
+            "identity": e.identity if e else None,
+            "holder": e.observed_holder() if e else None,
+            "leader_error": e.last_error if e else None,
+            "stats": dict(self.stats.__dict__),
+            "watches": {r.name: {"synced": r.synced.is_set(), "alive": r.alive(),
+                                 "objects": len(r.cache), "resourceVersion": r.last_rv,
+                                 **r.stats.__dict__} for r in self.reflectors},
+        }
+
+    def reflector(self, kind: str, namespace: str | None = None) -> Reflector:
+        for r in self.reflectors:
+            if r.watched.kind == kind and (namespace is None or r.namespace in (namespace, None)):
+                return r
+        raise KeyError((kind, namespace))
+
+    # --- events -> keys ---------------------------------------------------------------------
+
+    def _session_appdef(self, namespace: str, name: str) -> str | None:
+        for r in self._sessions:
+            if r.namespace in (None, namespace):
+                stub = r.get(namespace, name)
+                if stub is not None:
+                    return mapping.session_appdef(stub)
+        return None
+
+    def _handler(self, kind: str) -> Callable[[str, dict[str, Any], dict[str, Any] | None], None]:
+        def handle(event_type: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+            keys = mapping.keys_for(kind, event_type, obj, old,
+                                    session_appdef_of=self._session_appdef)
+            if log.isEnabledFor(logging.DEBUG):
+                meta = obj.get("metadata") or {}
+                log.debug("%s %s %s/%s -> %s", event_type, kind, meta.get("namespace"),
+                          meta.get("name"), [str(k) for k in keys])
+            self.offer(keys)
+        return handle
+
+    def offer(self, keys: Iterable[Key]) -> None:
+        """Queue keys for the dispatcher if leading; a standby drops them (it resyncs on
+        taking over)."""
+        keys = list(keys)
+        if not keys:
+            return
+        if not self.is_leader():
+            self.stats.dropped_not_leader += len(keys)
+            return
+        with self._lock:
+            for k in keys:
+                self._pending.setdefault(str(k), k)
+            self.stats.offered += len(keys)
+            self._lock.notify()
+
+    def pool_keys(self) -> list[PoolKey]:
+        """A PoolKey for every AppDefinition the caches know of (by object or by reference)."""
+        found: set[PoolKey] = set()
+        for r in self.reflectors:
+            for stub in r.items():
+                ns = (stub.get("metadata") or {}).get("namespace")
+                if ns:
+                    found |= {PoolKey(ns, n) for n in mapping.appdef_names(r.watched.kind, stub)}
+        return sorted(found, key=str)
+
+    def resync(self, reason: str) -> list[PoolKey]:
+        keys = self.pool_keys()
+        log.info("resync (%s): %d pools", reason, len(keys))
+        self.offer(keys)
+        self.stats.resyncs += 1
+        self.stats.last_resync = time.time()
+        self.stats.last_resync_reason = reason
+        return keys
+
+    def request_resync(self, reason: str) -> None:
+        self._resync_due, self._resync_reason = True, reason
+        self._wake_resync.set()
+
+    # --- leadership callbacks ---------------------------------------------------------------
+
+    def _started_leading(self) -> None:
+        self.stats.leaderships += 1
+        self.stats.became_leader_at = time.time()
+        self.request_resync("new leader")
+
+    def _stopped_leading(self) -> None:
+        with self._lock:
+            self.stats.dropped_not_leader += len(self._pending)
+            self._pending.clear()
+        log.warning("no longer leading: not adding keys")
+
+    # --- threads ----------------------------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        backoff = Backoff()
+        while not self._stop.is_set():
+            with self._lock:
+                if not self._pending:
+                    self._lock.wait(0.5)
+                batch = list(self._pending.values())
+                self._pending.clear()
+            if not batch:
+                continue
+            if not self.is_leader():
+                self.stats.dropped_not_leader += len(batch)
+                continue
+            try:
+                self.producer.add_many(str(k) for k in batch)
+            except Exception as exc:
+                self.stats.enqueue_errors += 1
+                delay = backoff.next()
+                log.warning("adding %d keys failed (%s); retrying in %.1fs", len(batch), exc,
+                            delay)
+                with self._lock:  # put them back in front, keeping later adds after them
+                    self._pending = {**{str(k): k for k in batch}, **self._pending}
+                self._stop.wait(delay)
+                continue
+            self.stats.enqueued += len(batch)
+
+    def _resync_loop(self) -> None:
+        period = self.config.resync_period
+        next_periodic = time.monotonic() + period
+        while not self._stop.is_set():
+            self._wake_resync.wait(max(0.0, min(next_periodic - time.monotonic(), 1.0)))
+            self._wake_resync.clear()
+            if self._stop.is_set():
+                break
+            if time.monotonic() >= next_periodic:
+                next_periodic = time.monotonic() + period
+                if not self._resync_due:
+                    self._resync_due, self._resync_reason = True, "periodic"
+            if self._resync_due and self.synced() and self.is_leader():
+                self._resync_due = False
+                self.resync(self._resync_reason)
+                next_periodic = time.monotonic() + period
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def start(self) -> Scheduler:
+        for r in self.reflectors:
+            self._threads.append(r.start(self._stop))
+        if self.elector is not None:
+            elector = self.elector
+            self._spawn(lambda: elector.run(self._stop), "leader-elector")
+        self._spawn(self._dispatch_loop, "dispatcher")
+        self._spawn(self._resync_loop, "resync")
+        for r in self.reflectors:  # a resync waits for these; wake it when they are done
+            threading.Thread(target=self._wake_when_synced, args=(r,), daemon=True).start()
+        return self
+
+    def _wake_when_synced(self, r: Reflector) -> None:
+        while not self._stop.is_set():
+            if r.synced.wait(0.5):
+                self._wake_resync.set()
+                return
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(r.synced.wait(max(0.0, deadline - time.monotonic())) for r in self.reflectors)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop adding keys at once, release the Lease, stop the threads (watch threads that
+        are blocked reading a quiet watch are daemons: they end with the process)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+        self._wake_resync.set()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            if t.name.startswith("reflector-"):
+                continue
+            t.join(max(0.0, deadline - time.monotonic()))
+        if self.elector is not None and self.elector.is_leader():
+            self.elector.release()  # the elector thread did not get to it in time
+
+
+@dataclass
+class Recorder:
+    """A producer wrapper that remembers every key added (tests, debugging)."""
+
+    inner: Producer | None = None
+    added: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add_many(self, keys: Iterable[str]) -> Any:
+        keys = list(keys)
+        result = self.inner.add_many(keys) if self.inner is not None else None
+        with self._lock:
+            self.added.extend(keys)
+        return result
+
+    def since(self, mark: int) -> list[str]:
+        with self._lock:
+            return self.added[mark:]
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self.added)

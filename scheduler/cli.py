@@ -1,0 +1,116 @@
+"""`warmpool scheduler` (or `python -m scheduler`): watch the cluster, add work keys to the queue.
+
+Run two or more for availability: they elect a leader with a Lease, only the leader adds keys,
+and a standby takes over (with a full resync) when the leader's Lease lapses or is released.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import warnings
+
+import click
+
+from scheduler.app import Scheduler, SchedulerConfig
+from scheduler.health import HealthServer
+from scheduler.leader import DEFAULT_LEASE_NAME, LeaderConfig, default_identity
+
+
+def parse_namespaces(values: tuple[str, ...]) -> list[str] | None:
+    """Repeated and/or comma-separated names; none means every namespace."""
+    names = [n.strip() for value in values for n in value.split(",") if n.strip()]
+    return list(dict.fromkeys(names)) or None
+
+
+@click.command("scheduler")
+@click.option("--namespace", "-n", "namespaces", multiple=True, envvar="WARMPOOL_NAMESPACE",
+              help="Namespace(s) to watch, comma-separated or repeated "
+                   "[default: $WARMPOOL_NAMESPACE, else all namespaces].")
+@click.option("--kubeconfig", envvar="KUBECONFIG", default=None,
+              help="Kubeconfig file [default: $KUBECONFIG, else in-cluster, else ~/.kube/config].")
+@click.option("--redis-url", envvar="WARMPOOL_REDIS_URL", default=None,
+              help="Redis URL [default: $WARMPOOL_REDIS_URL, else 127.0.0.1:6379 if it answers, "
+                   "else an embedded server].")
+@click.option("--queue", "queue_name", default=None, help="Queue name (default: warmpool).")
+@click.option("--resync-period", type=float, default=600.0, show_default=True,
+              help="Seconds between full resyncs (a PoolKey per AppDefinition).")
+@click.option("--leader-elect/--no-leader-elect", default=True, show_default=True,
+              help="Elect a leader with a Lease; without, this process always adds keys.")
+@click.option("--lease-name", default=DEFAULT_LEASE_NAME, show_default=True)
+@click.option("--lease-namespace", envvar="WARMPOOL_LEASE_NAMESPACE", default=None,
+              help="[default: $WARMPOOL_LEASE_NAMESPACE, else the first watched namespace, "
+                   "else default]")
+@click.option("--lease-duration", type=float, default=15.0, show_default=True)
+@click.option("--renew-deadline", type=float, default=10.0, show_default=True)
+@click.option("--retry-period", type=float, default=2.0, show_default=True)
+@click.option("--identity", default=None, help="Leader election identity [default: host_pid].")
+@click.option("--watch-timeout", type=(float, float), default=(300.0, 600.0), show_default=True,
+              help="Each watch asks the server to end it after a random time in this range (s).")
+@click.option("--health-host", default="127.0.0.1", show_default=True)
+@click.option("--health-port", type=int, default=8080, show_default=True,
+              help="Port for /healthz, /readyz and /status; 0 picks a free one (printed).")
+@click.option("--log-level", default="INFO", show_default=True)
+def scheduler(
+    namespaces: tuple[str, ...], kubeconfig: str | None, redis_url: str | None,
+    queue_name: str | None, resync_period: float, leader_elect: bool, lease_name: str,
+    lease_namespace: str | None, lease_duration: float, renew_deadline: float,
+    retry_period: float, identity: str | None, watch_timeout: tuple[float, float],
+    health_host: str, health_port: int, log_level: str,
+) -> None:
+    """Watch AppDefinitions, Sessions and pool objects; add the keys their changes need."""
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(process)d %(threadName)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    # A kubeconfig with insecure-skip-tls-verify (the local cluster) chose that: say it once.
+    warnings.filterwarnings("once", message="Unverified HTTPS request")
+    from warmpool.kube.api import Kube, connect
+    from warmpool.queue.keyed import KeyedQueue
+    from warmpool.queue.settings import QueueSettings
+
+    ns_list = parse_namespaces(namespaces)
+    if resync_period <= 0:
+        raise click.BadParameter("must be > 0", param_hint="--resync-period")
+    if not 0 < watch_timeout[0] <= watch_timeout[1]:
+        raise click.BadParameter("need 0 < MIN <= MAX", param_hint="--watch-timeout")
+    leader = None
+    if leader_elect:
+        try:
+            leader = LeaderConfig(
+                namespace=lease_namespace or (ns_list[0] if ns_list else "default"),
+                name=lease_name, identity=identity or default_identity(),
+                lease_duration=lease_duration, renew_deadline=renew_deadline,
+                retry_period=retry_period)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--lease-duration/--renew-deadline/"
+                                     "--retry-period") from None
+    settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
+    producer = KeyedQueue.from_settings(settings)
+    config = SchedulerConfig(namespaces=ns_list, resync_period=resync_period,
+                             watch_timeout=watch_timeout, leader=leader)
+    app = Scheduler(lambda: Kube(connect(kubeconfig)), producer, config)
+    try:
+        health = HealthServer(app, health_host, health_port).start()
+    except OSError as exc:
+        raise click.ClickException(f"health port {health_host}:{health_port}: {exc}") from None
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    host, port = health.address
+    click.echo(f"scheduler pid={os.getpid()} identity={leader.identity if leader else '-'} "
+               f"namespaces={','.join(ns_list) if ns_list else '*'} "
+               f"queue={settings.queue_name} health=http://{host}:{port}", nl=True)
+    sys.stdout.flush()
+    app.start()
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        logging.getLogger(__name__).info("stopping: releasing the lease")
+        app.stop()
+        health.stop()

@@ -1,0 +1,231 @@
+"""Watch events to work keys: the scheduler's whole decision, as pure functions.
+
+The scheduler holds no pool state. For every event on a watched object it names the keys
+whose jobs must look again; the jobs read the cluster themselves and decide. To map a
+deletion it only needs a little of the last state it saw, so the watch caches keep a *stub*
+per object (``summarize``): the object's identity, the few fields the mapping reads, and a
+digest of everything but its status, so that a status-only change (a Deployment's replica
+counts, a Session's ``lastActivity``, the controller's own status writes) maps to nothing.
+
+Rules (see the README of the scheduler in ``scheduler/__init__.py``):
+
+- AppDefinition added, deleted, or modified with a new ``metadata.generation`` (or a new
+  deletionTimestamp) -> ``PoolKey``: the resync job fans out to its instances and claims.
+- Session added -> ``SessionKey`` (plus its ``InstanceKey`` if it is already annotated).
+  Deleted, or modified with a deletionTimestamp -> the ``InstanceKey`` of its
+  ``theia-cloud.io/instance-id`` annotation (this is the release), else the ``PoolKey`` of its
+  AppDefinition (a claim may be in flight, not annotated yet). Otherwise modified ->
+  ``SessionKey`` and, if annotated, its ``InstanceKey``.
+- Pool object (Service, Deployment, ConfigMap) added, modified or deleted -> ``InstanceKey``
+  of the AppDefinition named by its owner reference and the id in its name; without such a
+  reference (the Java operator strips it) -> the ``PoolKey`` of each owning Session's
+  AppDefinition if known, else nothing (debug log).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
+from warmpool.pool import naming
+from warmpool.pool import vocabulary as v
+
+log = logging.getLogger(__name__)
+
+ADDED = "ADDED"
+MODIFIED = "MODIFIED"
+DELETED = "DELETED"
+EVENT_TYPES = (ADDED, MODIFIED, DELETED)
+
+APPDEF = v.APPDEF_KIND
+SESSION = v.SESSION_KIND
+POOL_KINDS = ("Service", "Deployment", "ConfigMap")
+
+Obj = Mapping[str, Any]
+# (namespace, session name) -> that Session's spec.appDefinition, if the scheduler knows it.
+SessionAppdef = Callable[[str, str], str | None]
+
+_DIGEST_SKIP_META = ("resourceVersion", "managedFields")
+
+
+def digest(obj: Obj) -> str:
+    """A short hash of everything a job could react to: the object without its status,
+    resourceVersion and managedFields. Equal digests mean a status-only change."""
+    meta = {k: val for k, val in (obj.get("metadata") or {}).items()
+            if k not in _DIGEST_SKIP_META}
+    body = {k: val for k, val in obj.items() if k not in ("metadata", "status")}
+    body["metadata"] = meta
+    raw = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+
+
+def _meta(obj: Obj | None) -> Mapping[str, Any]:
+    return (obj or {}).get("metadata") or {}
+
+
+def _is_appdef_ref(ref: Mapping[str, Any]) -> bool:
+    return (ref.get("kind") == v.APPDEF_KIND
+            and str(ref.get("apiVersion", "")).startswith(v.GROUP + "/"))
+
+
+def _is_session_ref(ref: Mapping[str, Any]) -> bool:
+    return (ref.get("kind") == v.SESSION_KIND
+            and str(ref.get("apiVersion", "")).startswith(v.GROUP + "/"))
+
+
+def summarize(kind: str, obj: Obj) -> dict[str, Any]:
+    """The stub a watch cache keeps for `obj`: object-shaped, so ``keys_for`` reads a stub
+    (a tombstone after a relist) exactly like the full object."""
+    meta = _meta(obj)
+    stub_meta: dict[str, Any] = {
+        k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "generation",
+                             "deletionTimestamp") if meta.get(k) is not None
+    }
+    stub: dict[str, Any] = {"kind": kind, "metadata": stub_meta, "digest": digest(obj)}
+    if kind == SESSION:
+        instance = (meta.get("annotations") or {}).get(v.ANNOTATION_INSTANCE_ID)
+        if instance is not None:
+            stub_meta["annotations"] = {v.ANNOTATION_INSTANCE_ID: instance}
+        appdef = (obj.get("spec") or {}).get("appDefinition")
+        if appdef:
+            stub["spec"] = {"appDefinition": appdef}
+    elif kind in POOL_KINDS:
+        refs = [{k: r.get(k) for k in ("apiVersion", "kind", "name", "uid")}
+                for r in meta.get("ownerReferences") or ()
+                if _is_appdef_ref(r) or _is_session_ref(r)]
+        if refs:
+            stub_meta["ownerReferences"] = refs
+    return stub
+
+
+def _digest_of(obj: Obj) -> str:
+    return str(obj["digest"]) if "digest" in obj else digest(obj)
+
+
+def changed(obj: Obj, old: Obj | None) -> bool:
+    """False only when `old` is known and differs from `obj` in status alone."""
+    return old is None or _digest_of(obj) != _digest_of(old)
+
+
+def instance_id(obj: Obj | None) -> int | None:
+    raw = (_meta(obj).get("annotations") or {}).get(v.ANNOTATION_INSTANCE_ID)
+    if isinstance(raw, str) and raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    return None
+
+
+def session_appdef(obj: Obj | None) -> str | None:
+    appdef = ((obj or {}).get("spec") or {}).get("appDefinition")
+    return appdef if isinstance(appdef, str) and appdef else None
+
+
+def _unique(keys: Iterable[Key]) -> list[Key]:
+    return list(dict.fromkeys(keys))
+
+
+def keys_for(
+    kind: str,
+    event_type: str,
+    obj: Obj,
+    old_obj: Obj | None = None,
+    *,
+    session_appdef_of: SessionAppdef | None = None,
+) -> list[Key]:
+    """The keys to add for one watch event (or one difference found by a relist).
+
+    `obj` is the object as the event carries it (for a deletion found by a relist: the stub
+    the cache kept); `old_obj` the previous state the cache kept (a stub or a full object),
+    None if unknown. `session_appdef_of` looks up a Session's AppDefinition for pool objects
+    owned only by Sessions.
+    """
+    if event_type not in EVENT_TYPES:
+        return []
+    if event_type == MODIFIED and not changed(obj, old_obj):
+        return []
+    ns = _meta(obj).get("namespace") or _meta(old_obj).get("namespace")
+    if not ns:
+        return []
+    if kind == APPDEF:
+        return _appdef_keys(ns, event_type, obj, old_obj)
+    if kind == SESSION:
+        return _session_keys(ns, event_type, obj, old_obj)
+    if kind in POOL_KINDS:
+        return _pool_object_keys(kind, ns, obj, old_obj, session_appdef_of)
+    return []
+
+
+def _appdef_keys(ns: str, event_type: str, obj: Obj, old: Obj | None) -> list[Key]:
+    name = _meta(obj).get("name")
+    if not name:
+        return []
+    key = PoolKey(ns, name)
+    if event_type in (ADDED, DELETED) or old is None:
+        return [key]
+    meta, old_meta = _meta(obj), _meta(old)
+    if meta.get("generation") != old_meta.get("generation"):
+        return [key]
+    if meta.get("deletionTimestamp") and not old_meta.get("deletionTimestamp"):
+        return [key]
+    return []
+
+
+def _session_keys(ns: str, event_type: str, obj: Obj, old: Obj | None) -> list[Key]:
+    name = _meta(obj).get("name")
+    if not name:
+        return []
+    appdef = session_appdef(obj) or session_appdef(old)
+    k = instance_id(obj) or instance_id(old)
+    if event_type == DELETED or _meta(obj).get("deletionTimestamp"):
+        # The release: the instance it holds, or (claim in flight) its whole pool.
+        if appdef and k:
+            return [InstanceKey(ns, appdef, k)]
+        if appdef:
+            return [PoolKey(ns, appdef)]
+        return []
+    keys: list[Key] = [SessionKey(ns, name)]
+    if appdef:
+        keys += [InstanceKey(ns, appdef, i) for i in (instance_id(obj), instance_id(old)) if i]
+        old_appdef = session_appdef(old)
+        if old_appdef and old_appdef != appdef and instance_id(old):
+            keys.append(InstanceKey(ns, old_appdef, instance_id(old)))  # type: ignore[arg-type]
+    return _unique(keys)
+
+
+def _pool_object_keys(
+    kind: str, ns: str, obj: Obj, old: Obj | None, lookup: SessionAppdef | None
+) -> list[Key]:
+    name = _meta(obj).get("name") or ""
+    refs = [*(_meta(obj).get("ownerReferences") or ()), *(_meta(old).get("ownerReferences") or ())]
+    appdefs = [r["name"] for r in refs if _is_appdef_ref(r) and r.get("name")]
+    k = naming.instance_id_from_name(name)
+    if appdefs:
+        return _unique(InstanceKey(ns, a, k) if k else PoolKey(ns, a) for a in appdefs)
+    keys: list[Key] = []
+    for ref in refs:
+        if not _is_session_ref(ref) or not ref.get("name"):
+            continue
+        appdef = lookup(ns, ref["name"]) if lookup is not None else None
+        if appdef:
+            keys.append(PoolKey(ns, appdef))
+    if not keys:
+        log.debug("%s %s/%s has no AppDefinition owner and no known Session owner: ignored",
+                  kind, ns, name)
+    return _unique(keys)
+
+
+def appdef_names(kind: str, stub: Obj) -> set[str]:
+    """The AppDefinitions a cached object names: the resync's pool keys come from these."""
+    if kind == APPDEF:
+        name = _meta(stub).get("name")
+        return {name} if name else set()
+    if kind == SESSION:
+        appdef = session_appdef(stub)
+        return {appdef} if appdef else set()
+    if kind in POOL_KINDS:
+        return {r["name"] for r in _meta(stub).get("ownerReferences") or ()
+                if _is_appdef_ref(r) and r.get("name")}
+    return set()

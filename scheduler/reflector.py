@@ -1,0 +1,295 @@
+"""List, then watch one kind in one namespace (or all), like client-go's reflector.
+
+- LIST, then WATCH from the list's resourceVersion with bookmarks; every watch asks the
+  server to end it after a random 5-10 min (``timeout_range``), and the next one resumes from
+  the last resourceVersion seen (an event's or a bookmark's), so nothing is listed again.
+- A dropped connection or any other error: wait (``Backoff``, 0.8 s doubling to 30 s with
+  jitter, reset after 2 min without failures) and resume the watch from the last
+  resourceVersion; after ``relist_after_errors`` failures in a row without an event in
+  between (a resourceVersion the server will not serve, for one), LIST again instead.
+- 410 Gone (the resourceVersion was compacted away): LIST again and compare with the cache:
+  new objects are reported ADDED, changed ones MODIFIED, and objects that vanished meanwhile
+  DELETED, with the stub the cache kept as their last state.
+
+The cache is minimal: (namespace, name) -> the stub of ``summarize`` (identity,
+resourceVersion, the few fields the mapping reads, a digest). Events go to `handler(event_type,
+obj, old)` where `old` is the cached stub (None if unknown). The first LIST of a reflector is
+silent (it only fills the cache: the scheduler's startup resync covers what it holds); every
+later LIST reports differences.
+
+`hold()` / `resume()` park the loop between two watches (tests: disconnect the watch, change
+and compact, then resume from a compacted resourceVersion).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler import mapping
+from warmpool.kube.api import Gone, Kube
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, dict[str, Any], dict[str, Any] | None], None]
+Summarize = Callable[[str, dict[str, Any]], dict[str, Any]]
+CacheKey = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """What to watch: a kind, its apiVersion, and an optional label selector."""
+
+    kind: str
+    api_version: str
+    label_selector: str | None = None
+
+
+class Backoff:
+    """client-go's reflector backoff: initial 0.8 s, x2 per failure, cap 30 s, jitter 1.0
+    (a delay d becomes d + random * d, capped), reset after 2 min without a failure."""
+
+    def __init__(
+        self, initial: float = 0.8, cap: float = 30.0, factor: float = 2.0, jitter: float = 1.0,
+        reset_after: float = 120.0, *, clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.initial, self.cap, self.factor, self.jitter = initial, cap, factor, jitter
+        self.reset_after = reset_after
+        self.clock, self.rand = clock, rand
+        self._delay = 0.0
+        self._last = -float("inf")
+
+    def next(self) -> float:
+        now = self.clock()
+        if now - self._last > self.reset_after:
+            self._delay = 0.0
+        self._last = now
+        self._delay = self.initial if self._delay == 0 else min(self.cap, self._delay * self.factor)
+        return min(self.cap, self._delay * (1 + self.jitter * self.rand()))
+
+    def reset(self) -> None:
+        self._delay = 0.0
+
+
+def is_gone(exc: BaseException) -> bool:
+    """410 from the API server: ``Gone`` from ``Kube``, or the client's own ApiException that
+    its Watch raises on an ERROR event when a timeout is set (``Kube.watch`` misses that)."""
+    return isinstance(exc, Gone) or getattr(exc, "status", None) == 410
+
+
+def _cache_key(obj: dict[str, Any]) -> CacheKey:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def _rv(obj: dict[str, Any] | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+
+@dataclass
+class ReflectorStats:
+    lists: int = 0
+    relists_after_gone: int = 0
+    watches: int = 0
+    errors: int = 0
+    events: int = 0
+    last_error: str | None = None
+    synced_at: float | None = None
+
+
+@dataclass
+class Reflector:
+    kube: Kube
+    watched: Watched
+    namespace: str | None
+    handler: Handler
+    summarize: Summarize = mapping.summarize
+    timeout_range: tuple[float, float] = (300.0, 600.0)
+    backoff: Backoff = field(default_factory=Backoff)
+    stats: ReflectorStats = field(default_factory=ReflectorStats)
+    relist_after_errors: int = 3
+
+    def __post_init__(self) -> None:
+        self.cache: dict[CacheKey, dict[str, Any]] = {}
+        self.last_rv: str | None = None
+        self.synced = threading.Event()
+        self._lock = threading.Lock()
+        self._need_list = True
+        self._failures = 0  # consecutive, without an event or a clean end of watch between
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._go = threading.Event()
+        self._go.set()
+        self._parked = threading.Event()
+
+    @property
+    def name(self) -> str:
+        return f"{self.watched.kind}@{self.namespace or '*'}"
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def start(self, stop: threading.Event | None = None) -> threading.Thread:
+        if stop is not None:
+            self._stop = stop
+        self._thread = threading.Thread(target=self.run, name=f"reflector-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def hold(self, wait: float | None = None) -> bool:
+        """Start no new watch after the current one ends; with `wait`, wait up to that long
+        until the loop is parked (no watch open). Returns whether it is parked."""
+        self._go.clear()
+        if wait is None:
+            return self._parked.is_set()
+        return self._parked.wait(wait)
+
+    def resume(self) -> None:
+        self._go.set()
+
+    # --- cache ------------------------------------------------------------------------------
+
+    def items(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.cache.values())
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self.cache.get((namespace, name))
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        stop = self._stop
+        while not stop.is_set():
+            self._wait_for_go()
+            if stop.is_set():
+                break
+            try:
+                if self._need_list:
+                    self.list_and_sync()
+                self.watch_once()
+                self._failures = 0
+            except Exception as exc:
+                if stop.is_set():
+                    break
+                if is_gone(exc):
+                    # The resourceVersion is compacted away: list again, at once.
+                    log.info("%s: watch from %s is gone (%s); relisting",
+                             self.name, self.last_rv, exc)
+                    self.stats.relists_after_gone += 1
+                    self._need_list = True
+                    continue
+                self.stats.errors += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                self._failures += 1
+                if self._failures >= self.relist_after_errors:
+                    self._need_list = True
+                delay = self.backoff.next()
+                log.warning("%s: %s; retrying in %.1fs from resourceVersion %s",
+                            self.name, self.stats.last_error, delay, self.last_rv)
+                stop.wait(delay)
+
+    def _wait_for_go(self) -> None:
+        if self._go.is_set():
+            return
+        self._parked.set()
+        try:
+            while not self._go.wait(0.1) and not self._stop.is_set():
+                pass
+        finally:
+            self._parked.clear()
+
+    def list_and_sync(self) -> None:
+        """LIST, replace the cache, report the differences (silently on the first list)."""
+        w = self.watched
+        items, rv = self.kube.list(w.api_version, w.kind, self.namespace,
+                                   label_selector=w.label_selector)
+        self.stats.lists += 1
+        first = not self.synced.is_set()
+        fresh: dict[CacheKey, dict[str, Any]] = {}
+        for item in items:
+            item.setdefault("kind", w.kind)
+            item.setdefault("apiVersion", w.api_version)
+            fresh[_cache_key(item)] = item
+        with self._lock:
+            old_cache = self.cache
+            self.cache = {k: self.summarize(w.kind, obj) for k, obj in fresh.items()}
+        self.last_rv = rv
+        self._need_list = False
+        if not first:
+            for key, obj in fresh.items():
+                old = old_cache.get(key)
+                if old is None:
+                    self._emit(mapping.ADDED, obj, None)
+                elif _rv(old) != _rv(obj):
+                    self._emit(mapping.MODIFIED, obj, old)
+            for key, old in old_cache.items():
+                if key not in fresh:
+                    # Deleted while we were not watching: the stub is its last known state.
+                    self._emit(mapping.DELETED, old, old)
+        self.stats.synced_at = time.time()
+        self.synced.set()
+
+    def watch_once(self) -> None:
+        """One watch from the last resourceVersion until the server ends it (or stop)."""
+        w = self.watched
+        lo, hi = self.timeout_range
+        timeout = max(1, round(random.uniform(lo, hi)))
+        self.stats.watches += 1
+        assert self.last_rv is not None
+        for event in self.kube.watch(w.api_version, w.kind, self.namespace,
+                                     resource_version=self.last_rv,
+                                     label_selector=w.label_selector, timeout_seconds=timeout):
+            if self._stop.is_set():
+                return
+            self._on_event(event)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        etype = event.get("type")
+        obj = event.get("object") or {}
+        rv = _rv(obj)
+        if etype == "BOOKMARK":
+            if rv:
+                self.last_rv = rv
+            return
+        if etype not in mapping.EVENT_TYPES:
+            log.debug("%s: ignoring event type %s", self.name, etype)
+            return
+        obj.setdefault("kind", self.watched.kind)
+        obj.setdefault("apiVersion", self.watched.api_version)
+        key = _cache_key(obj)
+        with self._lock:
+            old = self.cache.get(key)
+            if etype == mapping.DELETED:
+                self.cache.pop(key, None)
+            else:
+                self.cache[key] = self.summarize(self.watched.kind, obj)
+        if rv:
+            self.last_rv = rv
+        self._failures = 0
+        self.stats.events += 1
+        if etype != mapping.DELETED and old is not None and _rv(old) == rv:
+            return  # seen already (a resumed watch may repeat the last event)
+        if etype == mapping.ADDED and old is not None:
+            etype = mapping.MODIFIED
+        self._emit(etype, obj, old)
+
+    def _emit(self, etype: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        try:
+            self.handler(etype, obj, old)
+        except Exception:
+            log.exception("%s: handler failed on %s %s", self.name, etype, _cache_key(obj))

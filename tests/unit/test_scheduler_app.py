@@ -1,0 +1,192 @@
+"""`scheduler.app.Scheduler` on a static fake API: resyncs, leader gating, producer errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from scheduler.app import Recorder, Scheduler, SchedulerConfig
+from tests.waiting import wait_for
+from warmpool.pool import vocabulary as v
+
+NS = "ns1"
+
+
+def meta(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": NS, "resourceVersion": "1", "uid": f"u-{name}", **extra}
+
+
+OBJECTS: dict[str, list[dict[str, Any]]] = {
+    "AppDefinition": [{"metadata": meta("java", generation=1)}],
+    "Session": [{"metadata": meta("s1"), "spec": {"appDefinition": "python"}},
+                {"metadata": meta("s2"), "spec": {}}],
+    "Service": [{"metadata": meta("instance-1-x-abc", ownerReferences=[
+        {"apiVersion": v.APPDEF_API_VERSION, "kind": "AppDefinition", "name": "orphaned",
+         "uid": "u"}])}],
+    "Deployment": [],
+    "ConfigMap": [],
+}
+
+
+class StaticKube:
+    """Lists the same objects forever; watches deliver what is pushed into `events`."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, list[dict[str, Any]]] = {k: [] for k in OBJECTS}
+        self.lock = threading.Lock()
+
+    def list(self, api_version: str, kind: str, namespace: str | None, *,
+             label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        return [dict(o) for o in OBJECTS[kind]], "1"
+
+    def watch(self, api_version: str, kind: str, namespace: str | None, *,
+              resource_version: str, label_selector: str | None = None,
+              timeout_seconds: int = 300) -> Any:
+        time.sleep(0.02)
+        with self.lock:
+            pending, self.events[kind] = self.events[kind], []
+        yield from pending
+
+
+class FakeElector:
+    def __init__(self, leading: bool = False) -> None:
+        self.leading = leading
+        self.identity = "fake"
+        self.last_error = None
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    def observed_holder(self) -> str:
+        return "fake" if self.leading else "other"
+
+    def run(self, stop: threading.Event) -> None:
+        stop.wait()
+
+    def release(self) -> bool:
+        self.leading = False
+        return True
+
+
+class FlakyProducer:
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.added: list[str] = []
+
+    def add_many(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("redis down")
+        self.added.extend(keys)
+
+
+@pytest.fixture
+def make():
+    made: list[Scheduler] = []
+
+    def build(producer: Any, **cfg: Any) -> tuple[Scheduler, StaticKube]:
+        kube = StaticKube()
+        s = Scheduler(lambda: kube, producer, SchedulerConfig(namespaces=[NS], **cfg))  # type: ignore[arg-type]
+        made.append(s)
+        return s, kube
+
+    yield build
+    for s in made:
+        s.stop(timeout=5)
+
+
+def test_startup_resync_names_every_known_appdefinition(make) -> None:
+    rec = Recorder()
+    s, _ = make(rec)
+    s.start()
+    wait_for(lambda: rec.added, timeout=5)
+    assert rec.added == ["pool/ns1/java", "pool/ns1/orphaned", "pool/ns1/python"]
+    assert s.ready() and s.healthy() and s.stats.last_resync_reason == "startup"
+
+
+def test_events_are_mapped_and_added(make) -> None:
+    rec = Recorder()
+    s, kube = make(rec)
+    s.start()
+    wait_for(lambda: len(rec.added) == 3, timeout=5)
+    with kube.lock:
+        kube.events["Session"].append({"type": "ADDED", "object": {
+            "metadata": meta("s3", resourceVersion="5"), "spec": {"appDefinition": "java"}}})
+    wait_for(lambda: "session/ns1/s3" in rec.added, timeout=5)
+
+
+def test_periodic_resync(make) -> None:
+    rec = Recorder()
+    s, _ = make(rec, resync_period=0.3)
+    s.start()
+    wait_for(lambda: s.stats.resyncs >= 3, timeout=5)
+    assert s.stats.last_resync_reason == "periodic"
+
+
+def test_standby_adds_nothing_and_resyncs_when_it_takes_over(make) -> None:
+    rec = Recorder()
+    s, kube = make(rec)
+    s.elector = FakeElector(leading=False)  # type: ignore[assignment]
+    s.start()
+    wait_for(s.ready, timeout=5)
+    with kube.lock:
+        kube.events["Session"].append({"type": "ADDED", "object": {
+            "metadata": meta("s3", resourceVersion="5"), "spec": {"appDefinition": "java"}}})
+    wait_for(lambda: s.stats.dropped_not_leader >= 1, timeout=5)
+    time.sleep(0.2)
+    assert rec.added == []
+    s.elector.leading = True  # type: ignore[attr-defined]
+    s._started_leading()
+    wait_for(lambda: rec.added, timeout=5)
+    assert rec.added == ["pool/ns1/java", "pool/ns1/orphaned", "pool/ns1/python"]
+    assert s.stats.last_resync_reason == "new leader"
+
+
+def test_losing_the_lease_drops_pending_keys_at_once(make) -> None:
+    gate = threading.Event()
+
+    class Slow(Recorder):
+        def add_many(self, keys: Iterable[str]) -> Any:
+            gate.wait(5)
+            return super().add_many(keys)
+
+    rec = Slow()
+    s, _ = make(rec)
+    elector = FakeElector(leading=True)
+    s.elector = elector  # type: ignore[assignment]
+    s.start()
+    wait_for(lambda: s.stats.resyncs == 1, timeout=5)
+    s.offer([])  # nothing
+    from warmpool.keys import SessionKey
+    s.offer([SessionKey(NS, "late")])  # waits behind the slow add
+    elector.leading = False
+    s._stopped_leading()
+    gate.set()
+    wait_for(lambda: rec.added, timeout=5)
+    time.sleep(0.2)
+    assert "session/ns1/late" not in rec.added
+
+
+def test_producer_errors_are_retried_without_losing_keys(make) -> None:
+    producer = FlakyProducer(failures=2)
+    s, _ = make(producer)
+    s.start()
+    wait_for(lambda: producer.added, timeout=10)
+    assert producer.added == ["pool/ns1/java", "pool/ns1/orphaned", "pool/ns1/python"]
+    assert s.stats.enqueue_errors == 2
+
+
+def test_status_reports_watches(make) -> None:
+    s, _ = make(Recorder())
+    s.start()
+    wait_for(s.ready, timeout=5)
+    st = s.status()
+    assert st["ready"] and st["leader"] and set(st["watches"]) == {
+        f"{k}@{NS}" for k in OBJECTS}
+    s.stop()
+    assert not s.healthy()
