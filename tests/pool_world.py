@@ -87,3 +87,20 @@ def owner_kinds(obj: dict[str, Any]) -> list[str]:
 def assert_invariants(kube: Kube, ns: str, quiet: bool = True) -> None:
     violations = check(kube, ns, quiet=quiet)
     assert not violations, "invariants violated:\n" + "\n".join(map(str, violations))
+
+
+def snapshot(kube: Kube, ns: str, appdef: str, k: int) -> dict[str, tuple[Any, ...]]:
+    """What the controller could have written to instance k's objects (not status, not RV).
+
+    A Deployment's resourceVersion also moves when the deployment controller updates its
+    status and its revision annotation, so "untouched by warmpool" is judged on what warmpool
+    writes.
+    """
+    out = {}
+    for name, obj in instance_objects(kube, ns, appdef, k).items():
+        meta = obj["metadata"]
+        ours = {k: val for k, val in (meta.get("annotations") or {}).items()
+                if k.startswith(("warmpool.io/", "theia-cloud.io/"))}
+        out[name] = (meta["uid"], meta.get("labels"), ours,
+                     meta.get("ownerReferences"), obj.get("spec"), obj.get("data"))
+    return out

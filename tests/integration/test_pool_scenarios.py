@@ -21,6 +21,7 @@ from tests.pool_world import (
     owner_kinds,
     patch_appdef_spec,
     session,
+    snapshot,
 )
 from tests.waiting import wait_for
 from warmpool.controller.sequential import run_until_quiet
@@ -44,8 +45,7 @@ def test_s1_lowering_min_below_claimed_ids_keeps_them_and_release_deletes_them(
     held = _claim_all(kube, ns, 5)
     assert sorted(held.values()) == [1, 2, 3, 4, 5]
     assert_invariants(kube, ns)
-    untouched = {k: {n: o["metadata"]["resourceVersion"]
-                     for n, o in instance_objects(kube, ns, "java", k).items()} for k in (1, 2)}
+    untouched = {k: snapshot(kube, ns, "java", k) for k in (1, 2)}
 
     patch_appdef_spec(kube, ns, "java", minInstances=2)
     run_until_quiet(kube, ns)
@@ -57,9 +57,7 @@ def test_s1_lowering_min_below_claimed_ids_keeps_them_and_release_deletes_them(
         for obj in objs.values():
             assert owner_kinds(obj) == ["AppDefinition", "Session"]
     for k in (1, 2):
-        now = {n: o["metadata"]["resourceVersion"]
-               for n, o in instance_objects(kube, ns, "java", k).items()}
-        assert now == untouched[k], f"instance {k} was touched"
+        assert snapshot(kube, ns, "java", k) == untouched[k], f"instance {k} was touched"
     assert_invariants(kube, ns)
 
     released = [n for n, k in held.items() if k > 2]
@@ -200,16 +198,13 @@ def test_bad_session_user_gets_error_status_and_takes_nothing(kube, namespace, c
     ns = namespace
     create_appdef(kube, ns, min_instances=1)
     run_until_quiet(kube, ns)
-    before = {n: o["metadata"]["resourceVersion"]
-              for n, o in instance_objects(kube, ns, "java", 1).items()}
+    before = snapshot(kube, ns, "java", 1)
     create_session(kube, ns, "bad", BAD_USERS[case])
     run_until_quiet(kube, ns)
     status = session(kube, ns, "bad")["status"]
     assert status["operatorStatus"] == "ERROR"
     assert "spec.user" in status["operatorMessage"]
-    after = {n: o["metadata"]["resourceVersion"]
-             for n, o in instance_objects(kube, ns, "java", 1).items()}
-    assert after == before
+    assert snapshot(kube, ns, "java", 1) == before
     assert_invariants(kube, ns)
 
 
