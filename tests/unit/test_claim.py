@@ -33,6 +33,18 @@ def test_lowest_free_complete_instance_is_tried_first() -> None:
     assert decide_claim(new, a, instances, [s_held, new]) == ClaimTry((3, 4))
 
 
+def test_concurrent_waiting_sessions_target_different_instances() -> None:
+    a = appdef(min_instances=3)
+    old = session("old", created="2026-01-01T00:00:01Z")
+    mid = session("mid", user="bob@example.com", created="2026-01-01T00:00:02Z")
+    young = session("young", user="eve@example.com", created="2026-01-01T00:00:03Z")
+    everyone = [old, mid, young]
+    instances = pool(a)
+    assert decide_claim(old, a, instances, everyone) == ClaimTry((1, 2, 3))
+    assert decide_claim(mid, a, instances, everyone) == ClaimTry((2, 1, 3))
+    assert decide_claim(young, a, instances, everyone) == ClaimTry((3, 1, 2))
+
+
 def test_no_free_instance_waits_with_a_reason() -> None:
     a = appdef(min_instances=1)
     held = session("held", instance=1, status="HANDLED")

@@ -171,9 +171,13 @@ def claim_session(
             case ClaimTry(candidates=candidates):
                 assert isinstance(appdef, AppDefinition)
                 busy = False
-                for k in candidates:
+                for i, k in enumerate(candidates):
                     ikey = InstanceKey(key.namespace, appdef.name, k)
                     with leases.try_lease(str(ikey)) as g:
+                        if g is None and i == 0:
+                            # Our target is being reconciled (or claimed): wait for it rather
+                            # than take a higher id than ours.
+                            raise Deferred(f"instance {k} is busy")
                         if g is None:
                             busy = True
                             continue

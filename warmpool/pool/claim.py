@@ -38,7 +38,11 @@ class ClaimHeld:
 
 @dataclass(frozen=True, slots=True)
 class ClaimTry:
-    """Try these free ids in order; the first deciding write that succeeds wins."""
+    """Try these free ids in order; the first deciding write that succeeds wins.
+
+    The first is this Session's own target: if its lease is busy the claim waits for it
+    (milliseconds) rather than taking a higher id; the rest are fallbacks once it is taken.
+    """
 
     candidates: tuple[int, ...]
 
@@ -113,6 +117,10 @@ def decide_claim(
     queue = waiting_sessions(appdef.name, instances, sessions)
     position = next((i for i, s in enumerate(queue) if s.uid == session.uid), len(queue))
     if position < len(free):
-        return ClaimTry(tuple(free))
+        # The r-th oldest waiting Session targets the r-th lowest free id: the oldest gets the
+        # lowest, and claims running at once do not all collide on the same instance. The
+        # others follow, in case the target is taken under our feet.
+        target = free[position]
+        return ClaimTry((target, *(k for k in free if k != target)))
     return ClaimWait(f"Waiting for a free instance of {appdef.name} "
                      f"(all {appdef.min_instances} prewarmed instances are taken or starting)")
