@@ -8,6 +8,7 @@ import sys
 #: name -> module with a `main(argv: list[str]) -> int`
 BENCHMARKS: dict[str, str] = {
     "queue": "bench.queue_bench",
+    "contention": "bench.contention",
 }
 
 
