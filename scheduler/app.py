@@ -111,7 +111,9 @@ class Scheduler:
         return all(r.synced.is_set() for r in self.reflectors)
 
     def healthy(self) -> bool:
-        return bool(self._threads) and all(t.is_alive() for t in self._threads)
+        """Every thread runs and no watch hangs past its timeout."""
+        return (bool(self._threads) and all(t.is_alive() for t in self._threads)
+                and not any(r.stuck() for r in self.reflectors))
 
     def ready(self) -> bool:
         return self.synced()
@@ -127,6 +129,7 @@ class Scheduler:
             "leader_error": e.last_error if e else None,
             "stats": dict(self.stats.__dict__),
             "watches": {r.name: {"synced": r.synced.is_set(), "alive": r.alive(),
+                                 "stuck": r.stuck(),
                                  "objects": len(r.cache), "resourceVersion": r.last_rv,
                                  **r.stats.__dict__} for r in self.reflectors},
         }

@@ -33,6 +33,7 @@ from typing import Any
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.pool.decide import is_appdef_ref, is_session_ref
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +68,6 @@ def _meta(obj: Obj | None) -> Mapping[str, Any]:
     return (obj or {}).get("metadata") or {}
 
 
-def _is_appdef_ref(ref: Mapping[str, Any]) -> bool:
-    return (ref.get("kind") == v.APPDEF_KIND
-            and str(ref.get("apiVersion", "")).startswith(v.GROUP + "/"))
-
-
-def _is_session_ref(ref: Mapping[str, Any]) -> bool:
-    return (ref.get("kind") == v.SESSION_KIND
-            and str(ref.get("apiVersion", "")).startswith(v.GROUP + "/"))
-
-
 def summarize(kind: str, obj: Obj) -> dict[str, Any]:
     """The stub a watch cache keeps for `obj`: object-shaped, so ``keys_for`` reads a stub
     (a tombstone after a relist) exactly like the full object."""
@@ -96,7 +87,7 @@ def summarize(kind: str, obj: Obj) -> dict[str, Any]:
     elif kind in POOL_KINDS:
         refs = [{k: r.get(k) for k in ("apiVersion", "kind", "name", "uid")}
                 for r in meta.get("ownerReferences") or ()
-                if _is_appdef_ref(r) or _is_session_ref(r)]
+                if is_appdef_ref(r) or is_session_ref(r)]
         if refs:
             stub_meta["ownerReferences"] = refs
     return stub
@@ -200,13 +191,13 @@ def _pool_object_keys(
 ) -> list[Key]:
     name = _meta(obj).get("name") or ""
     refs = [*(_meta(obj).get("ownerReferences") or ()), *(_meta(old).get("ownerReferences") or ())]
-    appdefs = [r["name"] for r in refs if _is_appdef_ref(r) and r.get("name")]
+    appdefs = [r["name"] for r in refs if is_appdef_ref(r) and r.get("name")]
     k = naming.instance_id_from_name(name)
     if appdefs:
         return _unique(InstanceKey(ns, a, k) if k else PoolKey(ns, a) for a in appdefs)
     keys: list[Key] = []
     for ref in refs:
-        if not _is_session_ref(ref) or not ref.get("name"):
+        if not is_session_ref(ref) or not ref.get("name"):
             continue
         appdef = lookup(ns, ref["name"]) if lookup is not None else None
         if appdef:
@@ -227,5 +218,5 @@ def appdef_names(kind: str, stub: Obj) -> set[str]:
         return {appdef} if appdef else set()
     if kind in POOL_KINDS:
         return {r["name"] for r in _meta(stub).get("ownerReferences") or ()
-                if _is_appdef_ref(r) and r.get("name")}
+                if is_appdef_ref(r) and r.get("name")}
     return set()

@@ -114,6 +114,7 @@ class Reflector:
     backoff: Backoff = field(default_factory=Backoff)
     stats: ReflectorStats = field(default_factory=ReflectorStats)
     relist_after_errors: int = 3
+    stuck_grace: float = 120.0  # a watch still open this long after its timeout is stuck
 
     def __post_init__(self) -> None:
         self.cache: dict[CacheKey, dict[str, Any]] = {}
@@ -122,6 +123,7 @@ class Reflector:
         self._lock = threading.Lock()
         self._need_list = True
         self._failures = 0  # consecutive, without an event or a clean end of watch between
+        self._watch_deadline: float | None = None  # monotonic; set while a watch is open
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._go = threading.Event()
@@ -144,6 +146,13 @@ class Reflector:
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def stuck(self) -> bool:
+        """A watch the server should have ended long ago is still open: the connection is
+        half-open (no client-side read timeout reaches through the client's Watch), so
+        events would silently stop. /healthz reports it, so the process gets restarted."""
+        deadline = self._watch_deadline
+        return deadline is not None and time.monotonic() > deadline
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
@@ -251,12 +260,17 @@ class Reflector:
         timeout = max(1, round(random.uniform(lo, hi)))
         self.stats.watches += 1
         assert self.last_rv is not None
-        for event in self.kube.watch(w.api_version, w.kind, self.namespace,
-                                     resource_version=self.last_rv,
-                                     label_selector=w.label_selector, timeout_seconds=timeout):
-            if self._stop.is_set():
-                return
-            self._on_event(event)
+        self._watch_deadline = time.monotonic() + timeout + self.stuck_grace
+        try:
+            for event in self.kube.watch(w.api_version, w.kind, self.namespace,
+                                         resource_version=self.last_rv,
+                                         label_selector=w.label_selector,
+                                         timeout_seconds=timeout):
+                if self._stop.is_set():
+                    return
+                self._on_event(event)
+        finally:
+            self._watch_deadline = None
 
     def _on_event(self, event: dict[str, Any]) -> None:
         etype = event.get("type")

@@ -202,6 +202,9 @@ def test_changes_made_while_everything_was_stopped_are_applied_at_start(
     pool = stack.workers(processes=2)
     sched = stack.scheduler()
     create_appdef(kube, ns, min_instances=3)
+    # The lowest free *complete* instance is claimed: let the pool be built first.
+    converge(kube, ns, lambda: all(instance_count(kube, ns, k) == 5 for k in (1, 2, 3)),
+             what="three free instances")
     create_session(kube, ns, "s1", USERS[1])
     converge(kube, ns, lambda: held_instance(kube, ns, "s1") == 1, what="s1 on 1")
     create_session(kube, ns, "s2", USERS[2])

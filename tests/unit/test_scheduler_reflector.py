@@ -244,3 +244,22 @@ def test_repeated_watch_failures_without_progress_relist(run_reflector) -> None:
     assert kube.watch_rvs[:3] == ["10", "10", "10"]
     wait_for(lambda: "20" in kube.watch_rvs, timeout=5)
     assert r.stats.relists_after_gone == 0
+
+
+def test_a_watch_open_long_past_its_timeout_is_stuck(run_reflector) -> None:
+    release = threading.Event()
+
+    class Hanging(ScriptedKube):
+        def watch(self, *a: Any, **kw: Any) -> Any:
+            self.watch_rvs.append(kw["resource_version"])
+            release.wait(10)  # a half-open connection: no data, no end
+            yield from ()
+
+    kube = Hanging()
+    kube.lists.append(([], "10"))
+    r = run_reflector(kube, Recorder(), timeout_range=(1, 1), stuck_grace=0.2)
+    wait_for(lambda: kube.watch_rvs, timeout=5)
+    assert not r.stuck()
+    wait_for(r.stuck, timeout=5)
+    release.set()
+    wait_for(lambda: not r.stuck(), timeout=5)

@@ -15,6 +15,7 @@ from typing import Any
 
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError
 
@@ -153,6 +154,12 @@ class Kube:
                 yield {"type": event["type"], "object": raw}
         except DynamicApiError as exc:
             raise _wrap(exc) from None
+        except ApiException as exc:
+            # With a server-side timeout the watch's first response can be a plain 410 that
+            # the dynamic client does not wrap (a resourceVersion compacted away).
+            if exc.status == 410:
+                raise Gone(str(exc.reason)) from None
+            raise KubeError(exc.status, str(exc.reason)) from None
 
     def event(
         self, namespace: str, regarding: Mapping[str, str], reason: str, message: str,

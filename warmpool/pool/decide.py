@@ -75,18 +75,17 @@ def refs(obj: Obj | None) -> list[dict[str, Any]]:
     return [dict(r) for r in builders.owner_refs(obj)]
 
 
+def _is_theia_ref(ref: Mapping[str, Any], kind: str) -> bool:
+    return ref.get("kind") == kind and str(ref.get("apiVersion", "")).startswith(v.GROUP + "/")
+
+
 def is_session_ref(ref: Mapping[str, Any]) -> bool:
-    return ref.get("kind") == v.SESSION_KIND and str(ref.get("apiVersion", "")).startswith(
-        v.GROUP + "/"
-    )
+    return _is_theia_ref(ref, v.SESSION_KIND)
 
 
-def is_appdef_ref(ref: Mapping[str, Any], appdef_name: str) -> bool:
-    return (
-        ref.get("kind") == v.APPDEF_KIND
-        and str(ref.get("apiVersion", "")).startswith(v.GROUP + "/")
-        and ref.get("name") == appdef_name
-    )
+def is_appdef_ref(ref: Mapping[str, Any], appdef_name: str | None = None) -> bool:
+    """A reference to the AppDefinition `appdef_name` (to any AppDefinition when None)."""
+    return _is_theia_ref(ref, v.APPDEF_KIND) and appdef_name in (None, ref.get("name"))
 
 
 def is_foreign_ref(ref: Mapping[str, Any], appdef_name: str) -> bool:
