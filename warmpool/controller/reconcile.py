@@ -93,6 +93,9 @@ class ClaimResult:
     outcome: str  # "claimed" | "held" | "waiting" | "error" | "skipped" | "gone"
     instance_id: int | None = None
     message: str = ""
+    # The Session's metadata.creationTimestamp, for "Session created -> HANDLED" latency.
+    session_created: str = ""
+    appdef: str = ""
 
 
 def _set_status(kube: Kube, session: Session, status: str, message: str) -> None:
@@ -157,17 +160,18 @@ def claim_session(
                         "InvalidSession", f"Session {session.name}: {message}",
                         regarding={"kind": v.SESSION_KIND, "name": session.name,
                                    "apiVersion": v.SESSION_API_VERSION})])
-                return ClaimResult("error", message=message)
+                return ClaimResult("error", message=message, appdef=session.appdef)
             case ClaimWait(message=message):
                 _set_status(kube, session, v.STATUS_HANDLING, message)
-                return ClaimResult("waiting", message=message)
+                return ClaimResult("waiting", message=message, appdef=session.appdef)
             case ClaimHeld(instance_id=k):
                 with leases.try_lease(str(InstanceKey(key.namespace, session.appdef, k))) as g:
                     if g is None:
                         raise Deferred(f"instance {k} is busy")
                     reconcile_instance(kube, InstanceKey(key.namespace, session.appdef, k), g,
                                        settings)
-                return ClaimResult("held", k)
+                return ClaimResult("held", k, session_created=session.created,
+                                   appdef=session.appdef)
             case ClaimTry(candidates=candidates):
                 assert isinstance(appdef, AppDefinition)
                 busy = False
@@ -183,7 +187,8 @@ def claim_session(
                             continue
                         if _deciding_write(kube, appdef, k, session, sessions, g):
                             reconcile_instance(kube, ikey, g, settings)
-                            return ClaimResult("claimed", k)
+                            return ClaimResult("claimed", k, session_created=session.created,
+                                               appdef=session.appdef)
                 if busy:
                     raise Deferred("every free instance was busy")
                 # Every candidate was taken under our feet: look again.
