@@ -1,13 +1,12 @@
 """`warmpool cluster ...`: build, start and stop the local Kubernetes control plane.
 
-The heavy lifting is in warmpool.cluster.local; this module only maps it to commands and turns
-failures into one readable line (the full evidence stays in the component logs, or shows with
-`warmpool --debug`).
+The heavy lifting is in warmpool.cluster.local; this module only maps it to commands. A
+ClusterError becomes one readable line through the root group's error handling, like every
+other command's failures (the evidence stays in the component logs, or `warmpool --debug`).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,36 +26,12 @@ def _state_dir_option(func: F) -> F:
     )(func)
 
 
-def _friendly_errors(func: F) -> F:
-    """ClusterError (and OS errors such as a missing binary) become one line and exit 1."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        ctx = click.get_current_context()
-        debug = bool((ctx.find_root().obj or {}).get("debug"))
-        try:
-            return func(*args, **kwargs)
-        except local.ClusterError as exc:
-            if debug:
-                raise
-            click.secho(f"error: {exc.message}", fg="red", err=True)
-            ctx.exit(1)
-        except OSError as exc:
-            if debug:
-                raise
-            click.secho(f"error: {exc}", fg="red", err=True)
-            ctx.exit(1)
-
-    return wrapper  # type: ignore[return-value]
-
-
 @click.group()
 def cluster() -> None:
     """Local Kubernetes v1.20 control plane (etcd, kube-apiserver, kube-controller-manager)."""
 
 
 @cluster.command()
-@_friendly_errors
 def build() -> None:
     """Build the binaries from Debian's source package (minutes when cold; reused after)."""
     local.build(progress=True)
@@ -68,7 +43,6 @@ def build() -> None:
 @click.option("--watch-cache/--no-watch-cache", default=None,
               help="kube-apiserver's watch cache; off makes compaction give 410 Gone to "
                    "watches [default: on, or $WARMPOOL_WATCH_CACHE].")
-@_friendly_errors
 def up(state_dir: Path | None, watch_cache: bool | None) -> None:
     """Start the control plane (building it first if needed); does nothing if it runs."""
     info = local.up(state_dir, watch_cache=watch_cache)
@@ -80,7 +54,6 @@ def up(state_dir: Path | None, watch_cache: bool | None) -> None:
 
 @cluster.command()
 @_state_dir_option
-@_friendly_errors
 def down(state_dir: Path | None) -> None:
     """Stop every component; data, kubeconfig and logs are kept."""
     stopped = local.down(state_dir)
@@ -89,7 +62,6 @@ def down(state_dir: Path | None) -> None:
 
 @cluster.command()
 @_state_dir_option
-@_friendly_errors
 def env(state_dir: Path | None) -> None:
     """Print `export KUBECONFIG=...` for eval in a shell."""
     click.echo(local.env(state_dir), nl=False)
@@ -97,7 +69,6 @@ def env(state_dir: Path | None) -> None:
 
 @cluster.command()
 @_state_dir_option
-@_friendly_errors
 def status(state_dir: Path | None) -> None:
     """Show each component's pid and whether the API server is ready; exit 1 if not ready."""
     st = local.status(state_dir)

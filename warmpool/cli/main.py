@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import click
 
+from warmpool.cli.errors import EXIT_CODES_HELP, FriendlyGroup
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(cls=FriendlyGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=EXIT_CODES_HELP)
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
-    """warmpool: keeps Theia Cloud's pool of prewarmed instances, scaled out over Redis."""
+    """warmpool: keeps Theia Cloud's pool of prewarmed instances, scaled out over Redis.
+
+    Configuration, for every command: flags, then the environment (KUBECONFIG,
+    WARMPOOL_NAMESPACE, WARMPOOL_REDIS_URL), then defaults; each command's --help says which.
+    """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
 
@@ -17,13 +24,19 @@ def cli(ctx: click.Context, debug: bool) -> None:
 def _register() -> None:
     """Attach sub-commands; each lives in its own module so `--help` stays cheap to import."""
     from scheduler.cli import scheduler
-    from warmpool.cli import cluster, demo
+    from warmpool.cli import cluster, demo, queue, scale, status
     from workers.cli import worker
 
     cli.add_command(cluster.cluster)
     cli.add_command(demo.demo)
     cli.add_command(scheduler)
     cli.add_command(worker)
+    cli.add_command(status.status)
+    cli.add_command(scale.scale)
+    cli.add_command(queue.queue)
+    cli.add_command(queue.locks)
+    cli.add_command(queue.workers)
+    cli.add_command(queue.dead_letters)
 
 
 def main() -> None:

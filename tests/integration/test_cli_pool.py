@@ -1,0 +1,295 @@
+"""`warmpool status` and `warmpool scale`, run as a person runs them, on the real cluster.
+
+Each command is a subprocess (`python -m warmpool.cli ...`) configured only by its
+environment (KUBECONFIG, WARMPOOL_NAMESPACE) or flags. The pool is driven to a converged state
+by real worker processes; the test plays the scheduler by adding the keys a change needs.
+Configuration failures (no kubeconfig, an API server that does not answer) need no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import yaml
+
+from tests import redis_server
+from tests.pool_world import (
+    USERS,
+    create_appdef,
+    create_session,
+    held_instance,
+    patch_appdef_spec,
+    session,
+)
+from tests.redis_server import delete_prefix, isolated_settings
+from tests.waiting import wait_for
+from warmpool.invariants import check
+from warmpool.keys import PoolKey, SessionKey
+from warmpool.kube.api import Kube
+from warmpool.pool import vocabulary as v
+from warmpool.queue.keyed import KeyedQueue
+from warmpool.queue.redis_conn import connect
+from warmpool.queue.settings import QueueSettings
+from workers.process import WorkerPool
+
+redis_url = redis_server.redis_url
+redis_client = redis_server.redis_client
+
+ROOT = Path(__file__).resolve().parents[2]
+BAD_USER = "ann@example.com,eve@example.org"  # two addresses: refused, never printed
+
+
+def cli_env(kubeconfig: str | None = None, **extra: str) -> dict[str, str]:
+    env = {k: val for k, val in os.environ.items()
+           if not k.startswith(("WARMPOOL_", "KUBERNETES_")) and k != "KUBECONFIG"}
+    env["COLUMNS"] = "80"
+    if kubeconfig:
+        env["KUBECONFIG"] = kubeconfig
+    env.update(extra)
+    return env
+
+
+def run(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "warmpool.cli", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=90,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == code, (args, proc.returncode, proc.stdout, proc.stderr)
+    if "--json" not in args:
+        too_wide = [line for line in proc.stdout.splitlines() if len(line) > 80]
+        assert not too_wide, f"{args}: lines wider than 80 columns:\n" + "\n".join(too_wide)
+    return proc
+
+
+def run_json(env: dict[str, str], *args: str) -> Any:
+    return json.loads(run(env, *args, "--json").stdout)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def assert_no_email(text: str) -> None:
+    for address in [*USERS[:10], *BAD_USER.split(",")]:
+        assert address not in text, address
+    assert not re.search(r"[\w.+-]+@[\w-]+\.[\w.]+", text), text
+
+
+@pytest.fixture
+def settings(redis_url: str, redis_client: redis.Redis) -> Iterator[QueueSettings]:
+    s = isolated_settings(redis_url, drain_timeout=5)
+    yield s
+    delete_prefix(redis_client, s.prefix.split(":", 1)[0] + ":")
+
+
+@pytest.fixture
+def workers(settings: QueueSettings, cluster) -> Iterator[WorkerPool]:
+    pool = WorkerPool(settings, processes=2, threads=4, modules=("workers.handlers",),
+                      env={"KUBECONFIG": str(cluster.kubeconfig)})
+    pool.start()
+    yield pool
+    pool.stop(timeout=15)
+
+
+@pytest.fixture
+def queue(settings: QueueSettings) -> KeyedQueue:
+    assert settings.redis_url
+    return KeyedQueue(connect(settings.redis_url), settings)
+
+
+def converge(kube: Kube, ns: str, timeout: float = 120) -> None:
+    wait_for(lambda: not check(kube, ns), timeout=timeout, interval=0.1,
+             message=lambda: "\n".join(map(str, check(kube, ns))))
+
+
+def test_status_of_converged_pools_with_holders_waiting_outdated_and_errors(
+    kube, namespace, cluster, workers, queue
+) -> None:
+    ns = namespace
+    create_appdef(kube, ns, "java", min_instances=3)
+    create_appdef(kube, ns, "broken", min_instances=5, max_instances=2)
+    queue.add_many([str(PoolKey(ns, "java")), str(PoolKey(ns, "broken"))])
+    users = [*USERS[:4], BAD_USER]
+    for i, user in enumerate(users):  # s0..s2 claim, s3 waits, s4 is refused
+        create_session(kube, ns, f"s{i}", user)
+        queue.add(str(SessionKey(ns, f"s{i}")))
+        wait_for(lambda i=i: session(kube, ns, f"s{i}").get("status"), timeout=60)
+    create_session(kube, ns, "stray", USERS[9], appdef="nowhere")
+    queue.add(str(SessionKey(ns, "stray")))
+    converge(kube, ns)
+    held = {f"s{i}": held_instance(kube, ns, f"s{i}") for i in range(3)}
+    assert sorted(held.values()) == [1, 2, 3]
+    env = cli_env(str(cluster.kubeconfig), WARMPOOL_NAMESPACE=ns)
+
+    raw = run(env, "status", "--json").stdout
+    assert_no_email(raw)
+    doc = json.loads(raw)
+    assert doc["namespace"] == ns
+    pools = {p["name"]: p for p in doc["appdefinitions"]}
+    assert set(pools) == {"java", "broken"}
+    java = pools["java"]
+    assert java["valid"] and (java["minInstances"], java["maxInstances"]) == (3, 10)
+    assert java["counts"] == {"claimed": 3, "free": 0, "outdated": 0, "starting": 0,
+                              "releasing": 0, "removing": 0, "waiting": 1}
+    assert {i["id"]: i["session"] for i in java["instances"]} == {
+        k: name for name, k in held.items()}
+    assert all(i["objects"] == 5 and i["state"] == "claimed" for i in java["instances"])
+    assert java["waiting"] == ["s3"]
+    reasons = {(e["source"], e["reason"], e["object"]) for e in java["errors"]}
+    assert {("session", "SessionError", "Session/s4"),
+            ("event", "InvalidSession", "Session/s4")} <= reasons
+    broken = pools["broken"]
+    assert not broken["valid"] and "must not exceed" in broken["problem"]
+    assert ("event", "InvalidAppDefinition", "AppDefinition/broken") in {
+        (e["source"], e["reason"], e["object"]) for e in broken["errors"]}
+    stray = {(e["reason"], e["object"]) for e in doc["errors"]}
+    assert ("SessionError", "Session/stray") in stray
+    assert all("nowhere" in e["message"] for e in doc["errors"])
+
+    # The table, on 80 columns (checked by run): names, counts, holders; no e-mail address.
+    text = run(env, "status").stdout
+    assert_no_email(text)
+    for fragment in ("java", "broken", "claimed 3", "waiting 1", "s3", "InvalidSession",
+                     "InvalidAppDefinition", "stray", "invalid, left as it is"):
+        assert fragment in text, fragment
+
+    # One AppDefinition by name, the namespace by flag (beats $WARMPOOL_NAMESPACE).
+    only = run_json(cli_env(str(cluster.kubeconfig), WARMPOOL_NAMESPACE="elsewhere"),
+                    "status", "java", "-n", ns)
+    assert [p["name"] for p in only["appdefinitions"]] == ["java"] and only["errors"] == []
+
+    # A spec change with every instance claimed: claimed instances are outdated, kept.
+    patch_appdef_spec(kube, ns, "java", image="theiacloud/theia-cloud-demo:1.1")
+    queue.add(str(PoolKey(ns, "java")))
+    converge(kube, ns)
+    java = run_json(env, "status", "java")["appdefinitions"][0]
+    assert java["generation"] == 2
+    assert (java["counts"]["claimed"], java["counts"]["outdated"]) == (3, 3)
+    assert all(i["outdated"] and i["state"] == "claimed" for i in java["instances"])
+    assert "claimed (old generation)" in run(env, "status", "java").stdout
+
+
+def test_scale_validates_then_patches_min_and_max(kube, namespace, cluster) -> None:
+    ns = namespace
+    create_appdef(kube, ns, "java", min_instances=2, max_instances=4)
+    env = cli_env(str(cluster.kubeconfig), WARMPOOL_NAMESPACE=ns)
+
+    def spec() -> tuple[int, int]:
+        s = kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, "java")["spec"]
+        return s["minInstances"], s["maxInstances"]
+
+    out = run(env, "scale", "java", "--min", "3").stdout
+    assert " ".join(out.split()) == (
+        f"{ns}/java: minInstances 2 -> 3, maxInstances 4 (unchanged)")  # folded at 80
+    assert spec() == (3, 4)
+
+    # Above the current max, below zero, above --max: exit 2, one line, nothing written.
+    assert_one_line_error(run(env, "scale", "java", "--min", "5", code=2),
+                          "maxInstances 4", "--max 5")
+    assert_one_line_error(run(env, "scale", "java", "--min", "-1", code=2), "--min")
+    assert_one_line_error(run(env, "scale", "java", "--min", "3", "--max", "2", code=2),
+                          "--min 3 exceeds --max 2")
+    assert_one_line_error(run(env, "scale", "java", "--min", "x", code=2), "--min")
+    assert spec() == (3, 4)
+
+    doc = run_json(env, "scale", "java", "--min", "6", "--max", "8")
+    assert doc == {"namespace": ns, "appdefinition": "java", "changed": True,
+                   "old": {"minInstances": 3, "maxInstances": 4},
+                   "new": {"minInstances": 6, "maxInstances": 8}, "generation": 3}
+    assert spec() == (6, 8)
+    assert run_json(env, "scale", "java", "--min", "6")["changed"] is False
+    assert "(unchanged)" in run(env, "scale", "java", "--min", "0").stdout
+    assert spec() == (0, 8)
+
+
+def test_unknown_appdefinition_exits_3(kube, namespace, cluster) -> None:
+    env = cli_env(str(cluster.kubeconfig))
+    for args in (("scale", "nope", "--min", "1"), ("status", "nope")):
+        proc = run(env, *args, "-n", namespace, code=3)
+        assert_one_line_error(proc, "'nope' not found", namespace)
+        assert proc.stdout == ""
+
+
+def test_empty_namespace_and_the_kubeconfig_flag(namespace, cluster) -> None:
+    env = cli_env(None)
+    doc = run_json(env, "status", "--kubeconfig", str(cluster.kubeconfig), "-n", namespace)
+    assert doc == {"namespace": namespace, "appdefinitions": [], "errors": [],
+                   "errors_total": 0}
+    assert "no AppDefinitions" in run(env, "status", "--kubeconfig", str(cluster.kubeconfig),
+                                      "-n", namespace).stdout
+
+
+def test_missing_kubeconfig_is_one_line_and_exit_4(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    for args in (("status",), ("scale", "java", "--min", "1")):
+        proc = run(cli_env(str(missing)), *args, code=4)
+        assert_one_line_error(proc, str(missing), "KUBECONFIG")
+        # No KUBECONFIG, no ~/.kube/config, not in a pod.
+        proc = run(cli_env(None, HOME=str(tmp_path)), *args, code=4)
+        assert_one_line_error(proc, "no Kubernetes configuration", "--kubeconfig")
+    proc = run(cli_env(None), "status", "--kubeconfig", str(missing), code=4)
+    assert_one_line_error(proc, "from --kubeconfig")
+
+
+def _kubeconfig(path: Path, server: str, namespace: str | None = None) -> Path:
+    context = {"cluster": "c", "user": "u", **({"namespace": namespace} if namespace else {})}
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "c", "cluster": {"server": server,
+                                                "insecure-skip-tls-verify": True}}],
+        "contexts": [{"name": "x", "context": context}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    return path
+
+
+def test_unreachable_api_server_is_one_line_and_exit_4_and_debug_shows_why(
+    tmp_path: Path
+) -> None:
+    kc = _kubeconfig(tmp_path / "kc.yaml", "https://127.0.0.1:1")
+    proc = run(cli_env(str(kc)), "status", code=4)
+    assert_one_line_error(proc, "cannot reach the Kubernetes API server at https://127.0.0.1:1",
+                          "$KUBECONFIG")
+    debug = run(cli_env(str(kc)), "--debug", "status", code=4)
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1].startswith("error: cannot reach")
+    garbage = tmp_path / "garbage.yaml"
+    garbage.write_text("this: [is not a kubeconfig")
+    assert_one_line_error(run(cli_env(str(garbage)), "status", code=4), "garbage.yaml")
+
+
+def test_namespace_comes_from_the_kubeconfig_context_and_is_checked(
+    namespace, cluster, tmp_path: Path
+) -> None:
+    # The test cluster's kubeconfig with its current context's namespace set.
+    config = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    (current,) = [c for c in config["contexts"] if c["name"] == config["current-context"]]
+    current["context"]["namespace"] = namespace
+    kc = tmp_path / "ns.yaml"
+    kc.write_text(yaml.safe_dump(config))
+    assert run_json(cli_env(str(kc)), "status")["namespace"] == namespace
+    assert run_json(cli_env(str(kc), WARMPOOL_NAMESPACE="other"), "status")["namespace"] == (
+        "other")
+    assert_one_line_error(run(cli_env(str(kc)), "status", "-n", "Not_A_Name", code=2),
+                          "Not_A_Name")
+
+
+def test_help_names_each_option_and_its_environment_variable() -> None:
+    for args in (("status",), ("scale",)):
+        text = run(cli_env(None), *args, "--help").stdout
+        for fragment in ("--kubeconfig", "KUBECONFIG", "--namespace", "WARMPOOL_NAMESPACE",
+                         "--json", "JSON (--json)"):
+            assert fragment in text, (args, fragment)
+    top = " ".join(run(cli_env(None), "--help").stdout.split())
+    assert "Exit codes" in top and "4 unreachable" in top

@@ -1,0 +1,194 @@
+"""`warmpool status`'s rules, on objects as the API server returns them (no server)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pool_fixtures import observed
+
+from warmpool.cli.status import pool_status
+from warmpool.pool import builders
+from warmpool.pool import vocabulary as v
+from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
+from warmpool.pool.parts import PARTS, Part
+
+SETTINGS = builders.PoolSettings()
+UID = "aaaa-bbbb-381261d79c23"
+
+
+def appdef_obj(name: str = "java", min_i: Any = 3, max_i: Any = 10, generation: int = 1,
+               uid: str = UID) -> dict[str, Any]:
+    return {
+        "apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "generation": generation},
+        "spec": {"name": f"{name}-17", "image": "img", "port": 3000, "uid": 101,
+                 "minInstances": min_i, "maxInstances": max_i},
+    }
+
+
+def parsed(obj: dict[str, Any]) -> AppDefinition:
+    a = parse_appdefinition(obj)
+    assert isinstance(a, AppDefinition), a
+    return a
+
+
+def session_obj(name: str, user: str = "jane@example.com", instance: int | None = None,
+                status: str | None = None, message: str = "", appdef: str = "java",
+                created: str = "2026-01-01T00:00:01Z") -> dict[str, Any]:
+    ann = {v.ANNOTATION_INSTANCE_ID: str(instance)} if instance else {}
+    return {
+        "apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                     "creationTimestamp": created, "annotations": ann},
+        "spec": {"name": name, "appDefinition": appdef, "user": user},
+        "status": ({"operatorStatus": status, "operatorMessage": message} if status else {}),
+    }
+
+
+def objects(a: AppDefinition, k: int, holder: Session | None = None,
+            missing: tuple[Part, ...] = ()) -> list[dict[str, Any]]:
+    return [observed(builders.build(p, a, k, holder=holder, proxy_template=None,
+                                    settings=SETTINGS)) for p in PARTS if p not in missing]
+
+
+def event(reason: str, kind: str, name: str, message: str, when: str = "2026-01-01T00:00:05Z",
+          type_: str = "Warning", count: int = 1) -> dict[str, Any]:
+    return {"type": type_, "reason": reason, "message": message, "count": count,
+            "involvedObject": {"kind": kind, "name": name, "namespace": "ns"},
+            "lastTimestamp": when, "metadata": {"name": f"{name}.x"}}
+
+
+def world() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """java (min 3): 1 and 2 held by s1 and s2, 3 free; s3 waits; s4 is in ERROR."""
+    ad = appdef_obj()
+    a = parsed(ad)
+    sessions = [session_obj("s1", "ann@example.com", 1, "HANDLED"),
+                session_obj("s2", "bob@example.com", 2, "HANDLED"),
+                session_obj("s3", "cy@example.com", None, "HANDLING",
+                            created="2026-01-01T00:00:03Z"),
+                session_obj("s4", "a@b.com,c@d.com", None, "ERROR",
+                            "spec.user a@b.com,c@d.com must be exactly one e-mail address")]
+    s1, s2 = (parse_session(s) for s in sessions[:2])
+    pool = objects(a, 1, s1) + objects(a, 2, s2) + objects(a, 3)
+    return [ad], sessions, pool
+
+
+def test_counts_holders_waiting_and_session_errors_without_addresses() -> None:
+    appdefs, sessions, pool = world()
+    doc = pool_status("ns", appdefs, sessions, pool, [])
+    (java,) = doc["appdefinitions"]
+    assert java["valid"] and java["problem"] is None
+    assert (java["minInstances"], java["maxInstances"], java["generation"]) == (3, 10, 1)
+    assert java["counts"] == {"claimed": 2, "free": 1, "outdated": 0, "starting": 0,
+                              "releasing": 0, "removing": 0, "waiting": 1}
+    assert [(i["id"], i["state"], i["session"], i["objects"]) for i in java["instances"]] == [
+        (1, "claimed", "s1", 5), (2, "claimed", "s2", 5), (3, "free", None, 5)]
+    assert java["waiting"] == ["s3"]
+    (err,) = java["errors"]
+    assert err["source"] == "session" and err["object"] == "Session/s4"
+    assert "@" not in str(doc), "no e-mail address in the document"
+    assert "<e-mail>" in err["message"]
+
+
+def test_missing_surplus_outdated_and_releasing_instances() -> None:
+    ad = appdef_obj(min_i=4, generation=2)
+    old = parsed(appdef_obj(min_i=4, generation=1))
+    new = parsed(ad)
+    s1 = parse_session(session_obj("s1", instance=1))
+    releasing = objects(new, 4)
+    ext = next(o for o in releasing if o["kind"] == "Service"
+               and not (o["metadata"]["labels"] or {}).get(v.LABEL_SERVICE_TYPE))
+    ext["metadata"]["ownerReferences"].append(  # a gone Session's reference: being released
+        {"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND, "name": "gone",
+         "uid": "uid-gone"})
+    pool = (objects(old, 1, s1)  # claimed at the old generation
+            + objects(new, 2, missing=(Part.DEPLOYMENT,))  # starting
+            + objects(old, 3)  # free, outdated
+            + releasing
+            + objects(new, 6))  # above minInstances 4: removing
+    doc = pool_status("ns", [ad], [session_obj("s1", instance=1, status="HANDLED")], pool, [])
+    (java,) = doc["appdefinitions"]
+    states = {i["id"]: (i["state"], i["outdated"], i["objects"]) for i in java["instances"]}
+    assert states == {1: ("claimed", True, 5), 2: ("starting", False, 4),
+                      3: ("outdated", True, 5), 4: ("releasing", False, 5),
+                      6: ("removing", False, 5)}
+    c = java["counts"]
+    assert (c["claimed"], c["free"], c["outdated"], c["starting"], c["releasing"],
+            c["removing"]) == (1, 0, 2, 1, 1, 1)
+
+
+def test_instances_that_should_exist_but_do_not_are_listed_as_starting() -> None:
+    doc = pool_status("ns", [appdef_obj(min_i=2)], [], [], [])
+    (java,) = doc["appdefinitions"]
+    assert [(i["id"], i["state"], i["objects"]) for i in java["instances"]] == [
+        (1, "starting", 0), (2, "starting", 0)]
+
+
+def test_an_invalid_appdefinition_is_reported_with_its_raw_values() -> None:
+    appdefs, sessions, pool = world()
+    bad = appdef_obj("bad", min_i=5, max_i=2, uid="cccc-dddd-999999999999")
+    doc = pool_status("ns", [*appdefs, bad], sessions, pool, [
+        event("InvalidAppDefinition", v.APPDEF_KIND, "bad", "AppDefinition bad is left as it "
+              "is: spec.name must match ^[a-z0-9A-Z-_]+$")])
+    by_name = {p["name"]: p for p in doc["appdefinitions"]}
+    b = by_name["bad"]
+    assert not b["valid"] and "must not exceed" in b["problem"]
+    assert (b["minInstances"], b["maxInstances"], b["instances"]) == (5, 2, [])
+    assert [e["reason"] for e in b["errors"]] == ["InvalidAppDefinition"]
+    assert by_name["java"]["counts"]["claimed"] == 2
+
+
+def test_events_are_attributed_grouped_filtered_and_limited() -> None:
+    appdefs, sessions, pool = world()
+    other = appdef_obj("py", uid="eeee-ffff-777777777777")
+    pool_obj = next(o for o in pool if o["kind"] == "ConfigMap")["metadata"]["name"]
+    events = [
+        event("InvalidSession", v.SESSION_KIND, "s4", "Session s4: bad user",
+              "2026-01-01T00:00:01Z"),
+        event("InvalidSession", v.SESSION_KIND, "s4", "Session s4: bad user",
+              "2026-01-01T00:00:09Z", count=2),
+        event("ForeignOwner", "ConfigMap", pool_obj, "ConfigMap is also owned by X",
+              "2026-01-01T00:00:02Z"),
+        event("InstanceConflict", "Namespace", "ns",
+              "instance 1 is claimed by s1; also by s2, who must claim again",
+              "2026-01-01T00:00:03Z"),
+        event("InvalidUser", "Namespace", "ns", "Session someone-gone holds instance 2",
+              "2026-01-01T00:00:04Z"),
+        event("InvalidSession", v.SESSION_KIND, "stray", "Session stray: AppDefinition "
+              "'nowhere' not found", "2026-01-01T00:00:06Z"),
+        event("BackOff", "Pod", "p", "not ours"),  # another component's reason
+        event("InvalidSession", v.SESSION_KIND, "s4", "normal", type_="Normal"),
+    ]
+    sessions = [*sessions, session_obj("stray", appdef="nowhere", status="ERROR",
+                                       message="AppDefinition 'nowhere' not found")]
+    doc = pool_status("ns", [*appdefs, other], sessions, pool, events)
+    java = next(p for p in doc["appdefinitions"] if p["name"] == "java")
+    got = [(e["source"], e["reason"], e["count"]) for e in java["errors"]]
+    assert got == [("session", "SessionError", 1), ("event", "InvalidSession", 3),
+                   ("event", "InstanceConflict", 1), ("event", "ForeignOwner", 1)]
+    assert java["errors"][1]["last_seen"] == "2026-01-01T00:00:09Z"
+    py = next(p for p in doc["appdefinitions"] if p["name"] == "py")
+    assert py["errors"] == []
+    # Not tied to one AppDefinition: the stray Session, the unattributable InvalidUser.
+    assert [(e["reason"], e["object"]) for e in doc["errors"]] == [
+        ("SessionError", "Session/stray"), ("InvalidSession", "Session/stray"),
+        ("InvalidUser", "Namespace/ns")]
+
+    limited = pool_status("ns", appdefs, sessions, pool, events, errors_limit=2)
+    java = limited["appdefinitions"][0]
+    assert len(java["errors"]) == 2 and java["errors_total"] == 4
+    only = pool_status("ns", [*appdefs, other], sessions, pool, events, only="py")
+    assert [p["name"] for p in only["appdefinitions"]] == ["py"] and only["errors"] == []
+
+
+def test_a_second_claimant_is_shown_next_to_the_rightful_one() -> None:
+    ad = appdef_obj()
+    a = parsed(ad)
+    sessions = [session_obj("s1", instance=1, status="HANDLED"),
+                session_obj("s2", instance=1, status="HANDLED",
+                            created="2026-01-01T00:00:02Z")]
+    pool = objects(a, 1, parse_session(sessions[0]))
+    doc = pool_status("ns", [ad], copy.deepcopy(sessions), pool, [])
+    first = doc["appdefinitions"][0]["instances"][0]
+    assert (first["session"], first["also_claimed_by"]) == ("s1", ["s2"])

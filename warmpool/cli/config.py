@@ -1,0 +1,304 @@
+"""One configuration story for every command: flags, then environment, then defaults.
+
+  Kubernetes   --kubeconfig    KUBECONFIG            in-cluster service account, else
+                                                     ~/.kube/config
+  namespace    -n/--namespace  WARMPOOL_NAMESPACE    the kubeconfig context's namespace (or the
+                                                     service account's), else `default`
+  Redis        --redis-url     WARMPOOL_REDIS_URL    redis://127.0.0.1:6379/0
+  queue layout                 WARMPOOL_QUEUE_<FIELD> (QueueSettings.from_env, e.g. _PREFIX,
+                                                     _NAMESPACE, _QUEUE_NAME), as the workers
+
+The inspection commands never start a Redis of their own (the workers' embedded fallback):
+inspecting an empty server that happens to be there would show a wrong, quiet queue. When
+nothing answers, they say so and exit 4.
+
+Everything that can go wrong here becomes an `Unreachable` or `BadValue` error with the source
+of the value in it ("from $KUBECONFIG"), so a person knows which setting to fix.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from warmpool.cli.errors import BadValue, Unreachable, one_line
+
+if TYPE_CHECKING:
+    import redis
+
+    from warmpool.kube.api import Kube
+    from warmpool.queue.settings import QueueSettings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ENV_KUBECONFIG = "KUBECONFIG"
+ENV_NAMESPACE = "WARMPOOL_NAMESPACE"
+ENV_REDIS_URL = "WARMPOOL_REDIS_URL"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_NAMESPACE = "default"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+LOCAL_CLUSTER_HINT = 'for the local cluster: eval "$(warmpool cluster env)"'
+
+
+def _env(environ: Mapping[str, str], name: str) -> str | None:
+    value = environ.get(name, "").strip()
+    return value or None
+
+
+# --- Kubernetes -----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class KubeTarget:
+    """Where the API server's address and credentials come from."""
+
+    in_cluster: bool
+    path: str | None  # kubeconfig file(s), os.pathsep-separated like KUBECONFIG
+    source: str  # for messages: "--kubeconfig", "$KUBECONFIG", "in-cluster", "~/.kube/config"
+
+
+def _in_cluster(environ: Mapping[str, str], sa_dir: Path) -> bool:
+    return bool(_env(environ, "KUBERNETES_SERVICE_HOST")) and (sa_dir / "token").is_file()
+
+
+def resolve_kube_target(
+    flag: str | None,
+    environ: Mapping[str, str] | None = None,
+    home: Path | None = None,
+    sa_dir: Path = SERVICE_ACCOUNT_DIR,
+) -> KubeTarget:
+    env = os.environ if environ is None else environ
+    for value, source in ((flag, "--kubeconfig"), (_env(env, ENV_KUBECONFIG), "$KUBECONFIG")):
+        if not value:
+            continue
+        paths = [p for p in value.split(os.pathsep) if p]
+        if not any(Path(p).expanduser().is_file() for p in paths):
+            raise Unreachable(f"kubeconfig {value} (from {source}) does not exist; point "
+                              f"{source.lstrip('$')} at your cluster's kubeconfig "
+                              f"({LOCAL_CLUSTER_HINT})")
+        return KubeTarget(False, value, source)
+    if _in_cluster(env, sa_dir):
+        return KubeTarget(True, None, "in-cluster")
+    default = (home or Path.home()) / ".kube" / "config"
+    if default.is_file():
+        return KubeTarget(False, str(default), "~/.kube/config")
+    raise Unreachable("no Kubernetes configuration: KUBECONFIG is unset, ~/.kube/config does not "
+                      "exist and this is not a pod; set KUBECONFIG or pass --kubeconfig "
+                      f"({LOCAL_CLUSTER_HINT})")
+
+
+def context_namespace(target: KubeTarget, sa_dir: Path = SERVICE_ACCOUNT_DIR) -> str | None:
+    """The current context's namespace (in a pod: the service account's), if any."""
+    if target.in_cluster:
+        try:
+            return (sa_dir / "namespace").read_text().strip() or None
+        except OSError:
+            return None
+    import yaml
+    from kubernetes.config import ConfigException, list_kube_config_contexts
+
+    try:
+        _, current = list_kube_config_contexts(config_file=target.path)
+    except (ConfigException, OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return None  # connecting will say what is wrong with the file
+    return ((current or {}).get("context") or {}).get("namespace") or None
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def resolve_namespace(
+    flag: str | None, target: KubeTarget | None, environ: Mapping[str, str] | None = None
+) -> str:
+    env = os.environ if environ is None else environ
+    for value, source in ((flag, "--namespace"), (_env(env, ENV_NAMESPACE), "$WARMPOOL_NAMESPACE")):
+        if value:
+            if len(value) > 63 or not _DNS_LABEL.match(value):
+                raise BadValue(f"namespace {value!r} (from {source}) is not a valid Kubernetes "
+                               "namespace name (lower-case letters, digits and '-')")
+            return value
+    return (context_namespace(target) if target else None) or DEFAULT_NAMESPACE
+
+
+def _quiet_tls_warnings(verify_ssl: bool) -> None:
+    """A kubeconfig with insecure-skip-tls-verify (the local cluster) chose that; a warning
+    per request would bury the output."""
+    if not verify_ssl:
+        import urllib3
+
+        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+
+
+def _connection_reason(exc: BaseException) -> str:
+    reason = str(getattr(exc, "reason", None) or exc)
+    return reason.split("): ", 1)[-1]  # drop urllib3's "HTTPSConnection(host=...)" prefix
+
+
+def connect_kube(target: KubeTarget) -> Kube:
+    """A `Kube` on the target; the API server has answered (discovery) when this returns."""
+    import urllib3
+    import yaml
+    from kubernetes import client as kclient
+    from kubernetes import config as kconfig
+
+    from warmpool.kube.api import Kube
+
+    try:
+        if target.in_cluster:
+            cfg = kclient.Configuration()
+            kconfig.load_incluster_config(client_configuration=cfg)
+            api = kclient.ApiClient(cfg)
+        else:
+            api = kconfig.new_client_from_config(config_file=target.path)
+    except (kconfig.ConfigException, OSError, KeyError, TypeError, ValueError,
+            yaml.YAMLError) as exc:
+        what = ("the in-cluster service account" if target.in_cluster
+                else f"the kubeconfig {target.path} (from {target.source})")
+        raise Unreachable(f"cannot use {what}: {one_line(str(exc), 200)}; fix it or point "
+                          "KUBECONFIG/--kubeconfig at another kubeconfig") from exc
+    host = api.configuration.host
+    _quiet_tls_warnings(bool(api.configuration.verify_ssl))
+    try:
+        return Kube(api)
+    except urllib3.exceptions.HTTPError as exc:
+        raise Unreachable(f"cannot reach the Kubernetes API server at {host} (kubeconfig from "
+                          f"{target.source}): {_connection_reason(exc)}; start it, or point "
+                          "KUBECONFIG/--kubeconfig at one that runs") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class KubeConfig:
+    """What a Kubernetes command was asked to use, resolved lazily (so `--help` never fails)."""
+
+    kubeconfig: str | None
+    namespace_flag: str | None
+
+    def target(self) -> KubeTarget:
+        return resolve_kube_target(self.kubeconfig)
+
+    def connect(self) -> tuple[Kube, str]:
+        """(Kube, namespace); the namespace is checked before connecting."""
+        target = self.target()
+        namespace = resolve_namespace(self.namespace_flag, target)
+        return connect_kube(target), namespace
+
+
+# --- Redis ----------------------------------------------------------------------------------
+
+def resolve_redis_url(flag: str | None, environ: Mapping[str, str] | None = None
+                      ) -> tuple[str, str]:
+    """(url, where it came from); never starts a server."""
+    env = os.environ if environ is None else environ
+    if flag:
+        return flag, "--redis-url"
+    if value := _env(env, ENV_REDIS_URL):
+        return value, "$WARMPOOL_REDIS_URL"
+    return DEFAULT_REDIS_URL, "the default"
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for messages and output."""
+    return re.sub(r"(^[a-z]+://[^/@]*?:)[^/@]*@", r"\1***@", url)
+
+
+def queue_settings(url: str, environ: Mapping[str, str] | None = None) -> QueueSettings:
+    """The workers' key layout (WARMPOOL_QUEUE_* from the environment) on `url`."""
+    from warmpool.queue.settings import QueueSettings
+
+    try:
+        return QueueSettings.from_env(environ, redis_url=url)
+    except (TypeError, ValueError) as exc:
+        raise BadValue(f"bad queue setting in the environment (WARMPOOL_QUEUE_*): {exc}") from exc
+
+
+def connect_redis(url: str, source: str) -> redis.Redis:
+    """A client on `url` that has answered PING, or `Unreachable` saying what to do."""
+    import redis as redis_lib
+
+    from warmpool.queue.redis_conn import connect
+
+    shown = redact_url(url)
+    try:
+        client = connect(url, socket_connect_timeout=3.0, socket_timeout=10.0)
+    except (ValueError, redis_lib.RedisError) as exc:  # a malformed URL
+        raise BadValue(f"bad Redis URL {shown} (from {source}): {exc}; use "
+                       "redis://[:password@]host[:port][/db], rediss://... or "
+                       "unix:///path/to/socket") from exc
+    try:
+        client.ping()
+    except redis_lib.AuthenticationError as exc:
+        raise Unreachable(f"Redis at {shown} (from {source}) refused the credentials: {exc}; "
+                          "put the password in the URL (redis://:PASSWORD@host:port)") from exc
+    except (redis_lib.ConnectionError, redis_lib.TimeoutError, OSError) as exc:
+        raise Unreachable(f"nothing answers at {shown} (from {source}): "
+                          f"{one_line(str(exc), 160).rstrip('.')}; start Redis there, or set "
+                          "WARMPOOL_REDIS_URL (or --redis-url) to the queue's Redis") from exc
+    except redis_lib.RedisError as exc:
+        raise Unreachable(f"Redis at {shown} (from {source}) failed PING: {exc}") from exc
+    return client
+
+
+@dataclass(frozen=True, slots=True)
+class RedisConfig:
+    redis_url: str | None
+
+    def connect(self) -> tuple[redis.Redis, QueueSettings, str]:
+        """(client, settings, shown url) for a server that answered."""
+        url, source = resolve_redis_url(self.redis_url)
+        settings = queue_settings(url)
+        return connect_redis(url, source), settings, redact_url(url)
+
+
+# --- options --------------------------------------------------------------------------------
+
+def kube_options(func: F) -> F:
+    """`--kubeconfig` and `-n/--namespace`, handed to the command as `kube: KubeConfig`."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, kubeconfig: str | None, namespace_flag: str | None,
+                **kwargs: Any) -> Any:
+        return func(*args, kube=KubeConfig(kubeconfig, namespace_flag), **kwargs)
+
+    wrapper = click.option(
+        "--namespace", "-n", "namespace_flag", default=None, metavar="NS",
+        help=f"Namespace of the AppDefinitions. [env: {ENV_NAMESPACE}; default: the kubeconfig "
+             "context's namespace (in a pod: its own), else 'default']")(wrapper)
+    wrapper = click.option(
+        "--kubeconfig", default=None, metavar="PATH",
+        help=f"Kubeconfig file. [env: {ENV_KUBECONFIG}; default: the in-cluster service "
+             "account, else ~/.kube/config]")(wrapper)
+    return wrapper  # type: ignore[return-value]
+
+
+def redis_options(func: F) -> F:
+    """`--redis-url`, handed to the command as `redis_config: RedisConfig`."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, redis_url: str | None, **kwargs: Any) -> Any:
+        # `warmpool queue --redis-url X show KEY`: a group's flag holds for its sub-commands.
+        meta = click.get_current_context().meta
+        if redis_url is None:
+            redis_url = meta.get("warmpool.redis_url")
+        else:
+            meta["warmpool.redis_url"] = redis_url
+        return func(*args, redis_config=RedisConfig(redis_url), **kwargs)
+
+    wrapper = click.option(
+        "--redis-url", default=None, metavar="URL",
+        help=f"The work queue's Redis: redis://[:password@]host[:port][/db], rediss://..., "
+             f"unix:///path. [env: {ENV_REDIS_URL}; default: {DEFAULT_REDIS_URL}; never "
+             "starts one]. Key layout from WARMPOOL_QUEUE_PREFIX, WARMPOOL_QUEUE_NAMESPACE, "
+             "WARMPOOL_QUEUE_QUEUE_NAME, as for the workers.")(wrapper)
+    return wrapper  # type: ignore[return-value]
+
+
+def json_option(func: F) -> F:
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print JSON instead of tables (keys: see above).")(func)

@@ -1,0 +1,485 @@
+"""`warmpool queue`, `queue show`, `locks`, `workers`, `dead-letters`: the work queue in Redis.
+
+Read-only except `dead-letters retry|purge`. Everything is read from the one Redis all hosts
+share (the key layout is in warmpool/queue/README.md), so these show every worker on every
+host. Ages are measured against the Redis server's clock where the queue stamps times with it.
+The `*_view` functions return the JSON documents; the commands render them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any
+
+import click
+import redis
+
+from warmpool.cli.config import RedisConfig, json_option, redis_options
+from warmpool.cli.errors import BadValue, NotFound
+from warmpool.cli.output import (
+    age,
+    console,
+    emit_json,
+    escape,
+    joined,
+    last_line,
+    redact,
+    rounded,
+    table,
+)
+from warmpool.keys import parse_key
+from warmpool.queue.inspect import Inspector
+from warmpool.queue.layout import Layout
+from warmpool.queue.lease import fence_of, holder_of
+from warmpool.queue.settings import QueueSettings
+
+SCAN_CAP = 10_000  # keys read from one set or pattern; the counts stay exact beyond it
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def _server_ms(client: redis.Redis) -> int:
+    sec, usec = client.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def _scan(client: redis.Redis, pattern: str, cap: int = SCAN_CAP) -> Iterator[str]:
+    for key in islice(client.scan_iter(match=pattern, count=1000), cap):
+        yield key.decode()
+
+
+def _process_of(holder: str) -> str:
+    """host:pid of a lease holder token host:pid:thread:nonce.n."""
+    parts = holder.split(":")
+    return ":".join(parts[:2]) if len(parts) >= 2 else holder
+
+
+# --- views (JSON documents) -----------------------------------------------------------------
+
+def _pending(client: redis.Redis, lo: Layout, running: set[str], limit: int, now: int
+             ) -> list[dict[str, Any]]:
+    """Up to `limit` waiting keys in the order they will run: the order of their messages in
+    dramatiq's list, then (fetched by a worker but not started, or being repaired) by age."""
+    from dramatiq.message import Message
+
+    ids = client.lrange(lo.messages_list, 0, 4 * limit - 1)
+    bodies = client.hmget(lo.messages, ids) if ids else []
+    in_list = []
+    for body in bodies:
+        if body is None:
+            continue
+        args = Message.decode(body).args
+        if len(args) == 1 and isinstance(args[0], str):
+            in_list.append(args[0])
+    flags = client.smismember(lo.dirty, in_list) if in_list else []
+    ordered = list(dict.fromkeys(k for k, dirty in zip(in_list, flags, strict=True)
+                                 if dirty and k not in running))[:limit]
+    if len(ordered) < limit:  # waiting keys whose message is not in the list right now
+        seen = set(ordered) | running
+        rest = [m.decode() for m in islice(client.sscan_iter(lo.dirty, count=1000), SCAN_CAP)]
+        rest = [k for k in rest if k not in seen]
+        added = client.hmget(lo.added_at, rest) if rest else []
+        by_age = sorted(zip(rest, added, strict=True), key=lambda ka: int(ka[1] or now))
+        ordered += [k for k, _ in by_age[: limit - len(ordered)]]
+    added = client.hmget(lo.added_at, ordered) if ordered else []
+    return [{"key": k, "waiting_seconds": rounded((now - int(a)) / 1000) if a else None}
+            for k, a in zip(ordered, added, strict=True)]
+
+
+def overview_view(client: redis.Redis, settings: QueueSettings, limit: int) -> dict[str, Any]:
+    insp = Inspector(client, settings)
+    lo = insp.layout
+    stats = insp.stats()
+    now = _server_ms(client)
+    running = [k.decode() for k in client.zrange(lo.inflight, 0, -1)]
+    flags = client.smismember(lo.dirty, running) if running else []
+    rerun = [k for k, dirty in zip(running, flags, strict=True) if dirty]
+    holders = client.mget([lo.lease(k) for k in rerun]) if rerun else []
+    pending = _pending(client, lo, set(running), limit, now)
+    row = {
+        "name": settings.queue_name,
+        "ready": max(0, stats.waiting - len(rerun)),
+        "rerun": len(rerun),
+        "delayed": stats.delayed,
+        "in_flight": stats.running,
+        "dead": stats.dead,
+        "failing": stats.failing,
+        "messages": stats.messages,
+        "oldest_age_seconds": rounded(stats.oldest_wait_seconds),
+    }
+    return {
+        "prefix": settings.prefix,
+        "namespace": settings.namespace,
+        "queues": [row],
+        "workers_alive": stats.workers_alive,
+        "pending": pending,
+        "rerun": [{"key": k, "holder": holder_of(h.decode()) if h else None}
+                  for k, h in zip(rerun, holders, strict=True)][:limit],
+        "delayed": [{"key": k, "due_in_seconds": rounded(s)}
+                    for k, s in insp.delayed(limit)],
+    }
+
+
+def key_view(client: redis.Redis, settings: QueueSettings, key: str) -> dict[str, Any]:
+    st = Inspector(client, settings).key(key)
+    lo = Layout.of(settings)
+    raw_id = client.hget(lo.dead, key) if st.dead else None
+    dead_id = raw_id.decode() if raw_id else None
+    failures, error = st.failures, st.last_error
+    if dead_id is not None:  # dead-lettering moves the count and the error into the letter
+        body = client.hget(lo.xq_messages, dead_id)
+        if body is not None:
+            from dramatiq.message import Message
+
+            options = Message.decode(body).options
+            failures = max(failures, int(options.get("retries") or 0))
+            error = error or options.get("traceback")
+    return {
+        "key": st.key,
+        "state": st.state,
+        "waiting": st.waiting,
+        "running": st.running,
+        "rerun": st.running and st.waiting,
+        "delayed_seconds": rounded(st.delayed_seconds),
+        "dead": st.dead,
+        "dead_letter_id": dead_id,
+        "failures": failures,
+        "last_error": redact(error) if error else None,
+        "holder": st.holder,
+        "fence": st.fence,
+        "lease_ttl_seconds": rounded(st.lease_ttl_seconds),
+        "waiting_seconds": rounded(st.waiting_seconds),
+    }
+
+
+def locks_view(client: redis.Redis, settings: QueueSettings) -> dict[str, Any]:
+    lo = Layout.of(settings)
+    names = [(n, "lease") for n in _scan(client, _glob_escape(lo.lease_prefix) + "*")]
+    names += [(n, "maintenance")
+              for n in _scan(client, _glob_escape(lo.maintenance_lock("")) + "*")]
+    with client.pipeline(transaction=False) as p:
+        for name, _ in names:
+            p.get(name)
+            p.pttl(name)
+        replies = p.execute()
+    out = []
+    for i, (name, kind) in enumerate(names):
+        raw, pttl = replies[2 * i], replies[2 * i + 1]
+        if raw is None:  # released between the scan and the read
+            continue
+        value = raw.decode()
+        lease = kind == "lease"
+        out.append({
+            "key": name[len(lo.lease_prefix):] if lease else name[len(lo.maintenance_lock("")):],
+            "kind": kind,
+            "holder": holder_of(value) if lease else value,
+            "fence": fence_of(value) if lease and "|" in value else None,
+            "ttl_seconds": rounded(pttl / 1000) if pttl is not None and pttl >= 0 else None,
+        })
+    out.sort(key=lambda lk: (lk["kind"] != "lease", lk["key"]))
+    return {"locks": out}
+
+
+def workers_view(client: redis.Redis, settings: QueueSettings) -> dict[str, Any]:
+    workers = [{"id": w.worker_id, "heartbeat_age_seconds": rounded(w.last_seen_seconds),
+                "alive": w.alive, "in_flight": w.unacked}
+               for w in Inspector(client, settings).workers()]
+    workers.sort(key=lambda w: (not w["alive"], w["id"]))
+    per_process: dict[str, list[str]] = {}
+    for lock in locks_view(client, settings)["locks"]:
+        if lock["kind"] == "lease":
+            per_process.setdefault(_process_of(lock["holder"]), []).append(lock["key"])
+    return {
+        "heartbeat_timeout_seconds": settings.heartbeat_timeout,
+        "workers": workers,
+        "lease_holders": [{"process": proc, "leases": len(keys), "keys": sorted(keys)}
+                          for proc, keys in sorted(per_process.items())],
+    }
+
+
+def dead_view(client: redis.Redis, settings: QueueSettings, limit: int) -> dict[str, Any]:
+    from warmpool.queue.keyed import KeyedQueue
+
+    now = time.time()
+    letters = KeyedQueue(client, settings).list_dead(limit)
+    return {"dead_letters": [
+        {"id": d.message_id, "key": d.key, "actor": d.actor, "failures": d.failures,
+         "dead_at": rounded(d.dead_at), "age_seconds": rounded(max(0.0, now - d.dead_at)),
+         "error": redact(d.error)}
+        for d in letters]}
+
+
+# --- commands -------------------------------------------------------------------------------
+
+def _limit_option(func: Any) -> Any:
+    return click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
+                        help="Most keys listed per section (the counts are exact).")(func)
+
+
+@click.group("queue", invoke_without_command=True)
+@redis_options
+@_limit_option
+@json_option
+@click.pass_context
+def queue(ctx: click.Context, redis_config: RedisConfig, limit: int, as_json: bool) -> None:
+    """The work queue on Redis: per queue the keys ready to run, delayed, in flight, dead and
+    failing, and the oldest wait; then the pending keys (in the order they run), the keys
+    that run once more after their current run (re-run), and the delayed ones.
+
+    \b
+    JSON (--json): {"redis", "prefix", "namespace", "queues": [{"name",
+      "ready", "rerun", "delayed", "in_flight", "dead", "failing", "messages",
+      "oldest_age_seconds"}], "workers_alive",
+      "pending": [{"key", "waiting_seconds"}], "rerun": [{"key", "holder"}],
+      "delayed": [{"key", "due_in_seconds"}]}
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    client, settings, url = redis_config.connect()
+    doc = {"redis": url, **overview_view(client, settings, limit)}
+    if as_json:
+        emit_json(doc)
+        return
+    out = console()
+    out.print(escape(f"{url}  prefix {doc['prefix']}"), overflow="fold")
+    t = table("queue", "ready", "re-run", "delayed", "in flight", "dead", "failing", "oldest")
+    for q in doc["queues"]:
+        t.add_row(q["name"], str(q["ready"]), str(q["rerun"]), str(q["delayed"]),
+                  str(q["in_flight"]), str(q["dead"]), str(q["failing"]),
+                  age(q["oldest_age_seconds"]))
+    out.print(t)
+    out.print(f"workers alive: {doc['workers_alive']}")
+    if doc["pending"]:
+        out.print("\n[bold]pending[/], in the order they run")
+        p = table("key", "waiting")
+        for item in doc["pending"]:
+            p.add_row(item["key"], age(item["waiting_seconds"]))
+        out.print(p)
+    if doc["rerun"]:
+        out.print("\n[bold]re-run[/]: running now, to run once more after")
+        r = table("key", "running in")
+        for item in doc["rerun"]:
+            r.add_row(item["key"], item["holder"] or "-")
+        out.print(r)
+    if doc["delayed"]:
+        out.print("\n[bold]delayed[/] (retry backoff or deferred)")
+        d = table("key", "due in")
+        for item in doc["delayed"]:
+            d.add_row(item["key"], age(item["due_in_seconds"]))
+        out.print(d)
+
+
+@queue.command("show")
+@click.argument("key")
+@redis_options
+@json_option
+def show(key: str, redis_config: RedisConfig, as_json: bool) -> None:
+    """One work KEY (instance/NS/APPDEF/K, session/NS/NAME or pool/NS/APPDEF): its state
+    (running, waiting, delayed, dead or idle), consecutive failed attempts, last error, and
+    its lease: holder (host:pid:thread:token), TTL left and fence.
+
+    \b
+    JSON (--json): {"key", "state", "waiting", "running", "rerun",
+      "delayed_seconds", "dead", "dead_letter_id", "failures", "last_error",
+      "holder", "fence", "lease_ttl_seconds", "waiting_seconds"}
+    """
+    try:
+        parse_key(key)
+    except ValueError as exc:
+        raise BadValue(f"{exc}; a key is instance/NS/APPDEF/K, session/NS/NAME or "
+                       "pool/NS/APPDEF") from exc
+    client, settings, _ = redis_config.connect()
+    doc = key_view(client, settings, key)
+    if as_json:
+        emit_json(doc)
+        return
+    out = console()
+    out.print(f"[bold]{escape(key)}[/]: {doc['state']}", overflow="fold")
+    t = table("", "")
+    t.show_header = False
+    rows = [
+        ("waiting", "yes" + (" (runs again after this run)" if doc["rerun"] else "")
+         if doc["waiting"] else "no"),
+        ("waiting for", age(doc["waiting_seconds"])),
+        ("delayed, due in", age(doc["delayed_seconds"])),
+        ("failed attempts", f"{doc['failures']} in a row"),
+        ("dead letter", doc["dead_letter_id"] or "no"),
+        ("lease holder", doc["holder"] or "-"),
+        ("lease TTL left", age(doc["lease_ttl_seconds"])),
+        ("fence", "-" if doc["fence"] is None else str(doc["fence"])),
+        ("last error", last_line(doc["last_error"]) or "-"),
+    ]
+    for name, value in rows:
+        t.add_row(name, value)
+    out.print(t)
+    if doc["last_error"]:
+        out.print("\n[bold]last error, in full[/]")
+        out.print(doc["last_error"].rstrip(), markup=False, overflow="fold")
+
+
+@click.command("locks")
+@redis_options
+@json_option
+def locks(redis_config: RedisConfig, as_json: bool) -> None:
+    """The leases held now (one per key being worked on, on any host): key, holder
+    (host:pid:thread:token), TTL left and fence; and the short maintenance locks.
+
+    \b
+    JSON (--json): {"locks": [{"key", "kind": "lease"|"maintenance", "holder",
+    "fence", "ttl_seconds"}]}
+    """
+    client, settings, _ = redis_config.connect()
+    doc = locks_view(client, settings)
+    if as_json:
+        emit_json(doc)
+        return
+    out = console()
+    if not doc["locks"]:
+        out.print("no locks held")
+        return
+    t = table("key", "holder", "TTL", "fence")
+    for lk in doc["locks"]:
+        key = lk["key"] if lk["kind"] == "lease" else f"(maintenance) {lk['key']}"
+        t.add_row(key, lk["holder"], age(lk["ttl_seconds"]),
+                  "-" if lk["fence"] is None else str(lk["fence"]))
+    out.print(t)
+
+
+@click.command("workers")
+@redis_options
+@json_option
+def workers(redis_config: RedisConfig, as_json: bool) -> None:
+    """Worker processes on every host: heartbeat age, alive (heard from within the heartbeat
+    timeout), messages in flight (fetched, not yet acknowledged); then the leases each
+    process (host:pid) holds.
+
+    \b
+    JSON (--json): {"heartbeat_timeout_seconds", "workers": [{"id",
+    "heartbeat_age_seconds", "alive", "in_flight"}], "lease_holders": [{"process",
+    "leases", "keys"}]}
+    """
+    client, settings, _ = redis_config.connect()
+    doc = workers_view(client, settings)
+    if as_json:
+        emit_json(doc)
+        return
+    out = console()
+    if not doc["workers"]:
+        out.print("no worker has sent a heartbeat")
+    else:
+        t = table("worker", "heartbeat", "alive", "in flight")
+        for w in doc["workers"]:
+            t.add_row(w["id"], age(w["heartbeat_age_seconds"]) + " ago",
+                      "yes" if w["alive"] else "NO", str(w["in_flight"]))
+        out.print(t)
+    if doc["lease_holders"]:
+        h = table("process", "leases", "keys")
+        for holder in doc["lease_holders"]:
+            h.add_row(holder["process"], str(holder["leases"]), joined(holder["keys"][:5])
+                      + (" …" if holder["leases"] > 5 else ""))
+        out.print(h)
+
+
+@click.group("dead-letters")
+def dead_letters() -> None:
+    """Keys that failed too often in a row (WARMPOOL_QUEUE_MAX_FAILURES, 20 by default) and
+    were parked; the periodic resync adds their work again anyway."""
+
+
+@dead_letters.command("list")
+@redis_options
+@_limit_option
+@json_option
+def dead_list(redis_config: RedisConfig, limit: int, as_json: bool) -> None:
+    """The dead letters, oldest first: key, failures, age and the last error.
+
+    \b
+    JSON (--json): {"dead_letters": [{"id", "key", "actor", "failures", "dead_at",
+    "age_seconds", "error"}]} (error: the full traceback; dead_at: unix seconds)
+    """
+    client, settings, _ = redis_config.connect()
+    doc = dead_view(client, settings, limit)
+    if as_json:
+        emit_json(doc)
+        return
+    out = console()
+    if not doc["dead_letters"]:
+        out.print("no dead letters")
+        return
+    t = table("key", "failures", "age", "last error")
+    for d in doc["dead_letters"]:
+        t.add_row(d["key"] or f"({d['actor']} {d['id']})", str(d["failures"] or "-"),
+                  age(d["age_seconds"]), last_line(d["error"]))
+    out.print(t)
+
+
+@dead_letters.command("retry")
+@click.argument("key", required=False)
+@click.option("--all", "retry_all", is_flag=True, help="Retry every dead letter.")
+@redis_options
+@json_option
+def dead_retry(key: str | None, retry_all: bool, redis_config: RedisConfig,
+               as_json: bool) -> None:
+    """Run KEY (a work key, or a dead letter's id) again with its failures reset, or every
+    dead letter with --all. Exit 3 if KEY has no dead letter.
+
+    \b
+    JSON (--json): {"retried": [{"key", "id", "result"}]}
+      (result: enqueued | rerun | deduplicated | delayed | missing)
+    """
+    if (key is None) == (not retry_all):
+        raise BadValue("give either KEY or --all (see 'warmpool dead-letters list')")
+    client, settings, _ = redis_config.connect()
+    from warmpool.queue.keyed import KeyedQueue
+
+    q = KeyedQueue(client, settings)
+    if retry_all:
+        results = [{"key": d.key, "id": d.message_id, "result": q.retry_dead(d.message_id)}
+                   for d in q.list_dead(SCAN_CAP)]
+    else:
+        assert key is not None
+        result = q.retry_dead(key)
+        if result == "missing":
+            raise NotFound(f"no dead letter for {key!r}; 'warmpool dead-letters list' shows "
+                           "them")
+        results = [{"key": key, "id": None, "result": result}]
+    if as_json:
+        emit_json({"retried": results})
+        return
+    out = console()
+    if not results:
+        out.print("no dead letters")
+    for r in results:
+        out.print(f"{r['key'] or r['id']}: {r['result']}", markup=False, overflow="fold")
+
+
+@dead_letters.command("purge")
+@click.option("--yes", is_flag=True, help="Do not ask (needed when not on a terminal).")
+@redis_options
+@json_option
+def dead_purge(yes: bool, redis_config: RedisConfig, as_json: bool) -> None:
+    """Drop every dead letter for good (their keys stay runnable: any add runs them).
+
+    \b
+    JSON (--json): {"purged": N}
+    """
+    client, settings, _ = redis_config.connect()
+    from warmpool.queue.keyed import KeyedQueue
+
+    q = KeyedQueue(client, settings)
+    count = client.zcard(q.layout.xq)
+    if count and not yes:
+        if not sys.stdin.isatty():
+            raise BadValue(f"refusing to drop {count} dead letters without --yes")
+        click.confirm(f"Drop {count} dead letters for good?", abort=True)
+    purged = q.purge_dead() if count else 0
+    if as_json:
+        emit_json({"purged": purged})
+    else:
+        console().print(f"purged {purged} dead letters" if purged else "no dead letters")
