@@ -103,6 +103,25 @@ def test_s2_spec_change_replaces_free_instances_and_claimed_ones_after_release(
     assert_invariants(kube, ns)
 
 
+def test_scaling_keeps_free_instances_warm_and_relabels_them(kube, namespace) -> None:
+    """Every spec change bumps the generation, minInstances included: only the label moves."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    uids = {k: {n: o["metadata"]["uid"] for n, o in instance_objects(kube, ns, "java", k).items()}
+            for k in (1, 2)}
+    patch_appdef_spec(kube, ns, "java", minInstances=3)
+    run_until_quiet(kube, ns)
+    patch_appdef_spec(kube, ns, "java", minInstances=2)
+    run_until_quiet(kube, ns)
+    for k in (1, 2):
+        objs = instance_objects(kube, ns, "java", k)
+        assert {n: o["metadata"]["uid"] for n, o in objs.items()} == uids[k]
+        assert {o["metadata"]["labels"][v.LABEL_GENERATION] for o in objs.values()} == {"3"}
+    assert not instance_objects(kube, ns, "java", 3)
+    assert_invariants(kube, ns)
+
+
 def test_s4_release_then_claim_of_the_same_instance_admits_only_the_new_user(
     kube, namespace
 ) -> None:

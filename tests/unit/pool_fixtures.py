@@ -16,12 +16,12 @@ _rv = itertools.count(100)
 
 
 def appdef(min_instances: int = 2, max_instances: int = 10, generation: int = 1,
-           deleting: bool = False) -> AppDefinition:
+           deleting: bool = False, image: str = "img") -> AppDefinition:
     obj = {
         "metadata": {"name": "java", "namespace": "ns", "uid": "aaaa-bbbb-381261d79c23",
                      "generation": generation,
                      **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})},
-        "spec": {"name": "java-17", "image": "img", "port": 3000, "uid": 101,
+        "spec": {"name": "java-17", "image": image, "port": 3000, "uid": 101,
                  "minInstances": min_instances, "maxInstances": max_instances},
     }
     parsed = parse_appdefinition(obj)

@@ -104,13 +104,37 @@ def test_outdated_generation_is_not_replaced_while_claimed() -> None:
     assert not of(p.actions, Delete) and not of(p.actions, Create)
 
 
-def test_outdated_free_instance_is_replaced() -> None:
+def test_free_instance_at_an_old_generation_with_the_same_shape_is_only_relabelled() -> None:
+    view = instance(appdef(generation=1, min_instances=2), 1)
+    p = plan(view, appdef(generation=2, min_instances=3))  # a scale-up bumps the generation
+    assert p.state == "free"
+    assert not of(p.actions, Delete) and not of(p.actions, Create)
+    patches = of(p.actions, Patch)
+    assert len(patches) == 5
+    for x in patches:
+        assert x.patch["metadata"]["labels"] == {"theia-cloud.io/appdefinition-generation": "2"}
+    dep = next(x for x in patches if x.part is Part.DEPLOYMENT)
+    assert "spec" not in dep.patch  # the pod template keeps its label: no rollout
+
+
+def test_object_without_a_shape_annotation_is_replaced_on_a_new_generation() -> None:
     view = instance(appdef(generation=1), 1)
-    p = plan(view, appdef(generation=2))
+    dep = copy.deepcopy(view.get(Part.DEPLOYMENT))
+    del dep["metadata"]["annotations"]  # made by the Java operator
+    p = plan(with_objects(view, DEPLOYMENT=dep), appdef(generation=2))
+    assert [d.part for d in of(p.actions, Delete)] == [Part.DEPLOYMENT]
+
+
+def test_outdated_free_instance_replaces_only_what_changed_shape() -> None:
+    view = instance(appdef(generation=1), 1)
+    p = plan(view, appdef(generation=2, image="img:2"))  # only the Deployment depends on it
     assert p.state == "outdated"
-    assert len(of(p.actions, Delete)) == 5 and len(of(p.actions, Create)) == 5
-    for c in of(p.actions, Create):
-        assert c.body["metadata"]["labels"]["theia-cloud.io/appdefinition-generation"] == "2"
+    assert [d.part for d in of(p.actions, Delete)] == [Part.DEPLOYMENT]
+    (create,) = of(p.actions, Create)
+    assert create.part is Part.DEPLOYMENT
+    assert create.body["metadata"]["labels"]["theia-cloud.io/appdefinition-generation"] == "2"
+    assert create.body["spec"]["template"]["spec"]["containers"][0]["image"] == "img:2"
+    assert {x.part for x in of(p.actions, Patch)} == set(PARTS) - {Part.DEPLOYMENT}
 
 
 def test_free_instance_above_min_is_deleted_with_preconditions() -> None:

@@ -6,6 +6,9 @@ of every object is unit-testable and the executor only ever sends what these ret
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -125,7 +128,33 @@ def build(
             body["data"] = {v.EMAILS_KEY: holder.user if holder is not None else ""}
         case Part.DEPLOYMENT:
             body["spec"] = _deployment_spec(appdef, instance, selector, settings)
+    metadata["annotations"] = {v.ANNOTATION_SHAPE: shape_hash(body)}
     return body
+
+
+def shape_hash(body: Mapping[str, Any]) -> str:
+    """What an object looks like when free, whatever its generation, holder or owners.
+
+    Every spec change bumps the AppDefinition's generation, minInstances included; comparing
+    shapes tells a change that needs new objects (image, port, resources, proxy template) from
+    one that only needs the generation label moved, so scaling a pool does not restart its
+    prewarmed pods.
+    """
+    shape = copy.deepcopy(dict(body))
+    meta = shape.setdefault("metadata", {})
+    for key in ("ownerReferences", "annotations", "resourceVersion", "uid"):
+        meta.pop(key, None)
+    meta["labels"] = {k: val for k, val in (meta.get("labels") or {}).items()
+                      if k != v.LABEL_GENERATION and k not in v.SESSION_LABEL_KEYS}
+    if v.EMAILS_KEY in (shape.get("data") or {}):
+        shape["data"] = {**shape["data"], v.EMAILS_KEY: ""}
+    template = (shape.get("spec") or {}).get("template")
+    if template is not None:
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        template["metadata"]["labels"] = {k: val for k, val in labels.items()
+                                          if k != v.LABEL_GENERATION}
+    raw = json.dumps(shape, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
 def _resources(appdef: AppDefinition) -> dict[str, dict[str, str]]:

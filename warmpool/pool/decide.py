@@ -97,6 +97,10 @@ def has_ref(ref_list: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> bo
     return any(r.get("name") == ref["name"] and r.get("uid") == ref["uid"] for r in ref_list)
 
 
+def _shape(obj: Obj) -> str | None:
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(v.ANNOTATION_SHAPE)
+
+
 def _generation(obj: Obj) -> str | None:
     return builders.labels_of(obj).get(v.LABEL_GENERATION)
 
@@ -271,15 +275,23 @@ def _free(
                                                        proxy_template=proxy_template,
                                                        settings=settings)))
         elif _generation(obj) != str(appdef.generation):
+            fresh = builders.build(part, appdef, instance.id, holder=None,
+                                   proxy_template=proxy_template, settings=settings)
+            if _shape(obj) == _shape(fresh):
+                # Only the generation moved (minInstances, say): relabel, keep the pod warm.
+                # A Deployment's pod template keeps its old label: changing it would roll it.
+                patch = _free_patch(part, obj, appdef_name, appdef)
+                patch.setdefault("metadata", {}).setdefault("labels", {})[v.LABEL_GENERATION] = (
+                    str(appdef.generation))
+                actions.append(_patch(part, obj, patch, "same shape at a new generation"))
+                continue
             outdated = True
             if any(is_foreign_ref(r, appdef_name) for r in refs(obj)):
                 actions.append(Report("ForeignOwner", f"{part.kind} {_meta(obj).get('name')} is "
                                       "outdated but has another owner: not replaced"))
                 continue
             actions.append(_delete(part, obj, f"outdated generation {_generation(obj)}"))
-            actions.append(Create(part, builders.build(part, appdef, instance.id, holder=None,
-                                                       proxy_template=proxy_template,
-                                                       settings=settings)))
+            actions.append(Create(part, fresh))
         else:
             patch = _free_patch(part, obj, appdef_name, appdef)
             if patch:

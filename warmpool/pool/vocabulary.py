@@ -46,6 +46,8 @@ START_STRATEGY_EAGER = "eager"
 ANNOTATION_REFRESH = "theia-cloud.io/eager-start-refresh"
 # warmpool's own: the fence of the lease under which an object was last written.
 ANNOTATION_FENCE = "warmpool.io/fence"
+# warmpool's own: a hash of the object's free-state shape, without generation, holder or owners.
+ANNOTATION_SHAPE = "warmpool.io/shape"
 
 # ConfigMap data keys.
 EMAILS_KEY = "authenticated-emails-list"
