@@ -63,9 +63,14 @@ def connect(kubeconfig: str | None = None) -> ApiClient:
 class Kube:
     """Get, list, create, merge-patch, delete and watch any kind, namespaced, as dicts."""
 
-    def __init__(self, api_client: ApiClient) -> None:
+    def __init__(
+        self, api_client: ApiClient, request_timeout: tuple[float, float] = (5.0, 60.0)
+    ) -> None:
         self.api_client = api_client
         self.dyn = DynamicClient(api_client)
+        # (connect, read) seconds for every call but watches (which time out server-side): an
+        # API server that drops packets must fail a job, not hang a worker thread forever.
+        self.request_timeout = request_timeout
         self._resources: dict[tuple[str, str], Any] = {}
 
     def _res(self, api_version: str, kind: str) -> Any:
@@ -75,6 +80,7 @@ class Kube:
         return self._resources[key]
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Obj:
+        kwargs.setdefault("_request_timeout", self.request_timeout)
         try:
             resp = fn(*args, serialize=False, **kwargs)
         except DynamicApiError as exc:

@@ -15,7 +15,7 @@ Three rules carry the fix:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from warmpool.pool import builders, naming
@@ -155,8 +155,15 @@ def decide_instance(
     """Converge one instance. `appdef` is None when the AppDefinition no longer exists."""
     claimants = holders(instance, appdef_name, sessions)
     if claimants:
-        return _claimed(instance, appdef, claimants, proxy_template, settings)
-    return _free(instance, appdef_name, appdef, proxy_template, settings)
+        plan = _claimed(instance, appdef, claimants, proxy_template, settings)
+    else:
+        plan = _free(instance, appdef_name, appdef, proxy_template, settings)
+    # A report is about the pool: file it on the AppDefinition unless it names its own object.
+    regarding = {"apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND, "name": appdef_name}
+    plan.actions[:] = [replace(a, regarding=regarding)
+                       if isinstance(a, Report) and not a.regarding else a
+                       for a in plan.actions]
+    return plan
 
 
 def _claimed(
