@@ -1,0 +1,2 @@
+"""Prometheus series for warmpool: see metrics/README.md (what is exported where, and how to
+aggregate it)."""

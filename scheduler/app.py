@@ -84,6 +84,10 @@ class Scheduler:
         self._wake_resync = threading.Event()
         self._threads: list[threading.Thread] = []
         self._stopped = False
+        # For metrics: events handled by (kind, type) and resyncs by reason.
+        self._counts_lock = threading.Lock()
+        self._events: dict[tuple[str, str], int] = {}
+        self._resyncs: dict[str, int] = {}
 
         namespaces: list[str | None] = list(config.namespaces) if config.namespaces else [None]
         self.reflectors: list[Reflector] = []
@@ -134,6 +138,16 @@ class Scheduler:
                                  **r.stats.__dict__} for r in self.reflectors},
         }
 
+    def event_counts(self) -> dict[tuple[str, str], int]:
+        """Events handled so far by (object kind, event type)."""
+        with self._counts_lock:
+            return dict(self._events)
+
+    def resync_counts(self) -> dict[str, int]:
+        """Resyncs so far by reason."""
+        with self._counts_lock:
+            return dict(self._resyncs)
+
     def reflector(self, kind: str, namespace: str | None = None) -> Reflector:
         for r in self.reflectors:
             if r.watched.kind == kind and (namespace is None or r.namespace in (namespace, None)):
@@ -152,6 +166,8 @@ class Scheduler:
 
     def _handler(self, kind: str) -> Callable[[str, dict[str, Any], dict[str, Any] | None], None]:
         def handle(event_type: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+            with self._counts_lock:
+                self._events[(kind, event_type)] = self._events.get((kind, event_type), 0) + 1
             keys = mapping.keys_for(kind, event_type, obj, old,
                                     session_appdef_of=self._session_appdef)
             if log.isEnabledFor(logging.DEBUG):
@@ -191,6 +207,8 @@ class Scheduler:
         log.info("resync (%s): %d pools", reason, len(keys))
         self.offer(keys)
         self.stats.resyncs += 1
+        with self._counts_lock:
+            self._resyncs[reason] = self._resyncs.get(reason, 0) + 1
         self.stats.last_resync = time.time()
         self.stats.last_resync_reason = reason
         return keys

@@ -53,13 +53,23 @@ def parse_namespaces(values: tuple[str, ...]) -> list[str] | None:
 @click.option("--health-host", default="127.0.0.1", show_default=True)
 @click.option("--health-port", type=int, default=8080, show_default=True,
               help="Port for /healthz, /readyz and /status; 0 picks a free one (printed).")
+@click.option("--metrics/--no-metrics", "metrics_on", default=True, show_default=True,
+              help="Serve Prometheus metrics: this scheduler's, and the queue and pool gauges "
+                   "read from Redis (metrics/README.md).")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True)
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=9090,
+              show_default=True,
+              help="Port for /metrics; 0 picks a free one (printed). If the default port is "
+                   "taken the scheduler runs without metrics (warning); a port given "
+                   "explicitly must be free.")
 @click.option("--log-level", default="INFO", show_default=True)
 def scheduler(
     namespaces: tuple[str, ...], kubeconfig: str | None, redis_url: str | None,
     queue_name: str | None, resync_period: float, leader_elect: bool, lease_name: str,
     lease_namespace: str | None, lease_duration: float, renew_deadline: float,
     retry_period: float, identity: str | None, watch_timeout: tuple[float, float],
-    health_host: str, health_port: int, log_level: str,
+    health_host: str, health_port: int, metrics_on: bool, metrics_host: str, metrics_port: int,
+    log_level: str,
 ) -> None:
     """Watch AppDefinitions, Sessions and pool objects; add the keys their changes need."""
     logging.basicConfig(
@@ -88,8 +98,11 @@ def scheduler(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--lease-duration/--renew-deadline/"
                                      "--retry-period") from None
+    from metrics.collectors import AddCounter
+
     settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
-    producer = KeyedQueue.from_settings(settings)
+    adds = AddCounter()
+    producer = KeyedQueue.from_settings(settings, observer=adds)
     config = SchedulerConfig(namespaces=ns_list, resync_period=resync_period,
                              watch_timeout=watch_timeout, leader=leader)
     app = Scheduler(lambda: Kube(connect(kubeconfig)), producer, config)
@@ -97,6 +110,21 @@ def scheduler(
         health = HealthServer(app, health_host, health_port).start()
     except OSError as exc:
         raise click.ClickException(f"health port {health_host}:{health_port}: {exc}") from None
+    metrics_url = "off"
+    metrics_server = None
+    if metrics_on:
+        from metrics.exposition import scheduler_registry, serve
+
+        explicit = (click.get_current_context().get_parameter_source("metrics_port")
+                    is not click.core.ParameterSource.DEFAULT)
+        registry = scheduler_registry(app, producer.client, producer.settings, adds)
+        try:
+            metrics_server = serve(registry, metrics_host, metrics_port, required=explicit)
+        except OSError as exc:
+            health.stop()
+            raise click.ClickException(
+                f"metrics port {metrics_host}:{metrics_port}: {exc}") from None
+        metrics_url = metrics_server.url if metrics_server is not None else "unavailable"
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -104,7 +132,8 @@ def scheduler(
     host, port = health.address
     click.echo(f"scheduler pid={os.getpid()} identity={leader.identity if leader else '-'} "
                f"namespaces={','.join(ns_list) if ns_list else '*'} "
-               f"queue={settings.queue_name} health=http://{host}:{port}", nl=True)
+               f"queue={settings.queue_name} health=http://{host}:{port} "
+               f"metrics={metrics_url}", nl=True)
     sys.stdout.flush()
     app.start()
     try:
@@ -114,3 +143,5 @@ def scheduler(
         logging.getLogger(__name__).info("stopping: releasing the lease")
         app.stop()
         health.stop()
+        if metrics_server is not None:
+            metrics_server.stop()

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from metrics import worker as job_metrics
 from warmpool.controller.guard import Guard
 from warmpool.controller.reconcile import (
     Deferred,
@@ -21,8 +22,10 @@ from warmpool.controller.reconcile import (
     resync_pool,
 )
 from warmpool.keys import InstanceKey, PoolKey, SessionKey, parse_key
+from warmpool.kube import observe
 from warmpool.kube.api import Kube, connect
 from warmpool.pool.builders import PoolSettings
+from warmpool.pool.model import Invalid
 from warmpool.queue.jobs import JobContext
 from workers.runtime import register
 
@@ -55,6 +58,10 @@ class JobLeases:
     @contextmanager
     def try_lease(self, key: str) -> Iterator[Guard | None]:
         lease = self.ctx.try_lease(key)
+        if lease is None:
+            job_metrics.lease_busy(self.ctx, key)
+        elif lease is not self.ctx.lease:
+            job_metrics.lease_taken(self.ctx, key)
         try:
             yield lease
         finally:
@@ -65,27 +72,41 @@ class JobLeases:
 def reconcile(ctx: JobContext) -> None:
     key = parse_key(ctx.key)
     assert isinstance(key, InstanceKey)
-    result = reconcile_instance(kube(), key, ctx.lease, pool_settings())
-    if result.follow_ups:
-        ctx.jobs.queue.add_many(str(k) for k in result.follow_ups)
+    with job_metrics.JobMetrics("instance") as m:
+        result = reconcile_instance(kube(), key, ctx.lease, pool_settings())
+        m.attempts = result.attempts
+        job_metrics.instance_done(ctx, key.appdef, result)  # under the lease: the pool gauges
+        if result.follow_ups:
+            ctx.jobs.queue.add_many(str(k) for k in result.follow_ups)
 
 
 def claim(ctx: JobContext) -> None:
     key = parse_key(ctx.key)
     assert isinstance(key, SessionKey)
-    try:
-        claim_session(kube(), key, JobLeases(ctx), pool_settings())
-    except Deferred as exc:
-        # An instance this claim needs is leased by another job: try again in milliseconds,
-        # never by parking this thread.
-        log.debug("claim %s deferred: %s", key, exc)
-        ctx.defer(exc.after)
+    with job_metrics.JobMetrics("session") as m:
+        try:
+            result = claim_session(kube(), key, JobLeases(ctx), pool_settings())
+        except Deferred as exc:
+            # An instance this claim needs is leased by another job: try again in
+            # milliseconds, never by parking this thread.
+            log.debug("claim %s deferred: %s", key, exc)
+            m.requeue()
+            ctx.defer(exc.after)
+            return
+        job_metrics.claim_done(ctx, result)
 
 
 def resync(ctx: JobContext) -> None:
     key = parse_key(ctx.key)
     assert isinstance(key, PoolKey)
-    ctx.jobs.queue.add_many(str(k) for k in resync_pool(kube(), key))
+    with job_metrics.JobMetrics("pool"):
+        started = job_metrics.resync_started(ctx)
+        keys = resync_pool(kube(), key)
+        # An empty resync may be a refused AppDefinition: its Sessions still wait for it.
+        refused = not keys and isinstance(observe.read_appdef(kube(), key.namespace,
+                                                              key.appdef), Invalid)
+        job_metrics.resync_done(ctx, key, keys, started, refused=refused)
+        ctx.jobs.queue.add_many(str(k) for k in keys)
 
 
 register("instance", reconcile)

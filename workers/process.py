@@ -5,6 +5,13 @@ an embedded Redis watcher), and forking a threaded process is unsafe. Each child
 handler modules it is given (which `register` their handlers), builds its own broker and
 Redis connections, and drains on SIGTERM: running jobs finish and release their keys,
 prefetched messages go back to the queue.
+
+Metrics (``metrics_dir``): each child writes its series to files in that directory
+(prometheus-client's multiprocess mode; the parent serves them, see metrics/exposition.py).
+The pool empties it before the first child starts, and removes a dead child's live-gauge
+files (``mark_process_dead``) as soon as it sees it dead, before any replacement starts, so a
+SIGKILLed child's running jobs stop counting. Without ``metrics_dir`` the children run with
+``PROMETHEUS_MULTIPROC_DIR`` unset (even if this process has it), so they write no files.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as MpEvent
@@ -26,6 +34,7 @@ from warmpool.queue.settings import QueueSettings
 log = logging.getLogger(__name__)
 
 DEFAULT_MODULES = ("workers.handlers",)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def run_worker_process(
@@ -35,12 +44,21 @@ def run_worker_process(
     env: dict[str, str] | None = None,
     ready: MpEvent | None = None,
     log_level: int = logging.WARNING,
+    metrics_dir: str | None = None,
 ) -> None:
     """Entry point of one worker process; returns after a SIGTERM/SIGINT-triggered drain."""
     os.environ.update(env or {})
+    # Before anything creates a metric: prometheus-client picks its mode from this variable.
+    if metrics_dir:
+        os.environ[MULTIPROC_ENV] = metrics_dir
+    else:
+        os.environ.pop(MULTIPROC_ENV, None)
     logging.basicConfig(
         level=log_level, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
     )
+    from metrics.worker import install
+
+    install()  # the queue observer: before the broker is built
     for name in modules:
         importlib.import_module(name)
     from workers.runtime import start_worker
@@ -68,6 +86,7 @@ class WorkerPool:
         modules: Sequence[str] = DEFAULT_MODULES,
         env: dict[str, str] | None = None,
         log_level: int = logging.WARNING,
+        metrics_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if settings.redis_url is None:
             raise ValueError("resolve settings.redis_url before starting worker processes")
@@ -80,12 +99,17 @@ class WorkerPool:
         self.procs: list[BaseProcess | None] = [None] * processes
         # A child unpickles its ready-event after start(): keep each alive until replaced.
         self._ready: list[MpEvent | None] = [None] * processes
+        self.metrics_dir = os.fspath(metrics_dir) if metrics_dir is not None else None
+        self.restarts = 0  # children started again after they exited
+        # Processes whose files are already gone (not pids: a pid may be reused by a child).
+        self._reaped: weakref.WeakSet[BaseProcess] = weakref.WeakSet()
 
     def _spawn(self, i: int) -> tuple[BaseProcess, MpEvent]:
         ready = self._mp.Event()
         proc = self._mp.Process(
             target=run_worker_process,
-            args=(self.settings, self.threads, self.modules, self.env, ready, self.log_level),
+            args=(self.settings, self.threads, self.modules, self.env, ready, self.log_level,
+                  self.metrics_dir),
             name=f"warmpool-worker-{i}",
             daemon=False,
         )
@@ -95,6 +119,10 @@ class WorkerPool:
         return proc, ready
 
     def start(self, *, wait: bool = True, timeout: float = 60.0) -> WorkerPool:
+        if self.metrics_dir is not None and not any(p and p.is_alive() for p in self.procs):
+            from metrics.exposition import prepare_multiprocess_dir
+
+            prepare_multiprocess_dir(self.metrics_dir)
         started = [self._spawn(i) for i in range(len(self.procs))]
         if wait:
             for proc, ready in started:
@@ -113,6 +141,9 @@ class WorkerPool:
         old = self.procs[i]
         if old is not None and old.is_alive():
             raise RuntimeError(f"worker {i} is still running")
+        if old is not None:
+            self._reap(old)
+            self.restarts += 1
         proc, ready = self._spawn(i)
         if wait:
             self._wait_ready(proc, ready, timeout)
@@ -131,6 +162,20 @@ class WorkerPool:
             os.kill(proc.pid, sig)
             if sig == signal.SIGKILL:
                 proc.join(10)
+                self._reap(proc)
+
+    def _reap(self, proc: BaseProcess) -> None:
+        """A child is dead: its live gauges (running jobs) must stop counting now."""
+        pid = proc.pid
+        if self.metrics_dir is None or pid is None or proc in self._reaped or proc.is_alive():
+            return
+        from prometheus_client.multiprocess import mark_process_dead
+
+        try:
+            mark_process_dead(pid, self.metrics_dir)
+        except OSError as exc:
+            log.warning("could not remove the metrics files of pid %s: %s", pid, exc)
+        self._reaped.add(proc)
 
     def dead(self) -> list[int]:
         return [i for i, p in enumerate(self.procs) if p is None or not p.is_alive()]
@@ -146,6 +191,9 @@ class WorkerPool:
                     proc.pid if proc else None,
                     proc.exitcode if proc else None,
                 )
+                if proc is not None:
+                    self._reap(proc)
+                    self.restarts += 1
                 self._spawn(i)
 
     def stop(self, timeout: float | None = None) -> None:
@@ -163,6 +211,7 @@ class WorkerPool:
                 log.warning("%s did not drain in %.0fs; killing it", proc.name, limit)
                 proc.kill()
                 proc.join(5)
+            self._reap(proc)
 
     def __enter__(self) -> WorkerPool:
         return self.start()

@@ -1,0 +1,128 @@
+"""The HTTP endpoints: one per scheduler process, one per worker host.
+
+- Scheduler (`scheduler_registry`): its own state (`SchedulerCollector`), the keys it added,
+  the cluster-wide queue and pool gauges read from Redis (`ClusterCollector`) and the usual
+  process series. Single process: no multiprocess mode.
+- Worker host (`host_registry`): the worker parent aggregates its children's files in the
+  multiprocess directory (`MultiProcessCollector`), plus its own view of the children.
+  `prepare_multiprocess_dir` empties that directory before any child starts (files of an
+  earlier run would be summed in); `workers.process.WorkerPool` removes a dead child's
+  live-gauge files (`mark_process_dead`) before it starts a replacement.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from metrics.collectors import (
+    AddCounter,
+    ClusterCollector,
+    SchedulerCollector,
+    WorkerPoolCollector,
+)
+from warmpool.queue.settings import QueueSettings
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from scheduler.app import Scheduler
+    from workers.process import WorkerPool
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_PORT = 9090
+WORKER_PORT = 9091
+
+
+def prepare_multiprocess_dir(path: str | Path) -> Path:
+    """Create the directory, or empty it of prometheus-client's files (``*.db``): values
+    left by processes of an earlier run must not be summed into this one's."""
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    for f in d.glob("*.db"):
+        f.unlink(missing_ok=True)
+    return d
+
+
+def host_registry(path: str | Path, pool: WorkerPool | None = None) -> CollectorRegistry:
+    Path(path).mkdir(parents=True, exist_ok=True)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(path))
+    if pool is not None:
+        registry.register(WorkerPoolCollector(pool))
+    return registry
+
+
+def scheduler_registry(
+    app: Scheduler, client: redis.Redis | None, settings: QueueSettings,
+    adds: AddCounter | None = None,
+) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(SchedulerCollector(app, adds))
+    if client is not None:
+        registry.register(ClusterCollector(client, settings))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
+
+
+class MetricsServer:
+    """prometheus-client's exposition server on (host, port); port 0 picks a free one."""
+
+    def __init__(self, registry: CollectorRegistry, host: str = "0.0.0.0", port: int = 0) -> None:
+        self.registry = registry
+        self.host = host
+        self.port = port
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> MetricsServer:
+        """Raises OSError when the address cannot be bound."""
+        self._server, self._thread = start_http_server(self.port, self.host, self.registry)
+        return self
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{port}/metrics"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+
+
+def serve(
+    registry: CollectorRegistry, host: str, port: int, *, required: bool
+) -> MetricsServer | None:
+    """Start a `MetricsServer`. If the port cannot be bound: raise when `required` (the port
+    was asked for explicitly), else log a warning and return None (a second process on one
+    host, on the default port, runs without an endpoint rather than not at all)."""
+    try:
+        return MetricsServer(registry, host, port).start()
+    except OSError as exc:
+        if required:
+            raise
+        log.warning("metrics not served: %s:%d: %s", host, port, exc)
+        return None

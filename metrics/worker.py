@@ -1,0 +1,439 @@
+"""The series of worker processes, and what feeds them: a `QueueObserver` for the queue's
+events, `JobMetrics` around each handler, and the pool-state records the handlers leave in
+Redis for the scheduler's collectors.
+
+Worker processes run in prometheus-client's multiprocess mode: each process writes its
+values to files in ``PROMETHEUS_MULTIPROC_DIR`` and the worker parent aggregates them per
+host (``metrics.exposition.host_registry``). Counters and histograms are summed over every
+process that ever ran since the parent started (a dead process's counts stay counted);
+gauges are per live process only (``livesum`` / ``livemax``: the parent deletes a dead
+child's gauge files, ``workers.process.WorkerPool``), so a SIGKILLed worker's running jobs
+stop counting the moment it is reaped.
+
+Importing this module creates the series; it chooses prometheus-client's value class from the
+environment at that moment (not whenever prometheus-client was first imported), so a worker
+process must have its ``PROMETHEUS_MULTIPROC_DIR`` set, or removed, before importing it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import redis
+from prometheus_client import Counter, Gauge, Histogram, values
+
+from metrics.labels import (
+    CLAIM_BUCKETS,
+    CONFLICT,
+    DURATION_BUCKETS,
+    ERROR,
+    KINDS,
+    LEASE_WAIT_BUCKETS,
+    REFUSED_KINDS,
+    RESULTS,
+    SKIP_RESULTS,
+    SUCCESS,
+    kind_of,
+)
+from metrics.poolstate import PoolState, Stale
+from warmpool.pool.actions import ResetPods
+from warmpool.queue.lease import LeaseLost
+from warmpool.queue.observer import NullObserver, set_observer
+
+if TYPE_CHECKING:
+    from warmpool.controller.reconcile import ClaimResult, InstanceResult
+    from warmpool.keys import Key, PoolKey
+    from warmpool.queue.jobs import JobContext, Jobs
+
+log = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# Chosen now, from this process's environment (see the module docstring).
+values.ValueClass = values.get_value_class()
+
+_kind = ["kind"]
+
+# --- the workqueue vocabulary (client-go's names, under warmpool_workqueue_) -------------------
+
+ADDS = Counter("warmpool_workqueue_adds", "Keys added to the queue: enqueued, or re-added "
+               "while running (runs once more); deduplicated adds are not counted", _kind)
+DEDUPLICATED = Counter("warmpool_workqueue_deduplicated", "Adds of keys already waiting "
+                       "(nothing to do: the key runs once)", _kind)
+DELAYED_ADDS = Counter("warmpool_workqueue_delayed_adds", "Keys scheduled to run later "
+                       "(defer / add_after); counted in adds when they become due", _kind)
+QUEUE_DURATION = Histogram("warmpool_workqueue_queue_duration_seconds", "Seconds a key waited "
+                           "from its first add until a worker took its lease", _kind,
+                           buckets=DURATION_BUCKETS)
+WORK_DURATION = Histogram("warmpool_workqueue_work_duration_seconds", "Seconds a worker held a "
+                          "key's lease for one run (handler and release)", _kind,
+                          buckets=DURATION_BUCKETS)
+UNFINISHED = Gauge("warmpool_workqueue_unfinished_work_seconds", "Seconds of work done by "
+                   "runs still in progress (large values indicate stuck threads)", _kind,
+                   multiprocess_mode="livesum")
+LONGEST = Gauge("warmpool_workqueue_longest_running_processor_seconds", "Seconds the longest "
+                "run still in progress has been running", _kind, multiprocess_mode="livemax")
+IN_FLIGHT = Gauge("warmpool_workqueue_in_flight", "Runs in progress in live worker processes",
+                  _kind, multiprocess_mode="livesum")
+RETRIES = Counter("warmpool_workqueue_retries", "Failed runs scheduled to run again after a "
+                  "backoff (including keys taken back from a crashed holder)", _kind)
+DEAD_LETTERED = Counter("warmpool_workqueue_dead_lettered", "Keys dead-lettered after "
+                        "max_failures consecutive failures", _kind)
+SKIPPED = Counter("warmpool_workqueue_skipped", "Delivered messages that did not run: busy "
+                  "(another worker holds the key) or stale (nothing owed)", ["kind", "result"])
+
+# --- jobs ------------------------------------------------------------------------------------
+
+RECONCILE = Counter("warmpool_reconcile", "Handler runs by result: success; requeue (deferred: "
+                    "a lease it needs was busy); conflict (ended in a 409 Conflict or a fence "
+                    "regression, or succeeded only after re-observing); error (any other "
+                    "exception)", ["kind", "result"])
+RECONCILE_DURATION = Histogram("warmpool_reconcile_duration_seconds", "Seconds a handler ran",
+                               _kind, buckets=DURATION_BUCKETS)
+
+# --- leases ----------------------------------------------------------------------------------
+
+LEASE_WAIT = Histogram("warmpool_lease_acquire_wait_seconds", "Seconds from a job first finding "
+                       "another key's lease busy (try_lease) until it got one; kind of the "
+                       "lease", _kind, buckets=LEASE_WAIT_BUCKETS)
+CONTENTION = Counter("warmpool_lease_contention", "try_lease calls that found the key held by "
+                     "another job; kind of the lease", _kind)
+LEASE_LOST = Counter("warmpool_lease_lost", "Leases a live holder found taken or expired "
+                     "(renewal or release refused)", _kind)
+LEASE_EXPIRED = Counter("warmpool_lease_expired", "Leases that expired because their holder "
+                        "stopped renewing (crashed): the key was taken back by maintenance",
+                        _kind)
+FENCE_REGRESSIONS = Counter("warmpool_fence_regressions", "Jobs that refused to write because a "
+                            "newer lease holder had written the instance", _kind)
+
+# --- the pool --------------------------------------------------------------------------------
+
+CLAIM_DURATION = Histogram("warmpool_claim_duration_seconds", "Seconds from a Session's "
+                           "creationTimestamp to its claim completing (status HANDLED)",
+                           ["appdefinition"], buckets=CLAIM_BUCKETS)
+RELEASES = Counter("warmpool_releases", "Instances released: a reconcile ended with the "
+                   "instance no longer claimed after it was recorded claimed, or cleared a "
+                   "holder's traces", ["appdefinition"])
+REFUSED = Counter("warmpool_refused_inputs", "Bad input left alone: Sessions set to ERROR by a "
+                  "claim, AppDefinitions a resync refused to act on", _kind)
+
+
+def _preinitialise() -> None:
+    for kind in KINDS:
+        for family in (ADDS, DEDUPLICATED, DELAYED_ADDS, QUEUE_DURATION, WORK_DURATION,
+                       UNFINISHED, LONGEST, IN_FLIGHT, RETRIES, DEAD_LETTERED,
+                       RECONCILE_DURATION, LEASE_WAIT, CONTENTION, LEASE_LOST, LEASE_EXPIRED,
+                       FENCE_REGRESSIONS):
+            family.labels(kind=kind)
+        for result in RESULTS:
+            RECONCILE.labels(kind=kind, result=result)
+        for reason in SKIP_RESULTS:
+            SKIPPED.labels(kind=kind, result=reason)
+    for kind in REFUSED_KINDS:
+        REFUSED.labels(kind=kind)
+
+
+_preinitialise()
+
+
+# --- the queue observer ----------------------------------------------------------------------
+
+LOST_WINDOW = 60.0  # seconds: reports of one key's lease loss within this are one loss
+
+class WorkerObserver(NullObserver):
+    """Counts the queue's events; tracks this process's running jobs for the gauges.
+
+    A job starts and ends on the same worker thread (dramatiq's before/after hooks), so the
+    running jobs are kept per thread: a thread runs one job at a time. The gauges are set from
+    that table on every start and end, and by `tick()` (each second, `install`) so that the
+    seconds of a long job keep growing between scrapes; they are never incremented or
+    decremented, so they cannot drift or go negative.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._running: dict[int, tuple[str, float]] = {}
+        self._lost: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def on_add(self, key: str, result: str) -> None:
+        kind = kind_of(key)
+        if result in ("enqueued", "rerun"):
+            ADDS.labels(kind=kind).inc()
+        elif result == "deduplicated":
+            DEDUPLICATED.labels(kind=kind).inc()
+        elif result == "delayed":
+            DELAYED_ADDS.labels(kind=kind).inc()
+
+    def on_start(self, key: str, queue_seconds: float | None) -> None:
+        kind = kind_of(key)
+        if queue_seconds is not None:
+            QUEUE_DURATION.labels(kind=kind).observe(max(0.0, queue_seconds))
+        with self._lock:
+            self._running[threading.get_ident()] = (kind, self.clock())
+            self._update()
+
+    def on_skip(self, key: str, reason: str) -> None:
+        if reason in SKIP_RESULTS:
+            SKIPPED.labels(kind=kind_of(key), result=reason).inc()
+
+    def on_done(self, key: str, result: str, work_seconds: float) -> None:
+        WORK_DURATION.labels(kind=kind_of(key)).observe(max(0.0, work_seconds))
+        with self._lock:
+            self._running.pop(threading.get_ident(), None)
+            self._update()
+
+    def on_retry(self, key: str, delay_seconds: float, failures: int) -> None:
+        RETRIES.labels(kind=kind_of(key)).inc()
+
+    def on_dead_letter(self, key: str, error: str) -> None:
+        DEAD_LETTERED.labels(kind=kind_of(key)).inc()
+
+    def on_lease_lost(self, key: str) -> None:
+        # One loss is reported twice when the renewal notices it first (then the release at
+        # the job's end is refused too): count a key's loss once per LOST_WINDOW.
+        now = self.clock()
+        with self._lock:
+            last = self._lost.get(key)
+            if last is not None and now - last < LOST_WINDOW:
+                return
+            self._lost[key] = now
+            if len(self._lost) > 1000:
+                self._lost = {k: t for k, t in self._lost.items() if now - t < LOST_WINDOW}
+        LEASE_LOST.labels(kind=kind_of(key)).inc()
+
+    def on_contention(self, key: str, holder: str) -> None:
+        CONTENTION.labels(kind=kind_of(key)).inc()
+
+    def on_recovered(self, key: str, result: str) -> None:
+        kind = kind_of(key)
+        LEASE_EXPIRED.labels(kind=kind).inc()
+        (DEAD_LETTERED if result == "dead" else RETRIES).labels(kind=kind).inc()
+
+    def _update(self) -> None:
+        """Set the gauges from the running table (caller holds the lock)."""
+        now = self.clock()
+        total = dict.fromkeys(KINDS, 0.0)
+        longest = dict.fromkeys(KINDS, 0.0)
+        count = dict.fromkeys(KINDS, 0)
+        for kind, started in self._running.values():
+            if kind not in total:
+                continue
+            age = max(0.0, now - started)
+            total[kind] += age
+            longest[kind] = max(longest[kind], age)
+            count[kind] += 1
+        for kind in KINDS:
+            UNFINISHED.labels(kind=kind).set(total[kind])
+            LONGEST.labels(kind=kind).set(longest[kind])
+            IN_FLIGHT.labels(kind=kind).set(count[kind])
+
+    def tick(self) -> None:
+        with self._lock:
+            self._update()
+
+    def running(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def start(self, period: float = 1.0) -> WorkerObserver:
+        def run() -> None:
+            while not self._stop.wait(period):
+                try:
+                    self.tick()
+                except Exception:
+                    log.exception("updating the running-work gauges failed")
+
+        if self._thread is None:
+            self._thread = threading.Thread(target=run, name="metrics-ticker", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+
+
+def install() -> WorkerObserver:
+    """Make this process's queues and workers report to a `WorkerObserver` (worker
+    processes call it at start, before their broker is built)."""
+    observer = WorkerObserver().start()
+    set_observer(observer)
+    return observer
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+# --- handler runs ----------------------------------------------------------------------------
+
+class JobMetrics:
+    """Times one handler run and counts its result (see `RECONCILE`'s help). Inside, the
+    handler may set `attempts` (observe-decide-execute rounds it needed) or call
+    `requeue()` when it deferred itself."""
+
+    def __init__(self, kind: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.kind = kind
+        self.clock = clock
+        self.attempts = 1
+        self.result: str | None = None
+
+    def requeue(self) -> None:
+        self.result = "requeue"
+
+    def __enter__(self) -> JobMetrics:
+        self.started = self.clock()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        RECONCILE_DURATION.labels(kind=self.kind).observe(max(0.0, self.clock() - self.started))
+        RECONCILE.labels(kind=self.kind, result=classify(exc, self.result, self.attempts)).inc()
+        if exc is not None and isinstance(exc, _conflicts()[1]):
+            FENCE_REGRESSIONS.labels(kind=self.kind).inc()
+
+
+@functools.cache
+def _conflicts() -> tuple[type[Exception], type[Exception]]:
+    """(Conflict, FenceRegression), imported on first use: they bring in the Kubernetes
+    client, which a worker running other handlers need not load."""
+    from warmpool.kube.api import Conflict
+    from warmpool.kube.executor import FenceRegression
+
+    return Conflict, FenceRegression
+
+
+def classify(exc: BaseException | None, result: str | None = None, attempts: int = 1) -> str:
+    """success | requeue | conflict | error, as `RECONCILE`'s help defines them."""
+    if exc is None:
+        return result or (CONFLICT if attempts > 1 else SUCCESS)
+    if isinstance(exc, _conflicts()):
+        return CONFLICT
+    return ERROR
+
+
+# --- pool state, recorded by the handlers ----------------------------------------------------
+
+_states: weakref.WeakKeyDictionary[Jobs, PoolState] = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+
+
+def pool_state(jobs: Jobs) -> PoolState:
+    """The `PoolState` on this worker's connection and key prefix."""
+    with _states_lock:
+        state = _states.get(jobs)
+        if state is None:
+            state = _states[jobs] = PoolState(jobs.client, jobs.settings)
+        return state
+
+
+def instance_done(ctx: JobContext, appdef: str, result: InstanceResult) -> None:
+    """After an instance reconcile: record the instance's state, count a release."""
+    plan = result.plan
+    if plan.state == "invalid":
+        return  # the AppDefinition is refused; the instance is left as it is
+    try:
+        ctx.ensure_held()  # a holder that lost its lease leaves the record to the new one
+        previous = pool_state(ctx.jobs).record_instance(ctx.key, appdef, plan.state, ctx.fence)
+    except (Stale, LeaseLost):
+        return
+    except redis.RedisError as exc:
+        log.warning("recording the state of %s failed: %s", ctx.key, exc)
+        return
+    if plan.state != "claimed" and (
+        previous == "claimed" or any(isinstance(a, ResetPods) for a in plan.actions)
+    ):
+        RELEASES.labels(appdefinition=appdef).inc()
+
+
+def claim_done(ctx: JobContext, result: ClaimResult, now: datetime | None = None) -> None:
+    """After a claim: a waiting Session is recorded, any other outcome clears it; a claim's
+    latency is observed; a refused Session counted."""
+    state = pool_state(ctx.jobs)
+    try:
+        if result.outcome == "waiting" and result.appdef:
+            state.waiting(ctx.key, result.appdef)
+        else:
+            state.not_waiting(ctx.key)
+    except redis.RedisError as exc:
+        log.warning("recording the claim of %s failed: %s", ctx.key, exc)
+    if result.outcome == "claimed" and result.appdef:
+        seconds = seconds_since(result.session_created, now)
+        if seconds is not None:
+            CLAIM_DURATION.labels(appdefinition=result.appdef).observe(seconds)
+    elif result.outcome == "error":
+        REFUSED.labels(kind="session").inc()
+
+
+def resync_started(ctx: JobContext) -> int | None:
+    """Redis time (ms) before a resync reads the pool, for `resync_done`."""
+    try:
+        return pool_state(ctx.jobs).now_ms()
+    except redis.RedisError:
+        return None
+
+
+def resync_done(ctx: JobContext, key: PoolKey, keys: list[Key], started_ms: int | None,
+                refused: bool = False) -> None:
+    """After a resync: forget waiting Sessions of the pool it no longer lists (deleted ones);
+    count an AppDefinition it refused."""
+    if refused:
+        REFUSED.labels(kind="appdefinition").inc()
+        return  # its Sessions wait for it to be fixed: they are still waiting
+    if started_ms is None:
+        return
+    keep = {str(k) for k in keys if k.kind == "session"}
+    try:
+        pool_state(ctx.jobs).prune_waiting(key.namespace, key.appdef, keep, started_ms)
+    except redis.RedisError as exc:
+        log.warning("pruning waiting Sessions of %s failed: %s", key, exc)
+
+
+def lease_busy(ctx: JobContext, key: str) -> None:
+    """A job's try_lease(key) found it busy: remember when, for the acquire-wait series."""
+    try:
+        pool_state(ctx.jobs).contended(ctx.key)
+    except redis.RedisError as exc:
+        log.debug("recording contention of %s failed: %s", ctx.key, exc)
+
+
+def lease_taken(ctx: JobContext, key: str) -> None:
+    """A job's try_lease(key) got it: observe the wait if the job had found one busy."""
+    try:
+        waited = pool_state(ctx.jobs).acquired(ctx.key)
+    except redis.RedisError as exc:
+        log.debug("reading contention of %s failed: %s", ctx.key, exc)
+        return
+    if waited is not None:
+        LEASE_WAIT.labels(kind=kind_of(key)).observe(waited)
+
+
+def seconds_since(timestamp: str, now: datetime | None = None) -> float | None:
+    """Seconds from an RFC 3339 timestamp (a creationTimestamp) until `now`."""
+    if not timestamp:
+        return None
+    try:
+        then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
+    return max(0.0, ((now or datetime.now(UTC)) - then).total_seconds())
