@@ -7,6 +7,7 @@ process it starts is a child it tracks and stops (SIGTERM, then SIGKILL), so not
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,13 +58,27 @@ class LocalStack:
                 [sys.executable, "-m", "warmpool.cli", *args], env=self.env,
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
+    # Loopback and free ports: the demo's endpoints are for this machine's user only, and must
+    # not collide with a real deployment's 9090/9091/8080 on the same host.
+    _LOCAL_ENDPOINTS = ("--metrics-host", "127.0.0.1", "--metrics-port", "0")
+
     def start_workers(self) -> None:
         self._spawn("workers", "worker", "--processes", str(self.workers),
-                    "--threads", str(self.threads))
+                    "--threads", str(self.threads), *self._LOCAL_ENDPOINTS)
 
     def start_scheduler(self) -> None:
         self._spawn("scheduler", "scheduler", "--namespace", self.namespace,
-                    "--health-port", "0")
+                    "--health-port", "0", *self._LOCAL_ENDPOINTS)
+
+    def metrics_urls(self) -> dict[str, str]:
+        """The /metrics URL each process printed at start (`metrics=<url>` in its log)."""
+        urls = {}
+        for name in self._procs:
+            log = self.log_path(name).read_text(errors="replace")
+            found = re.findall(r"metrics=(http\S+)", log)
+            if found:
+                urls[name] = found[-1]
+        return urls
 
     def log_path(self, name: str) -> Path:
         return self.state_dir / "logs" / f"{name}.log"
@@ -83,6 +98,14 @@ class LocalStack:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
+
+    def detach(self) -> list[int]:
+        """Leave everything running after this process exits; returns the pids to stop later
+        (the control plane is stopped with `warmpool cluster down --state-dir ...`)."""
+        pids = [p.pid for p in self._procs.values()]
+        if self._redis is not None and (pid := self._redis.detach()) is not None:
+            pids.append(pid)
+        return pids
 
     def stop(self, keep_cluster: bool = False) -> None:
         self.stop_processes()

