@@ -1,0 +1,600 @@
+"""deploy/ against the real control plane (kube-apiserver 1.20 with RBAC authorization):
+
+- every manifest of the base and the overlays passes `kubectl apply --dry-run=server`;
+- the CRDs and the RBAC objects, applied for real in a test namespace (the base re-rendered with
+  that namespace by kustomize), allow the ServiceAccount every verb the code uses and refuse
+  Secrets, cluster-wide objects, other namespaces and other Leases (`kubectl auth can-i`);
+- the scheduler and the workers, installed from the wheel the Dockerfile builds (same COPY
+  list), started with the manifests' own args and environment and authenticated with the
+  ServiceAccount's token, pass pool-spec scenario S1 with no Forbidden anywhere; the worker runs
+  as PID 1 of its own PID namespace, as in a container, where its exec probes are run.
+
+The one adaptation for this 1.20 server: PodDisruptionBudgets are policy/v1 in deploy/ (1.21+,
+the only version since 1.25) and are sent as policy/v1beta1 when the server lacks policy/v1.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+import yaml
+from kubernetes import client as k8s
+
+from tests.pool_world import (
+    USERS,
+    create_appdef,
+    create_session,
+    delete_session,
+    emails,
+    held_instance,
+    instance_objects,
+    owner_kinds,
+    patch_appdef_spec,
+    session,
+    snapshot,
+)
+from tests.redis_server import (  # noqa: F401  (fixtures, used through getfixturevalue)
+    queue_settings,
+    redis_client,
+    redis_url,
+)
+from tests.waiting import wait_for
+from warmpool.cluster.local import ClusterInfo
+from warmpool.invariants import check
+from warmpool.kube.api import Kube
+from warmpool.pool import vocabulary as v
+from warmpool.queue import Layout, QueueSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+SA = "warmpool"
+RBAC_KINDS = ("CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding")
+
+
+# --- kubectl and kustomize -----------------------------------------------------------------
+
+
+def kubectl(cluster: ClusterInfo, *args: str, kubeconfig: Path | None = None,
+            stdin: str | None = None, check_rc: bool = True) -> subprocess.CompletedProcess[str]:
+    path = shutil.which("kubectl")
+    assert path, "kubectl is needed"
+    out = subprocess.run([path, f"--kubeconfig={kubeconfig or cluster.kubeconfig}", *args],
+                         input=stdin, capture_output=True, text=True, timeout=120)
+    if check_rc:
+        assert out.returncode == 0, f"kubectl {' '.join(args)}:\n{out.stdout}\n{out.stderr}"
+    return out
+
+
+def render(path: Path, namespace: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """`path` rendered by kubectl's kustomize into `namespace`, through an overlay that only
+    sets the namespace (kustomize rewrites metadata.namespace and the RoleBinding's subject)."""
+    overlay = Path(tempfile.mkdtemp(prefix=f"ns-{path.name}-", dir=tmp_path))
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "namespace": namespace, "resources": [os.path.relpath(path, overlay)]}))
+    out = subprocess.run([shutil.which("kubectl") or "kubectl", "kustomize", str(overlay)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def for_this_server(cluster: ClusterInfo, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """PodDisruptionBudgets as policy/v1beta1 where the server has no policy/v1 (< 1.21); the
+    two versions share every field deploy/ uses (minAvailable, maxUnavailable, selector)."""
+    versions = set(kubectl(cluster, "api-versions").stdout.split())
+    if "policy/v1" in versions:
+        return objs
+    assert "policy/v1beta1" in versions
+    out = []
+    for o in objs:
+        if o["apiVersion"] == "policy/v1":
+            assert o["kind"] == "PodDisruptionBudget"
+            o = {**o, "apiVersion": "policy/v1beta1"}
+        out.append(o)
+    return out
+
+
+def dump(objs: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(objs)
+
+
+# --- the manifests on the server -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["base", "overlays/with-redis", "overlays/example"])
+def test_every_manifest_passes_server_side_dry_run(
+    cluster: ClusterInfo, namespace: str, tmp_path: Path, kube: Kube, variant: str
+) -> None:
+    objs = for_this_server(cluster, render(DEPLOY / variant, namespace, tmp_path))
+    out = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=dump(objs))
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    assert len(lines) == len(objs), out.stdout
+    assert all(line.endswith("(server dry run)") for line in lines), out.stdout
+    kinds = {o["kind"] for o in objs}
+    assert {"Deployment", "PodDisruptionBudget", "Service", "Role", "RoleBinding",
+            "ServiceAccount", "ConfigMap"} <= kinds
+    assert ("CustomResourceDefinition" in kinds) == (variant != "overlays/example")
+    if variant == "overlays/with-redis":
+        assert "NetworkPolicy" in kinds
+    # A dry run it was: nothing of it exists.
+    assert kube.get("apps/v1", "Deployment", namespace, "warmpool-scheduler") is None
+    assert kube.get("v1", "ServiceAccount", namespace, SA) is None
+
+
+def apply_rbac(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """The base's CRDs, ServiceAccount, Role and RoleBinding, applied for real in `namespace`."""
+    objs = [o for o in render(DEPLOY / "base", namespace, tmp_path) if o["kind"] in RBAC_KINDS]
+    assert sorted(o["kind"] for o in objs) == sorted(
+        ["CustomResourceDefinition"] * 2 + ["ServiceAccount", "Role", "RoleBinding"])
+    kubectl(cluster, "apply", "-f", "-", stdin=dump(objs))
+    kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s",
+            "crd/appdefinitions.theia.cloud", "crd/sessions.theia.cloud")
+    return objs
+
+
+# (verb, resource[, subresource]) the code calls; see the table in deploy/base/rbac.yaml.
+ALLOWED = [
+    *[(verb, "appdefinitions.theia.cloud") for verb in ("get", "list", "watch")],
+    *[(verb, "sessions.theia.cloud") for verb in ("get", "list", "watch", "patch")],
+    ("patch", "sessions.theia.cloud", "status"),
+    *[(verb, resource) for resource in ("services", "configmaps", "deployments.apps")
+      for verb in ("get", "list", "watch", "create", "patch", "delete")],
+    *[(verb, "pods") for verb in ("list", "patch", "delete")],
+    ("create", "events"),
+    *[(verb, "leases.coordination.k8s.io") for verb in ("create", "list", "watch")],
+    *[(verb, "leases.coordination.k8s.io/warmpool-scheduler") for verb in ("get", "patch")],
+]
+DENIED_HERE = [
+    # No writes to what people and Theia Cloud own; no update (everything is a merge patch).
+    *[(verb, "appdefinitions.theia.cloud") for verb in ("create", "update", "patch", "delete")],
+    *[(verb, "sessions.theia.cloud") for verb in ("create", "update", "delete")],
+    ("update", "sessions.theia.cloud", "status"),
+    ("patch", "appdefinitions.theia.cloud", "status"),
+    *[("update", resource) for resource in ("services", "configmaps", "deployments.apps")],
+    *[(verb, "pods") for verb in ("get", "watch", "create", "update")],
+    ("create", "pods", "exec"),
+    ("get", "pods", "log"),
+    *[(verb, "secrets") for verb in ("get", "list", "watch", "create", "patch", "delete")],
+    # Other Leases (Theia Cloud's operator elects its leader in this namespace too).
+    *[(verb, "leases.coordination.k8s.io/theia-cloud-operator") for verb in ("get", "patch")],
+    ("delete", "leases.coordination.k8s.io/warmpool-scheduler"),
+    ("update", "leases.coordination.k8s.io/warmpool-scheduler"),
+    *[(verb, resource) for resource in ("roles.rbac.authorization.k8s.io",
+                                        "rolebindings.rbac.authorization.k8s.io",
+                                        "serviceaccounts") for verb in ("create", "patch")],
+    ("create", "serviceaccounts", "token"),
+    ("update", "replicasets.apps"),
+    ("patch", "statefulsets.apps"),
+    ("create", "ingresses.networking.k8s.io"),
+]
+DENIED_CLUSTER_WIDE = [
+    *[(verb, "nodes") for verb in ("get", "list", "patch")],
+    *[(verb, "namespaces") for verb in ("get", "list", "create", "delete")],
+    *[(verb, "clusterroles.rbac.authorization.k8s.io") for verb in ("list", "create", "bind",
+                                                                    "escalate")],
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    *[(verb, "customresourcedefinitions.apiextensions.k8s.io")
+      for verb in ("list", "create", "patch", "delete")],
+    ("create", "persistentvolumes"),
+]
+
+
+def can_i(cluster: ClusterInfo, user: list[str], verb: str, resource: str,
+          subresource: str | None = None, namespace: str | None = None) -> bool:
+    args = ["auth", "can-i", *user, verb, resource]
+    if subresource:
+        args.append(f"--subresource={subresource}")
+    args += ["-n", namespace] if namespace else []
+    out = kubectl(cluster, *args, check_rc=False)
+    answer = out.stdout.strip()
+    assert answer in ("yes", "no"), f"can-i {args}: {out.stdout} {out.stderr}"
+    return answer == "yes"
+
+
+def sa_user(namespace: str) -> list[str]:
+    """Impersonate the ServiceAccount with the groups its token carries."""
+    return [f"--as=system:serviceaccount:{namespace}:{SA}",
+            "--as-group=system:serviceaccounts",
+            f"--as-group=system:serviceaccounts:{namespace}"]
+
+
+def test_the_serviceaccount_may_do_what_the_code_does_and_nothing_more(
+    cluster: ClusterInfo, namespace: str, tmp_path: Path, core_v1: k8s.CoreV1Api
+) -> None:
+    apply_rbac(cluster, namespace, tmp_path)
+    user = sa_user(namespace)
+
+    def answers(checks: list[tuple[str, ...]], ns: str | None) -> dict[tuple[str, ...], bool]:
+        return {c: can_i(cluster, user, c[0], c[1], c[2] if len(c) > 2 else None, ns)
+                for c in checks}
+
+    allowed = answers(ALLOWED, namespace)
+    assert [c for c, ok in allowed.items() if not ok] == [], "verbs the code needs"
+    denied = answers(DENIED_HERE, namespace)
+    assert [c for c, ok in denied.items() if ok] == [], "more than the code needs"
+    cluster_wide = answers(DENIED_CLUSTER_WIDE, None)
+    assert [c for c, ok in cluster_wide.items() if ok] == [], "cluster-wide access"
+    # Not in any other namespace, not even to read.
+    other = {ns: answers([("list", "configmaps"), ("get", "appdefinitions.theia.cloud"),
+                          ("list", "sessions.theia.cloud"), ("create", "events"),
+                          ("get", "leases.coordination.k8s.io/warmpool-scheduler")], ns)
+             for ns in ("default", "kube-system")}
+    assert [(ns, c) for ns, a in other.items() for c, ok in a.items() if ok] == []
+    out = kubectl(cluster, "auth", "can-i", *user, "list", "sessions.theia.cloud",
+                  "--all-namespaces", check_rc=False)
+    assert out.stdout.strip() == "no"
+    # The control: the same checks as an administrator say yes.
+    assert can_i(cluster, [], "list", "secrets", None, namespace)
+
+
+def test_the_optional_admin_role_scales_pools_and_reads_sessions(
+    cluster: ClusterInfo, namespace: str, tmp_path: Path
+) -> None:
+    overlay = tmp_path / "admin"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "namespace": namespace,
+        "components": [os.path.relpath(DEPLOY / "components" / "admin", overlay)]}))
+    out = subprocess.run([shutil.which("kubectl") or "kubectl", "kustomize", str(overlay)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    kubectl(cluster, "apply", "-f", "-", stdin=out.stdout)
+    kubectl(cluster, "-n", namespace, "create", "rolebinding", "warmpool-admin",
+            "--role=warmpool-admin", "--user=alice@example.com")
+    alice = ["--as=alice@example.com"]
+    for verb in ("get", "list", "watch", "patch"):
+        assert can_i(cluster, alice, verb, "appdefinitions.theia.cloud", None, namespace)
+    for verb in ("get", "list", "watch"):
+        assert can_i(cluster, alice, verb, "sessions.theia.cloud", None, namespace)
+    for resource in ("services", "configmaps", "events", "deployments.apps"):  # warmpool status
+        assert can_i(cluster, alice, "list", resource, None, namespace)
+    for verb, resource in (("patch", "sessions.theia.cloud"), ("delete", "sessions.theia.cloud"),
+                           ("delete", "appdefinitions.theia.cloud"), ("get", "secrets"),
+                           ("patch", "configmaps")):
+        assert not can_i(cluster, alice, verb, resource, None, namespace), (verb, resource)
+    assert not can_i(cluster, alice, "list", "appdefinitions.theia.cloud", None, "default")
+
+
+# --- end to end: the real processes, as the ServiceAccount ---------------------------------
+
+
+def sa_kubeconfig(cluster: ClusterInfo, core_v1: k8s.CoreV1Api, namespace: str,
+                  path: Path) -> Path:
+    """A kubeconfig with the ServiceAccount's token from its token Secret (what in-cluster
+    config would read from /var/run/secrets/kubernetes.io/serviceaccount)."""
+    def token() -> str | None:
+        sa = core_v1.read_namespaced_service_account(SA, namespace)
+        for ref in sa.secrets or []:
+            secret = core_v1.read_namespaced_secret(ref.name, namespace)
+            if secret.type == "kubernetes.io/service-account-token" and secret.data:
+                return base64.b64decode(secret.data["token"]).decode()
+        return None
+
+    value = wait_for(token, timeout=30, message="the ServiceAccount's token Secret")
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    ctx = next(c["context"] for c in admin["contexts"] if c["name"] == admin["current-context"])
+    cluster_entry = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": [cluster_entry],
+        "users": [{"name": SA, "user": {"token": value}}],
+        "contexts": [{"name": SA, "context": {"cluster": cluster_entry["name"], "user": SA,
+                                              "namespace": namespace}}],
+        "current-context": SA}))
+    path.chmod(0o600)
+    return path
+
+
+def build_image_site(tmp_path: Path) -> Path:
+    """What the image's final stage installs, built the Dockerfile's way: a build context of
+    exactly its COPY sources (minus what .dockerignore drops), `pip wheel`, then the wheel
+    installed into a directory of its own (the dependencies are this venv's)."""
+    from tests.unit.test_deploy_image import copied_sources, parse_dockerfile
+
+    _, stages = parse_dockerfile((ROOT / "Dockerfile").read_text())
+    context = tmp_path / "context"
+    context.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for source in copied_sources(stages[0]):
+        src = ROOT / source
+        if src.is_dir():
+            shutil.copytree(src, context / source, ignore=ignore)
+        else:
+            shutil.copy2(src, context / source)
+    wheels = tmp_path / "wheels"
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                          "--wheel-dir", str(wheels), str(context)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    (wheel,) = wheels.glob("warmpool-*.whl")
+    site = tmp_path / "site"
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
+                          "-q", "--target", str(site), str(wheel)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert (site / "bin" / "warmpool").exists()
+    assert (site / "warmpool" / "kube" / "crds" / "sessions.yaml").exists()
+    return site
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Role:
+    """One container of the rendered manifests, run here as a process: its args (health on
+    loopback, free ports), its env with fieldRef/secretKeyRef/configMapRef resolved from the
+    cluster, volume mounts as temporary directories, KUBECONFIG as in-cluster config would be."""
+
+    def __init__(self, objs: list[dict[str, Any]], deployment: str, *, kubeconfig: Path,
+                 site: Path, core_v1: k8s.CoreV1Api, namespace: str, extra_env: dict[str, str],
+                 tmp_path: Path) -> None:
+        d = next(o for o in objs if o["kind"] == "Deployment"
+                 and o["metadata"]["name"] == deployment)
+        (self.container,) = d["spec"]["template"]["spec"]["containers"]
+        self.name = deployment
+        self.log_path = tmp_path / f"{deployment}.log"
+        self.dirs = {m["mountPath"]: tmp_path / f"{deployment}{m['mountPath'].replace('/', '-')}"
+                     for m in self.container.get("volumeMounts") or []}
+        for p in self.dirs.values():
+            p.mkdir()
+        env = {k: val for k, val in os.environ.items()
+               if not k.startswith(("WARMPOOL_", "PROMETHEUS_", "PYTHON", "KUBECONFIG"))}
+        for ref in self.container.get("envFrom") or []:
+            cm = core_v1.read_namespaced_config_map(ref["configMapRef"]["name"], namespace)
+            env.update(cm.data or {})
+        for e in self.container.get("env") or []:
+            if "value" in e:
+                env[e["name"]] = str(self.dirs.get(e["value"], e["value"]))
+            elif "fieldRef" in e["valueFrom"]:
+                assert e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+                env[e["name"]] = namespace
+            else:
+                ref = e["valueFrom"]["secretKeyRef"]
+                secret = core_v1.read_namespaced_secret(ref["name"], namespace)
+                env[e["name"]] = base64.b64decode(secret.data[ref["key"]]).decode()
+        env.update(KUBECONFIG=str(kubeconfig), PYTHONPATH=str(site),
+                   TMPDIR=str(self.dirs["/tmp"]), **extra_env)
+        self.env = env
+        self.args = self._local_args(self.container["args"], site)
+        self.proc: subprocess.Popen[bytes] | None = None
+        # The process to SIGTERM: the role's own (PID 1 in its namespace), not a wrapper.
+        self.main_pid: int | None = None
+
+    @staticmethod
+    def _local_args(args: list[str], site: Path) -> list[str]:
+        out = []
+        for a in args:
+            if a.startswith("--health-host="):
+                a = "--health-host=127.0.0.1"  # loopback only on this machine
+            elif a.startswith("--health-port="):
+                a = "--health-port=0"
+            out.append(a)
+        from tests.unit.test_deploy_manifests import parse_cli
+
+        _, params = parse_cli(out)
+        if "metrics_port" in params:  # on loopback, and not the fixed default port here
+            out += ["--metrics-host=127.0.0.1", f"--metrics-port={free_port()}"]
+        return [str(site / "bin" / "warmpool"), *out]
+
+    def start(self, prefix: list[str] | None = None) -> Role:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([*(prefix or []), *self.args], env=self.env,
+                                         cwd=self.dirs["/tmp"], stdout=log, stderr=log,
+                                         start_new_session=True)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_log(self, pattern: str, timeout: float = 60) -> re.Match[str]:
+        def seen() -> re.Match[str] | None:
+            assert self.proc is not None and self.proc.poll() is None, (
+                f"{self.name} exited:\n{self.log()}")
+            return re.search(pattern, self.log())
+        return wait_for(seen, timeout=timeout, message=f"{self.name}: {pattern}")
+
+    def stop(self, timeout: float = 70) -> int | None:
+        """SIGTERM, as the kubelet sends it; the kill of our own session if it hangs."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        os.kill(self.main_pid or self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the session start_new_session made
+            self.proc.wait(10)
+            return None
+
+
+def converge(kube: Kube, ns: str, expect: Callable[[], Any], what: str,
+             timeout: float = 120) -> None:
+    wait_for(lambda: bool(expect()) and check(kube, ns) == [], timeout=timeout, interval=0.3,
+             message=lambda: f"{what}: violations {[str(x) for x in check(kube, ns)]}")
+
+
+def instance_count(kube: Kube, ns: str, k: int) -> int:
+    return len(instance_objects(kube, ns, "java", k))
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+FORBIDDEN = re.compile(r"forbidden|\b403\b|unauthori[sz]ed|\b401\b", re.IGNORECASE)
+
+
+@pytest.fixture
+def queue(request: pytest.FixtureRequest) -> tuple[QueueSettings, redis.Redis]:
+    """This test's isolated key prefix on the real Redis (set up before, torn down after, the
+    processes that use it)."""
+    return request.getfixturevalue("queue_settings"), request.getfixturevalue("redis_client")
+
+
+@pytest.fixture
+def roles() -> Iterator[list[Role]]:
+    started: list[Role] = []
+    yield started
+    for role in reversed(started):
+        role.stop(timeout=70)
+
+
+@pytest.mark.redis
+def test_s1_end_to_end_as_the_serviceaccount_with_the_manifests_commands(
+    cluster: ClusterInfo, namespace: str, tmp_path: Path, kube: Kube, core_v1: k8s.CoreV1Api,
+    queue: tuple[QueueSettings, redis.Redis], roles: list[Role],
+) -> None:
+    ns = namespace
+    settings, client = queue
+    site = build_image_site(tmp_path)
+    objs = render(DEPLOY / "base", ns, tmp_path)
+    apply_rbac(cluster, ns, tmp_path)
+    config = next(o for o in objs if o["kind"] == "ConfigMap")
+    kubectl(cluster, "apply", "-f", "-", stdin=dump([config]))
+    assert settings.redis_url
+    # The Secret the manifests read the Redis URL from, as a person would create it.
+    kubectl(cluster, "-n", ns, "create", "secret", "generic", "warmpool-redis",
+            f"--from-literal=url={settings.redis_url}")
+    kubeconfig = sa_kubeconfig(cluster, core_v1, ns, tmp_path / "sa.kubeconfig")
+    # That kubeconfig really is the ServiceAccount, and it may not read Secrets.
+    out = kubectl(cluster, "get", "secrets", "-n", ns, kubeconfig=kubeconfig, check_rc=False)
+    assert out.returncode != 0
+    assert f"system:serviceaccount:{ns}:{SA}" in out.stderr and "forbidden" in out.stderr
+
+    isolation = {"WARMPOOL_QUEUE_PREFIX": settings.prefix,
+                 "WARMPOOL_QUEUE_NAMESPACE": settings.namespace}
+    common = dict(kubeconfig=kubeconfig, site=site, core_v1=core_v1, namespace=ns,
+                  extra_env=isolation, tmp_path=tmp_path)
+    # The code that runs is the wheel's, not this checkout's.
+    probe = subprocess.run([sys.executable, "-c", "import warmpool, scheduler, workers; "
+                            "print(warmpool.__file__, scheduler.__file__, workers.__file__)"],
+                           env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path,
+                           capture_output=True, text=True)
+    assert probe.returncode == 0 and probe.stdout.count(str(site)) == 3, probe
+
+    # The worker as PID 1 of its own PID namespace (with its own /proc), as in its container.
+    worker = Role(objs, "warmpool-worker", **common)
+    roles.append(worker.start(prefix=["unshare", "--pid", "--fork", "--mount-proc",
+                                      "--kill-child"]))
+    worker.wait_log(r"worker processes x \d+ threads")
+    assert worker.proc is not None
+    # `unshare` ignores SIGTERM while it waits: signals go to its child, the supervisor.
+    supervisor = wait_for(lambda: int(Path(f"/proc/{worker.proc.pid}/task/{worker.proc.pid}"
+                                           "/children").read_text().split()[0]),
+                          timeout=10, ignore=(IndexError, OSError), message="the supervisor")
+    worker.main_pid = supervisor
+    scheduler = Role(objs, "warmpool-scheduler", **common)
+    roles.append(scheduler.start())
+    health = scheduler.wait_log(r"health=(http://\S+)").group(1)
+    wait_for(lambda: http_status(f"{health}/readyz") == 200, timeout=60,
+             message="the scheduler's /readyz")
+    assert http_status(f"{health}/healthz") == 200
+
+    # The metrics endpoints the Services and monitors point at: path /metrics.
+    for role in (worker, scheduler):
+        found = re.search(r"metrics=(http://\S+)", role.log())
+        if found and "--metrics-port" in " ".join(role.args):
+            assert urlsplit(found.group(1)).path == "/metrics"
+            assert http_status(found.group(1)) == 200, role.name
+
+    # The worker's exec probes, as the kubelet runs them (inside the container's namespaces).
+    def run_probe(name: str, *, enter: bool, env: dict[str, str] | None = None) -> int:
+        command = worker.container[name]["exec"]["command"]
+        assert command[0] == "python3"
+        argv = [sys.executable, *command[1:]]
+        if enter:
+            argv = ["nsenter", "-t", str(supervisor), "-p", "-m", *argv]
+        return subprocess.run(argv, env={**worker.env, **(env or {})}, capture_output=True,
+                              timeout=30).returncode
+    assert run_probe("livenessProbe", enter=True) == 0
+    assert run_probe("readinessProbe", enter=False) == 0
+    # ... and each fails when it should: no worker process (a namespace of its own), no Redis.
+    lonely = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
+                             *worker.container["livenessProbe"]["exec"]["command"][1:]],
+                            capture_output=True, timeout=30)
+    assert lonely.returncode == 1
+    assert run_probe("readinessProbe", enter=False, env={
+        "WARMPOOL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}) != 0
+
+    # S1 (pool-spec §6).
+    create_appdef(kube, ns, min_instances=5)
+    converge(kube, ns, lambda: all(instance_count(kube, ns, k) == 5 for k in range(1, 6)),
+             what="five free instances")
+    for i in range(1, 6):
+        create_session(kube, ns, f"s{i}", USERS[i])
+    converge(kube, ns, lambda: sorted(filter(None, (held_instance(kube, ns, f"s{i}")
+                                                    for i in range(1, 6)))) == [1, 2, 3, 4, 5],
+             what="five claims")
+    held = {f"s{i}": held_instance(kube, ns, f"s{i}") for i in range(1, 6)}
+    for name in held:
+        status = session(kube, ns, name)["status"]
+        assert status["operatorStatus"] == v.STATUS_HANDLED
+    untouched = {k: snapshot(kube, ns, "java", k) for k in (1, 2)}
+
+    patch_appdef_spec(kube, ns, "java", minInstances=2)
+    time.sleep(3)  # let the scale-down reach the workers before judging "quiet"
+    converge(kube, ns, lambda: True, what="minInstances lowered below claimed ids")
+    for name, k in held.items():
+        objects = instance_objects(kube, ns, "java", k)
+        assert len(objects) == 5, f"instance {k} lost objects: {sorted(objects)}"
+        assert emails(kube, ns, "java", k) == USERS[int(name[1:])]
+        for obj in objects.values():
+            assert owner_kinds(obj) == ["AppDefinition", "Session"]
+    for k in (1, 2):
+        assert snapshot(kube, ns, "java", k) == untouched[k], f"instance {k} was touched"
+
+    released = [name for name, k in held.items() if k > 2]
+    for name in released:
+        delete_session(kube, ns, name)
+    converge(kube, ns, lambda: all(instance_count(kube, ns, held[n]) == 0 for n in released),
+             what="released instances above minInstances deleted")
+    for k in (1, 2):
+        assert instance_count(kube, ns, k) == 5
+
+    # Bad input: an ERROR status and an Event (the error path's verbs).
+    create_session(kube, ns, "lost", USERS[9], appdef="nosuchapp")
+    wait_for(lambda: (session(kube, ns, "lost").get("status") or {}).get("operatorStatus")
+             == v.STATUS_ERROR, timeout=60, message="the bad Session's ERROR status")
+    wait_for(lambda: [e for e in core_v1.list_namespaced_event(ns).items
+                      if e.reason == "InvalidSession"], timeout=30,
+             message="an InvalidSession event")
+    assert check(kube, ns) == []
+
+    # The scheduler led, through its own Lease.
+    lease = kube.get("coordination.k8s.io/v1", "Lease", ns, "warmpool-scheduler")
+    assert lease is not None and lease["spec"]["holderIdentity"]
+
+    assert scheduler.stop() == 0
+    assert worker.stop() == 0  # drained and exited on SIGTERM, as PID 1
+
+    # No request of theirs was refused: not in their logs, not in the queue's error records.
+    for role in (scheduler, worker):
+        refused = [line for line in role.log().splitlines() if FORBIDDEN.search(line)]
+        assert refused == [], f"{role.name} was refused (the Role lacks a verb)"
+    layout = Layout.of(settings)
+    errors = {k.decode(): val.decode(errors="replace")
+              for k, val in client.hgetall(layout.errors).items()}
+    assert not [k for k, text in errors.items() if FORBIDDEN.search(text)], errors

@@ -1,0 +1,452 @@
+"""deploy/: the kustomize base, components and overlays, rendered by kubectl's own kustomize
+(offline, no server) and checked for what the README promises: the CRDs are the package's, every
+pod is locked down, the command lines are ones the real CLI accepts, probes and ports line up,
+the Role grants nothing broad. The cluster-side checks (server dry-run, `kubectl auth can-i`,
+the scheduler and workers running as the ServiceAccount) are in
+tests/integration/test_deploy_cluster.py.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from warmpool.queue.settings import QueueSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+CRD_SOURCE = ROOT / "warmpool" / "kube" / "crds"
+MULTIPROC_DIR = "/var/run/warmpool/prometheus"
+POD_KINDS = ("Deployment",)
+
+
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    assert path, "kubectl is needed to render deploy/ (kubectl kustomize)"
+    return path
+
+
+def kustomize(path: Path) -> list[dict[str, Any]]:
+    """`kubectl kustomize PATH`: the objects the README's `kubectl apply -k PATH` would send."""
+    out = subprocess.run([kubectl(), "kustomize", str(path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objs if o["kind"] == kind}
+
+
+def containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    return deployment["spec"]["template"]["spec"]["containers"]
+
+
+def container(objs: list[dict[str, Any]], deployment: str) -> dict[str, Any]:
+    (c,) = containers(by_kind(objs, "Deployment")[deployment])
+    return c
+
+
+def env_of(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c.get("env") or []}
+
+
+def parse_cli(args: list[str]) -> tuple[str, dict[str, Any]]:
+    """Parse a container's args exactly as `warmpool ARGS` would, without running anything:
+    an unknown option, a bad value or a missing sub-command raises click's error."""
+    from warmpool.cli.main import _register, cli
+
+    _register()
+    name, *rest = args
+    assert not name.startswith("-"), f"the first argument selects the role: {args}"
+    with cli.make_context("warmpool", [name]) as ctx:
+        cmd = cli.get_command(ctx, name)
+        if cmd is None:
+            raise click.UsageError(f"no such command {name!r}")
+        with cmd.make_context(name, rest, parent=ctx) as sub:
+            return name, dict(sub.params)
+
+
+@pytest.fixture(scope="module")
+def base() -> list[dict[str, Any]]:
+    return kustomize(DEPLOY / "base")
+
+
+@pytest.fixture(scope="module")
+def with_redis() -> list[dict[str, Any]]:
+    return kustomize(DEPLOY / "overlays" / "with-redis")
+
+
+@pytest.fixture(scope="module")
+def example() -> list[dict[str, Any]]:
+    return kustomize(DEPLOY / "overlays" / "example")
+
+
+# --- what is in it -------------------------------------------------------------------------
+
+
+def test_the_crds_in_deploy_are_the_packages_own_byte_for_byte() -> None:
+    shipped = sorted(p.name for p in CRD_SOURCE.glob("*.yaml"))
+    copied = sorted(p.name for p in (DEPLOY / "base" / "crds").glob("*.yaml"))
+    assert copied == shipped
+    _, mismatch, errors = filecmp.cmpfiles(CRD_SOURCE, DEPLOY / "base" / "crds", shipped,
+                                           shallow=False)
+    assert not mismatch and not errors, (
+        f"deploy/base/crds differs from warmpool/kube/crds in {mismatch + errors}: "
+        "cp warmpool/kube/crds/*.yaml deploy/base/crds/")
+
+
+def test_the_base_holds_exactly_the_controller_and_nothing_cluster_wide_but_crds(
+    base: list[dict[str, Any]],
+) -> None:
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in base)
+    assert kinds == sorted([
+        ("CustomResourceDefinition", "appdefinitions.theia.cloud"),
+        ("CustomResourceDefinition", "sessions.theia.cloud"),
+        ("ServiceAccount", "warmpool"),
+        ("Role", "warmpool"),
+        ("RoleBinding", "warmpool"),
+        ("ConfigMap", by_kind(base, "ConfigMap").popitem()[0]),
+        ("Deployment", "warmpool-scheduler"),
+        ("Deployment", "warmpool-worker"),
+        ("PodDisruptionBudget", "warmpool-scheduler"),
+        ("PodDisruptionBudget", "warmpool-worker"),
+        ("Service", "warmpool-scheduler-metrics"),
+        ("Service", "warmpool-worker-metrics"),
+    ])
+    for o in base:
+        if o["kind"] != "CustomResourceDefinition":
+            assert o["metadata"]["namespace"] == "theia-cloud", o["metadata"]["name"]
+    # The CRDs are the package's, unchanged by kustomize (no namespace, no labels added).
+    for o in by_kind(base, "CustomResourceDefinition").values():
+        source = CRD_SOURCE / f"{o['spec']['names']['plural']}.yaml"
+        assert o == yaml.safe_load(source.read_text())
+
+
+def test_the_role_is_namespaced_narrow_and_bound_to_the_serviceaccount(
+    base: list[dict[str, Any]],
+) -> None:
+    assert not by_kind(base, "ClusterRole") and not by_kind(base, "ClusterRoleBinding")
+    role = by_kind(base, "Role")["warmpool"]
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+        assert "update" not in rule["verbs"], "the code never updates; it merge-patches"
+        assert not {"secrets", "namespaces", "nodes"} & set(rule["resources"]), rule
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+    binding = by_kind(base, "RoleBinding")["warmpool"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "warmpool"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "warmpool",
+                                    "namespace": "theia-cloud"}]
+    # The Lease rule names the scheduler's default Lease.
+    from scheduler.leader import DEFAULT_LEASE_NAME
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": [DEFAULT_LEASE_NAME], "verbs": ["get", "patch"]}]
+    for d in by_kind(base, "Deployment").values():
+        assert d["spec"]["template"]["spec"]["serviceAccountName"] == "warmpool"
+
+
+# --- pods ----------------------------------------------------------------------------------
+
+
+def _assert_locked_down(deployment: dict[str, Any]) -> None:
+    name = deployment["metadata"]["name"]
+    pod = deployment["spec"]["template"]["spec"]
+    psc = pod["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0, name
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}, name
+    mounts_by_volume = {v["name"]: v for v in pod.get("volumes") or []}
+    for c in pod["containers"] + pod.get("initContainers", []):
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 0, (name, c["name"])
+        assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
+        assert sc["allowPrivilegeEscalation"] is False, (name, c["name"])
+        assert sc.get("privileged", False) is False, (name, c["name"])
+        assert sc["capabilities"] == {"drop": ["ALL"]}, (name, c["name"])
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, (name, c["name"])
+        assert "resources" in c and c["resources"]["requests"] and c["resources"]["limits"]
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts") or []}
+        assert "emptyDir" in mounts_by_volume[mounts["/tmp"]], (name, "a writable /tmp")
+
+
+def test_every_pod_runs_non_root_read_only_without_capabilities(
+    base: list[dict[str, Any]], with_redis: list[dict[str, Any]],
+) -> None:
+    deployments = {**by_kind(base, "Deployment"), **by_kind(with_redis, "Deployment")}
+    assert sorted(deployments) == ["warmpool-redis", "warmpool-scheduler", "warmpool-worker"]
+    for d in deployments.values():
+        _assert_locked_down(d)
+
+
+def test_workers_have_a_writable_multiprocess_dir_and_the_image_agrees(
+    base: list[dict[str, Any]],
+) -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"PROMETHEUS_MULTIPROC_DIR={MULTIPROC_DIR}" in dockerfile
+    d = by_kind(base, "Deployment")["warmpool-worker"]
+    (c,) = containers(d)
+    assert env_of(c)["PROMETHEUS_MULTIPROC_DIR"]["value"] == MULTIPROC_DIR
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in d["spec"]["template"]["spec"]["volumes"]}
+    assert "emptyDir" in volumes[mounts[MULTIPROC_DIR]]
+    # The scheduler is one process: single-process mode (prometheus-client takes an empty
+    # value as unset), so the image's default is overridden.
+    sched = container(base, "warmpool-scheduler")
+    assert env_of(sched)["PROMETHEUS_MULTIPROC_DIR"]["value"] == ""
+    assert c["image"] == sched["image"] == "warmpool:0.1.0"
+
+
+def test_container_args_are_accepted_by_the_real_cli(base: list[dict[str, Any]]) -> None:
+    name, params = parse_cli(container(base, "warmpool-scheduler")["args"])
+    assert name == "scheduler"
+    assert params["leader_elect"] is True
+    assert params["health_host"] == "0.0.0.0"  # the kubelet probes the pod's IP
+    health = {p["name"]: p["containerPort"]
+              for p in container(base, "warmpool-scheduler")["ports"]}["health"]
+    assert params["health_port"] == health
+    if "metrics_port" in params:
+        assert params["metrics_host"] == "0.0.0.0"
+        assert params["metrics_port"] == {p["name"]: p["containerPort"] for p in container(
+            base, "warmpool-scheduler")["ports"]}["metrics"]
+    name, params = parse_cli(container(base, "warmpool-worker")["args"])
+    assert name == "worker"
+    if "metrics_port" in params:
+        assert params["metrics_host"] == "0.0.0.0"
+        assert params["metrics_port"] == {p["name"]: p["containerPort"] for p in container(
+            base, "warmpool-worker")["ports"]}["metrics"]
+    assert params["processes"] >= 1 and params["threads"] >= 1
+    # --processes matches the CPU limit (one busy process per core at most).
+    cpu = container(base, "warmpool-worker")["resources"]["limits"]["cpu"]
+    assert params["processes"] == int(cpu)
+
+
+def test_a_misspelt_option_would_be_caught() -> None:
+    with pytest.raises(click.NoSuchOption):
+        parse_cli(["scheduler", "--health-prot=8080"])
+
+
+def test_both_roles_read_namespace_redis_url_and_config_from_the_cluster(
+    base: list[dict[str, Any]],
+) -> None:
+    config = by_kind(base, "ConfigMap")
+    (config_name,) = config
+    assert config_name.startswith("warmpool-config-")  # generated: a change rolls the pods
+    assert set(config[config_name]["data"]) == {"WARMPOOL_INSTANCES_HOST"}
+    for name in ("warmpool-scheduler", "warmpool-worker"):
+        c = container(base, name)
+        env = env_of(c)
+        assert env["WARMPOOL_NAMESPACE"]["valueFrom"] == {
+            "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}
+        } or env["WARMPOOL_NAMESPACE"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.namespace"}}
+        # Never optional: without a URL the CLI would fall back to an embedded Redis per pod.
+        assert env["WARMPOOL_REDIS_URL"]["valueFrom"] == {
+            "secretKeyRef": {"name": "warmpool-redis", "key": "url"}}
+        assert c["envFrom"] == [{"configMapRef": {"name": config_name}}]
+        assert "KUBECONFIG" not in env  # in-cluster config from the ServiceAccount
+
+
+# --- probes, ports, disruption -------------------------------------------------------------
+
+
+def test_scheduler_probes_use_healthz_and_readyz(base: list[dict[str, Any]]) -> None:
+    c = container(base, "warmpool-scheduler")
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+
+
+def test_worker_probes_are_exec_python_programs_that_compile(base: list[dict[str, Any]]) -> None:
+    c = container(base, "warmpool-worker")
+    for probe in ("livenessProbe", "readinessProbe"):
+        command = c[probe]["exec"]["command"]
+        assert command[:2] == ["python3", "-c"]
+        compile(command[2], probe, "exec")
+    assert "WARMPOOL_REDIS_URL" in c["readinessProbe"]["exec"]["command"][2]
+    assert "redis" not in c["livenessProbe"]["exec"]["command"][2]
+
+
+def test_metrics_ports_services_and_monitors_line_up(base: list[dict[str, Any]]) -> None:
+    expected = {"warmpool-scheduler": 9090, "warmpool-worker": 9091}
+    services = by_kind(base, "Service")
+    monitors = kustomize_component("prometheus-operator")
+    for name, port in expected.items():
+        c = container(base, name)
+        assert {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"] == port
+        pod_labels = by_kind(base, "Deployment")[name]["spec"]["template"]["metadata"]["labels"]
+        svc = services[f"{name}-metrics"]
+        assert svc["spec"]["clusterIP"] == "None"
+        assert svc["spec"]["ports"] == [{"name": "metrics", "port": port,
+                                         "targetPort": "metrics", "protocol": "TCP"}]
+        assert svc["spec"]["selector"].items() <= pod_labels.items()
+        # Selects this role's pods only.
+        other = next(n for n in expected if n != name)
+        other_labels = by_kind(base, "Deployment")[other]["spec"]["template"]["metadata"][
+            "labels"]
+        assert not svc["spec"]["selector"].items() <= other_labels.items()
+    sm = by_kind(monitors, "ServiceMonitor")["warmpool-scheduler"]
+    svc = services["warmpool-scheduler-metrics"]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    pm = by_kind(monitors, "PodMonitor")["warmpool-worker"]
+    worker_labels = by_kind(base, "Deployment")["warmpool-worker"]["spec"]["template"][
+        "metadata"]["labels"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= worker_labels.items()
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def kustomize_component(name: str) -> list[dict[str, Any]]:
+    """A component's objects, rendered on the base through a throwaway overlay."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [_rel(DEPLOY / "base", Path(tmp))],
+            "components": [_rel(DEPLOY / "components" / name, Path(tmp))],
+        }))
+        return kustomize(Path(tmp))
+
+
+def _rel(target: Path, start: Path) -> str:
+    import os
+
+    return os.path.relpath(target, start)  # kustomize refuses absolute paths
+
+
+def test_scheduler_keeps_two_replicas_and_one_through_a_drain(base: list[dict[str, Any]]) -> None:
+    d = by_kind(base, "Deployment")["warmpool-scheduler"]
+    assert d["spec"]["replicas"] == 2
+    assert d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pdb = by_kind(base, "PodDisruptionBudget")["warmpool-scheduler"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]
+
+
+def test_workers_get_time_to_drain_before_sigkill(base: list[dict[str, Any]]) -> None:
+    d = by_kind(base, "Deployment")["warmpool-worker"]
+    s = QueueSettings()
+    grace = d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    # WorkerPool.stop: drain_timeout + 10 s, then SIGKILL and a 5 s join; the leases of
+    # anything cut off lapse after lease_ttl.
+    assert grace > s.drain_timeout + 10 + 5
+    assert grace > s.lease_ttl
+    pdb = by_kind(base, "PodDisruptionBudget")["warmpool-worker"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]
+    assert d["spec"]["replicas"] >= 2
+
+
+# --- components and overlays ---------------------------------------------------------------
+
+
+def test_redis_component_runs_without_persistence_with_a_password_from_the_secret(
+    with_redis: list[dict[str, Any]],
+) -> None:
+    d = by_kind(with_redis, "Deployment")["warmpool-redis"]
+    (c,) = containers(d)
+    args = c["args"]
+    assert args[args.index("--save") + 1] == ""
+    assert args[args.index("--appendonly") + 1] == "no"
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert env_of(c)["REDIS_PASSWORD"]["valueFrom"] == {
+        "secretKeyRef": {"name": "warmpool-redis", "key": "password"}}
+    assert d["spec"]["strategy"] == {"type": "Recreate"}
+    assert d["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    svc = by_kind(with_redis, "Service")["warmpool-redis"]
+    assert svc["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    # Only warmpool's pods may connect, and both of warmpool's roles are selected.
+    policy = by_kind(with_redis, "NetworkPolicy")["warmpool-redis"]
+    (allowed,) = policy["spec"]["ingress"][0]["from"]
+    for name in ("warmpool-scheduler", "warmpool-worker"):
+        labels = by_kind(with_redis, "Deployment")[name]["spec"]["template"]["metadata"][
+            "labels"]
+        assert allowed["podSelector"]["matchLabels"].items() <= labels.items()
+    assert not allowed["podSelector"]["matchLabels"].items() <= d["spec"]["template"][
+        "metadata"]["labels"].items()
+
+
+def test_example_overlay_points_at_an_external_redis_with_tls(
+    example: list[dict[str, Any]],
+) -> None:
+    assert not by_kind(example, "Deployment").get("warmpool-redis")
+    # Theia Cloud's chart owns the CRDs there (components/without-crds).
+    assert not by_kind(example, "CustomResourceDefinition")
+    for o in example:
+        assert o["metadata"]["namespace"] == "theia-prod"
+    assert by_kind(example, "RoleBinding")["warmpool"]["subjects"][0]["namespace"] == (
+        "theia-prod")
+    assert "warmpool-admin" in by_kind(example, "Role")
+    for name in ("warmpool-scheduler", "warmpool-worker"):
+        d = by_kind(example, "Deployment")[name]
+        (c,) = containers(d)
+        assert c["image"] == "registry.example.com/theia/warmpool:0.1.0"
+        volumes = {v["name"]: v for v in d["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["redis-tls"]["secret"]["secretName"] == "warmpool-redis-tls"
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        assert mounts["redis-tls"]["mountPath"] == "/etc/warmpool/redis-tls"
+        assert mounts["redis-tls"]["readOnly"] is True
+        _assert_locked_down(d)
+    assert by_kind(example, "Deployment")["warmpool-worker"]["spec"]["replicas"] == 6
+    (config,) = by_kind(example, "ConfigMap").values()
+    assert config["data"]["WARMPOOL_INSTANCES_HOST"] == "instances.theia.example.com"
+    # The URL format the overlay documents is one redis-py turns into a verified TLS connection.
+    import redis
+
+    text = (DEPLOY / "overlays" / "example" / "kustomization.yaml").read_text()
+    (url,) = re.findall(r"rediss://[^'\s]+", text)
+    url = url.replace("<password>", "secret")
+    pool = redis.ConnectionPool.from_url(url)
+    assert pool.connection_class is redis.SSLConnection
+    conn = pool.make_connection()
+    assert conn.ca_certs == "/etc/warmpool/redis-tls/ca.crt"
+    assert conn.cert_reqs == 2  # ssl.CERT_REQUIRED
+    assert conn.password == "secret"
+
+
+def test_admin_role_can_scale_but_not_write_sessions() -> None:
+    role = by_kind(kustomize_component("admin"), "Role")["warmpool-admin"]
+    rules = {tuple(r["resources"]): set(r["verbs"]) for r in role["rules"]}
+    assert rules == {("appdefinitions",): {"get", "list", "watch", "patch"},
+                     ("sessions",): {"get", "list", "watch"},
+                     ("services", "configmaps", "events"): {"list"},
+                     ("deployments",): {"list"}}
+
+
+def test_without_crds_drops_exactly_the_two_crds(base: list[dict[str, Any]]) -> None:
+    rest = kustomize_component("without-crds")
+    dropped = [o for o in base if o not in rest]
+    assert sorted(o["metadata"]["name"] for o in dropped) == [
+        "appdefinitions.theia.cloud", "sessions.theia.cloud"]
+    assert len(rest) == len(base) - 2
+
+
+def test_readme_section_follows_the_manifests() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Run it on your cluster"):]
+    for path in set(re.findall(r"deploy/(?:base|overlays|components|compose)[\w./-]*\w",
+                               section)):
+        assert (ROOT / path).exists(), path
+    for target in re.findall(r"kubectl apply -k (\S+)", section):
+        assert kustomize(ROOT / target)
+    # The Secret the README creates is the one, with the keys, the manifests read.
+    refs = set()
+    for variant in ("base", "overlays/with-redis"):
+        for d in by_kind(kustomize(DEPLOY / variant), "Deployment").values():
+            for c in containers(d):
+                for e in c.get("env") or []:
+                    ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+                    if ref:
+                        refs.add((ref["name"], ref["key"]))
+    assert refs == {("warmpool-redis", "url"), ("warmpool-redis", "password")}
+    assert set(re.findall(r"create secret generic (\S+)", section)) == {"warmpool-redis"}
+    assert set(re.findall(r"--from-literal=(\w+)=", section)) == {key for _, key in refs}
