@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 _HEALTH = re.compile(r"health=(http://\S+)")
+_METRICS = re.compile(r"metrics=(http://\S+)")
 _IDENTITY = re.compile(r"identity=(\S+)")
 
 
@@ -41,6 +42,7 @@ class SchedulerProcess:
         self.cwd = cwd
         self.proc: subprocess.Popen[str] | None = None
         self.url: str | None = None
+        self.metrics_url: str | None = None
         self.identity: str | None = None
         self._log: IO[str] | None = None
 
@@ -53,7 +55,10 @@ class SchedulerProcess:
         if self.log_path is not None:
             self._log = open(self.log_path, "a")  # noqa: SIM115 (closed in wait())
         self.proc = subprocess.Popen(
-            [self.python, "-m", "scheduler", "--health-port", "0", *self.args],
+            # Free loopback ports by default (the caller's args come later and win): several
+            # schedulers on one host must not race for 9090.
+            [self.python, "-m", "scheduler", "--health-port", "0", "--metrics-host",
+             "127.0.0.1", "--metrics-port", "0", *self.args],
             env=self.env, cwd=self.cwd, stdout=subprocess.PIPE,
             stderr=self._log or subprocess.DEVNULL, text=True)
         assert self.proc.stdout is not None
@@ -64,6 +69,8 @@ class SchedulerProcess:
             self.kill()
             raise RuntimeError(f"scheduler did not start: {line!r} (log: {self.log_path})")
         self.url = m.group(1)
+        metrics = _METRICS.search(line)
+        self.metrics_url = metrics.group(1) if metrics else None
         ident = _IDENTITY.search(line)
         self.identity = ident.group(1) if ident else None
         if ready:
