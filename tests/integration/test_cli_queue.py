@@ -155,6 +155,8 @@ def test_a_running_key_its_lease_and_its_worker_seen_from_another_process(
     assert all(x["heartbeat_age_seconds"] < settings.heartbeat_timeout for x in w["workers"])
     assert sum(x["in_flight"] for x in w["workers"]) >= 1
     (holder,) = w["lease_holders"]
+    # Each worker names its process, which is how a lease holder is named.
+    assert holder["process"] in {x["process"] for x in w["workers"]}
     assert holder["process"].endswith(f":{holding_pid}") and holder["keys"] == [key]
 
     for args in (("locks",), ("workers",), ("queue",), ("queue", "show", key)):

@@ -187,7 +187,8 @@ def locks_view(client: redis.Redis, settings: QueueSettings) -> dict[str, Any]:
 
 
 def workers_view(client: redis.Redis, settings: QueueSettings) -> dict[str, Any]:
-    workers = [{"id": w.worker_id, "heartbeat_age_seconds": rounded(w.last_seen_seconds),
+    workers = [{"id": w.worker_id, "process": w.process,
+                "heartbeat_age_seconds": rounded(w.last_seen_seconds),
                 "alive": w.alive, "in_flight": w.unacked}
                for w in Inspector(client, settings).workers()]
     workers.sort(key=lambda w: (not w["alive"], w["id"]))
@@ -360,7 +361,7 @@ def workers(redis_config: RedisConfig, as_json: bool) -> None:
     process (host:pid) holds.
 
     \b
-    JSON (--json): {"heartbeat_timeout_seconds", "workers": [{"id",
+    JSON (--json): {"heartbeat_timeout_seconds", "workers": [{"id", "process",
     "heartbeat_age_seconds", "alive", "in_flight"}], "lease_holders": [{"process",
     "leases", "keys"}]}
     """
@@ -373,9 +374,11 @@ def workers(redis_config: RedisConfig, as_json: bool) -> None:
     if not doc["workers"]:
         out.print("no worker has sent a heartbeat")
     else:
-        t = table("worker", "heartbeat", "alive", "in flight")
+        # The id is dramatiq's (a UUID, in full under --json); the process is the host:pid
+        # that the lease holders below are named by.
+        t = table("worker", "process", "heartbeat", "alive", "in flight")
         for w in doc["workers"]:
-            t.add_row(w["id"], age(w["heartbeat_age_seconds"]) + " ago",
+            t.add_row(w["id"][:8], w["process"] or "?", age(w["heartbeat_age_seconds"]) + " ago",
                       "yes" if w["alive"] else "NO", str(w["in_flight"]))
         out.print(t)
     if doc["lease_holders"]:

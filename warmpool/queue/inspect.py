@@ -49,6 +49,7 @@ class WorkerInfo:
     last_seen_seconds: float
     alive: bool
     unacked: int
+    process: str | None = None  # "host:pid", the prefix of the lease holders it runs
 
 
 class Inspector:
@@ -138,5 +139,7 @@ class Inspector:
             worker_id = wid.decode()
             age = max(0.0, (now - seen) / 1000)
             unacked = self.client.scard(lo.acks(worker_id))
-            out.append(WorkerInfo(worker_id, age, age < timeout, int(unacked)))
+            process = self.client.get(lo.worker(worker_id))
+            out.append(WorkerInfo(worker_id, age, age < timeout, int(unacked),
+                                  process.decode() if process else None))
         return out

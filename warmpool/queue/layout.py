@@ -73,6 +73,10 @@ class Layout:
     def fence(self) -> str:
         return self._p("fence")
 
+    def worker(self, worker_id: str) -> str:
+        """`host:pid` of a dramatiq worker id, refreshed with its heartbeat, expiring after."""
+        return self._p(f"worker:{worker_id}")
+
     @property
     def lease_prefix(self) -> str:
         return self._p("lease:")

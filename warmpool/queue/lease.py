@@ -91,7 +91,7 @@ class LeaseBook:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._heartbeat: tuple[str, str] | None = None
+        self._heartbeat: tuple[str, str, str] | None = None
         # host:pid names the holder for humans; a per-book nonce and a counter make every
         # token unique without a syscall per token.
         self._identity = f"{socket.gethostname()}:{os.getpid()}"
@@ -124,8 +124,13 @@ class LeaseBook:
     def renew_once(self) -> None:
         """One renewal pass over every held lease, plus the dramatiq worker heartbeat."""
         if self._heartbeat is not None:
-            key, worker_id = self._heartbeat
-            self.client.zadd(key, {worker_id: int(time.time() * 1000)})
+            key, worker_id, name_key = self._heartbeat
+            with self.client.pipeline(transaction=False) as p:
+                p.zadd(key, {worker_id: int(time.time() * 1000)})
+                # Which process this worker id is, for tools: a killed worker's entry expires.
+                p.set(name_key, self._identity,
+                      ex=max(1, int(3 * self.settings.heartbeat_timeout)))
+                p.execute()
         leases = [lease for lease in self.held() if not lease.lost]
         if not leases:
             return
@@ -149,7 +154,7 @@ class LeaseBook:
                 # Leases lapse locally (valid_until) if this keeps failing; jobs then stop.
                 log.exception("lease renewal failed")
 
-    def start(self, heartbeat: tuple[str, str] | None = None) -> None:
+    def start(self, heartbeat: tuple[str, str, str] | None = None) -> None:
         """Start renewing; `heartbeat` = (dramatiq heartbeats key, worker id) to keep the
         worker alive in dramatiq's eyes even while every thread runs a long job."""
         self._heartbeat = heartbeat

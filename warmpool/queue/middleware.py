@@ -105,7 +105,8 @@ class KeyedMiddleware(Middleware):
 
         assert isinstance(broker, RedisBroker)
         layout = self.jobs.queue.layout
-        self.jobs.book.start(heartbeat=(layout.heartbeats, broker.broker_id))
+        self.jobs.book.start(heartbeat=(layout.heartbeats, broker.broker_id,
+                                        layout.worker(broker.broker_id)))
         self.maintenance = Maintenance(self.jobs, broker)
         self.maintenance.start()
 
@@ -127,6 +128,7 @@ class KeyedMiddleware(Middleware):
                     broker.do_requeue(name, *ids)
             # do_requeue heartbeats; a cleanly stopped worker is not a worker any more
             self.jobs.client.zrem(layout.heartbeats, broker.broker_id)
+            self.jobs.client.delete(layout.worker(broker.broker_id))
         except redis.RedisError:
             log.exception("could not requeue this worker's prefetched messages")
         finally:
