@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 #: name -> module with a `main(argv: list[str]) -> int`
 BENCHMARKS: dict[str, str] = {
     "queue": "bench.queue_bench",
     "contention": "bench.contention",
+    "convergence": "bench.convergence",
+    "pipeline": "bench.queue_bench",
+    "claim": "bench.claim_latency",
+    "coalescing": "bench.coalescing",
+    "crash": "bench.crash",
+    "memory": "bench.memory",
+    "all": "bench.all",
 }
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwind: every benchmark stops what it started
+
+
 def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
         print("usage: python -m bench <name> [options]\nbenchmarks: " + ", ".join(BENCHMARKS))
         return 0 if argv and argv[0] in ("-h", "--help") else 2

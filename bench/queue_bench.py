@@ -16,6 +16,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import redis
 from dramatiq.message import Message
@@ -111,7 +112,30 @@ def _drained(client: redis.Redis, settings: QueueSettings) -> bool:
         return not any(p.execute())
 
 
-def run(processes: int, threads: int, jobs: int, rounds: int, url: str) -> list[str]:
+@dataclass
+class PipelineResult:
+    processes: int
+    threads: int
+    jobs: int
+    rounds: int
+    url: str
+    raw_rates: list[float]
+    keyed_rates: list[float]
+    dedup_runs: int
+    dedup_adds: int
+    dedup_enqueued: int
+    add_rate: float
+
+    @property
+    def raw(self) -> float:
+        return statistics.mean(self.raw_rates)
+
+    @property
+    def keyed(self) -> float:
+        return statistics.mean(self.keyed_rates)
+
+
+def measure(processes: int, threads: int, jobs: int, rounds: int, url: str) -> PipelineResult:
     tag = f"bench{uuid.uuid4().hex[:8]}"
     settings = QueueSettings(redis_url=url, prefix=f"{tag}:warmpool:", namespace=f"{tag}:dramatiq")
     client = connect(url)
@@ -125,7 +149,6 @@ def run(processes: int, threads: int, jobs: int, rounds: int, url: str) -> list[
     raw_counter = probe.probe_key(settings, "raw")
     keyed_counter = probe.probe_key(settings, "count")
     q = _staged_queue(client, settings)
-    rows: list[str] = []
     try:
         pool.start()
         # warm-up: connections, script cache, code paths
@@ -142,7 +165,6 @@ def run(processes: int, threads: int, jobs: int, rounds: int, url: str) -> list[
             keys = [f"instance/bench/r{r}/{i}" for i in range(1, jobs + 1)]
             secs = _timed(client, settings, keyed_counter, jobs, lambda k=keys: _stage_keyed(q, k))
             keyed_rates.append(jobs / secs)
-        raw, keyed = statistics.mean(raw_rates), statistics.mean(keyed_rates)
 
         # dedup while workers see nothing ("paused"), then let them at it
         client.delete(keyed_counter)
@@ -156,34 +178,42 @@ def run(processes: int, threads: int, jobs: int, rounds: int, url: str) -> list[
             time.sleep(0.01)
         runs = int(client.get(keyed_counter) or 0)
         enqueued = sum(1 for x in results if x == "enqueued")
-
-        w = 44
-        rows = [
-            f"queue bench: {processes} processes x {threads} threads, {jobs} no-op jobs per "
-            f"case, {rounds} rounds, redis {url}",
-            f"| {'case':<{w}} | {'result':>22} | {'goal':>10} |",
-            f"|{'-' * (w + 2)}|{'-' * 24}|{'-' * 12}|",
-            f"| {'raw dramatiq no-op actor':<{w}} | {raw:>16,.0f} jobs/s | {'':>10} |",
-            f"| {'keyed queue no-op (lease+fence per job)':<{w}} | {keyed:>16,.0f} jobs/s | "
-            f"{'':>10} |",
-            f"| {'ratio keyed / raw':<{w}} | {keyed / raw:>22.2f} | {'>= 0.7':>10} |",
-            f"| {'dedup: 10,000 adds over 100 keys, paused':<{w}} | {runs:>17} runs | "
-            f"{'100':>10} |",
-            f"| {'  adds enqueued / deduplicated':<{w}} | "
-            f"{f'{enqueued} / {len(adds) - enqueued}':>22} | {'':>10} |",
-            f"| {'  add rate (add_many, one client)':<{w}} | {add_rate:>16,.0f} adds/s | "
-            f"{'':>10} |",
-            "per round raw: "
-            + ", ".join(f"{x:,.0f}" for x in raw_rates)
-            + "; keyed: "
-            + ", ".join(f"{x:,.0f}" for x in keyed_rates),
-        ]
     finally:
         pool.stop(timeout=30)
         batch = list(client.scan_iter(match=f"{tag}:*", count=1000))
         for i in range(0, len(batch), 500):
             client.delete(*batch[i : i + 500])
-    return rows
+    return PipelineResult(processes, threads, jobs, rounds, url, raw_rates, keyed_rates, runs,
+                          len(adds), enqueued, add_rate)
+
+
+def lines_for(m: PipelineResult) -> list[str]:
+    raw, keyed = m.raw, m.keyed
+    w = 44
+    return [
+        f"queue bench: {m.processes} processes x {m.threads} threads, {m.jobs} no-op jobs per "
+        f"case, {m.rounds} rounds, redis {m.url}",
+        f"| {'case':<{w}} | {'result':>22} | {'goal':>10} |",
+        f"|{'-' * (w + 2)}|{'-' * 24}|{'-' * 12}|",
+        f"| {'raw dramatiq no-op actor':<{w}} | {raw:>16,.0f} jobs/s | {'':>10} |",
+        f"| {'keyed queue no-op (lease+fence per job)':<{w}} | {keyed:>16,.0f} jobs/s | "
+        f"{'':>10} |",
+        f"| {'ratio keyed / raw':<{w}} | {keyed / raw:>22.2f} | {'>= 0.7':>10} |",
+        f"| {'dedup: 10,000 adds over 100 keys, paused':<{w}} | {m.dedup_runs:>17} runs | "
+        f"{'100':>10} |",
+        f"| {'  adds enqueued / deduplicated':<{w}} | "
+        f"{f'{m.dedup_enqueued} / {m.dedup_adds - m.dedup_enqueued}':>22} | {'':>10} |",
+        f"| {'  add rate (add_many, one client)':<{w}} | {m.add_rate:>16,.0f} adds/s | "
+        f"{'':>10} |",
+        "per round raw: "
+        + ", ".join(f"{x:,.0f}" for x in m.raw_rates)
+        + "; keyed: "
+        + ", ".join(f"{x:,.0f}" for x in m.keyed_rates),
+    ]
+
+
+def run(processes: int, threads: int, jobs: int, rounds: int, url: str) -> list[str]:
+    return lines_for(measure(processes, threads, jobs, rounds, url))
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,418 @@
+"""Claim latency under churn: Sessions created at 20/s (each deleted 2 s after it is served)
+while the pool scales down from N to n, every controller API request 10 ms slower.
+
+Latency = Session create request sent (client clock) -> status HANDLED seen on a watch of the
+direct connection (client clock). The Session's creationTimestamp is not used: it has
+one-second resolution, too coarse for a one-second goal (the workers' claim-duration metric
+uses it for the same reason it is only a histogram). A Session never served before the end
+(grace period after the last create) counts as unserved: its latency is "more than the run".
+
+Workers: the real system (scheduler + 2 x 8 workers). Baseline in the same run, on a second
+namespace of the same control plane, pool built the same way: the sequential driver
+(`run_until_quiet` rounds, one thread) under the same churn for the same time.
+
+Sessions are created for `--window` s (the scale-down starts 3 s in), then the run waits
+`--grace` s more for the last ones. Then, on the scaled-down pool, a low-rate run with no
+scale-down shows the claim path's own latency (information).
+
+  python -m bench claim [--instances 1000] [--small 100] [--rate 20] [--hold 2]
+      [--window 60] [--grace 30] [--steady-rate 2] [--no-baseline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    LoadSampler,
+    PoolCounter,
+    Row,
+    Stack,
+    create_appdef,
+    create_session,
+    direct_kube,
+    dur_summary,
+    fmt_s,
+    latency_proxy,
+    new_namespace,
+    print_rows,
+    private_cluster,
+    quiet_warnings,
+    say,
+    set_min_instances,
+    verdict,
+)
+from bench.convergence import SequentialDriver
+from scheduler.reflector import Reflector, Watched
+from warmpool.invariants import check
+from warmpool.kube.api import Kube, connect
+from warmpool.pool import vocabulary as v
+from warmpool.queue.embedded import resolve_redis_url
+
+APPDEF = "java"
+GOAL_P99 = 1.0
+
+
+def _session_stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "resourceVersion": meta.get("resourceVersion")}}
+
+
+@dataclass
+class ChurnResult:
+    created: int = 0
+    served: list[float] = field(default_factory=list)  # seconds, of those served
+    unserved: int = 0
+    scale_down: float | None = None  # seconds, None: not converged during the run
+    duration: float = 0.0
+    violations: list[str] = field(default_factory=list)
+    load: str = ""
+    errors: int = 0
+    rate: float = 0.0
+    window: float = 0.0
+    session_runs: int = 0  # claim jobs started (workers only)
+    instance_runs: int = 0
+    job_times: str = ""
+
+    def percentile(self, q: float) -> tuple[float, bool]:
+        """(value, exact): with unserved Sessions counted as +inf, the q-quantile is either a
+        measured latency or 'more than the run'."""
+        n = self.created
+        if n == 0:
+            return float("nan"), True
+        rank = min(n - 1, max(0, round(q * (n - 1))))
+        served = sorted(self.served)
+        if rank < len(served):
+            return served[rank], True
+        return self.duration, False
+
+    def describe(self) -> str:
+        def p(q: float) -> str:
+            val, exact = self.percentile(q)
+            return f"{val:.2f} s" if exact else f"> {val:.0f} s (unserved)"
+        return (f"p50 {p(0.5)}, p95 {p(0.95)}, p99 {p(0.99)} over {self.created} Sessions"
+                + (f" ({self.unserved} unserved)" if self.unserved else ""))
+
+
+class Churn:
+    """Creates Sessions at `rate`/s; deletes each `hold` s after it is seen HANDLED."""
+
+    def __init__(self, kube: Kube, namespace: str, rate: float, hold: float,
+                 prefix: str) -> None:
+        self.kube, self.ns, self.rate, self.hold, self.prefix = kube, namespace, rate, hold, prefix
+        self.sent: dict[str, float] = {}
+        self.handled: dict[str, float] = {}
+        self.errors = 0
+        self._lock = threading.Lock()
+        self._deletes: list[tuple[float, str]] = []
+        self._stop_create = threading.Event()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(8, thread_name_prefix="churn")
+        self.watch = Reflector(kube, Watched(v.SESSION_KIND, v.SESSION_API_VERSION), namespace,
+                               self._on_event, summarize=_session_stub,
+                               timeout_range=(240.0, 300.0))
+        self._threads = [threading.Thread(target=self._create_loop, daemon=True),
+                         threading.Thread(target=self._delete_loop, daemon=True)]
+
+    def _on_event(self, etype: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        if etype == "DELETED":
+            return
+        status = (obj.get("status") or {}).get("operatorStatus")
+        name = (obj.get("metadata") or {}).get("name")
+        if status != v.STATUS_HANDLED or not name:
+            return
+        now = time.time()
+        with self._lock:
+            if name in self.handled or name not in self.sent:
+                return
+            self.handled[name] = now
+            heapq.heappush(self._deletes, (now + self.hold, name))
+
+    def _create(self, i: int) -> None:
+        name = f"{self.prefix}-{i}"
+        with self._lock:
+            self.sent[name] = time.time()
+        try:
+            create_session(self.kube, self.ns, name, f"user{i}@example.com", APPDEF)
+        except Exception:
+            with self._lock:
+                self.errors += 1
+                self.sent.pop(name, None)
+
+    def _create_loop(self) -> None:
+        start = time.monotonic()
+        i = 0
+        while not self._stop_create.is_set():
+            due = start + i / self.rate
+            delay = due - time.monotonic()
+            if delay > 0 and self._stop_create.wait(delay):
+                break
+            self._pool.submit(self._create, i)
+            i += 1
+
+    def _delete(self, name: str) -> None:
+        try:
+            self.kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, self.ns, name)
+        except Exception:
+            with self._lock:
+                self.errors += 1
+
+    def _delete_loop(self) -> None:
+        while not self._stop.is_set():
+            now = time.time()
+            due = []
+            with self._lock:
+                while self._deletes and self._deletes[0][0] <= now:
+                    due.append(heapq.heappop(self._deletes)[1])
+            for name in due:
+                self._pool.submit(self._delete, name)
+            self._stop.wait(0.02)
+
+    def start(self) -> Churn:
+        self.watch.start(self._stop)
+        self.watch.synced.wait(60)
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop_creating(self) -> None:
+        self._stop_create.set()
+        self._threads[0].join(10)
+
+    def wait_served(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            with self._lock:
+                if len(self.handled) >= len(self.sent):
+                    return
+            time.sleep(0.1)
+
+    def finish(self) -> None:
+        """Stop, then delete every Session left."""
+        self._stop.set()
+        self._threads[1].join(5)
+        self._pool.shutdown(wait=True)
+        items, _ = self.kube.list(v.SESSION_API_VERSION, v.SESSION_KIND, self.ns)
+        with ThreadPoolExecutor(8) as ex:
+            list(ex.map(self._delete, [i["metadata"]["name"] for i in items]))
+
+    def all_served(self) -> bool:
+        with self._lock:
+            return len(self.handled) >= len(self.sent)
+
+    def latencies(self) -> tuple[int, list[float], int]:
+        with self._lock:
+            served = [self.handled[n] - t for n, t in self.sent.items() if n in self.handled]
+            return len(self.sent), served, len(self.sent) - len(served)
+
+
+def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, rate: float,
+              hold: float, window: float, grace: float, label: str,
+              settle: Callable[[], object]) -> ChurnResult:
+    """Churn for `window` s, lowering minInstances to `small` 3 s in (None: no scale-down),
+    then wait up to `grace` s for the Sessions not yet served; then delete them all and,
+    after `settle()`, check the invariants that hold at all times."""
+    res = ChurnResult(rate=rate, window=window)
+    churn = Churn(direct, ns, rate, hold, prefix=label).start()
+    t0 = time.monotonic()
+    gen: int | None = None
+    t_patch = 0.0
+
+    def watch_scale_down() -> None:
+        if (gen is not None and res.scale_down is None
+                and counter.converged_free(small or 0, gen)):
+            res.scale_down = time.monotonic() - t_patch
+            say(f"claim {label}: scale-down converged in {res.scale_down:.1f}s")
+
+    try:
+        if small is not None:
+            time.sleep(3.0)
+            say(f"claim {label}: minInstances -> {small} under {rate:.0f} Sessions/s")
+            gen = set_min_instances(direct, ns, APPDEF, small)
+            t_patch = time.monotonic()
+        while time.monotonic() - t0 < window:
+            watch_scale_down()
+            time.sleep(0.1)
+        churn.stop_creating()
+        res.duration = time.monotonic() - t0
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            watch_scale_down()
+            if churn.all_served() and (gen is None or res.scale_down is not None):
+                break
+            time.sleep(0.1)
+        res.created, res.served, res.unserved = churn.latencies()
+        res.errors = churn.errors
+        res.duration = time.monotonic() - t0
+        say(f"claim {label}: {res.describe()}")
+    finally:
+        churn.finish()
+    settle()
+    res.violations = [str(x) for x in check(direct, ns, quiet=False)]
+    return res
+
+
+@dataclass
+class ClaimBench:
+    workers: ChurnResult | None = None
+    steady: ChurnResult | None = None
+    baseline: ChurnResult | None = None
+    build: list[str] = field(default_factory=list)
+    profile: list[str] = field(default_factory=list)
+
+
+def build_pool(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, instances: int,
+               timeout: float) -> float | None:
+    gen = int(create_appdef(direct, ns, APPDEF, instances)["metadata"]["generation"])
+    return counter.wait(instances, gen, timeout, idle=lambda: stack.wait_idle(60))
+
+
+def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float = 2.0,
+        window: float = 60.0, grace: float = 30.0, baseline: bool = True,
+        steady_rate: float = 2.0, timeout: float = 900.0, url: str | None = None,
+        profile_dir: Path | None = None) -> tuple[list[Row], ClaimBench]:
+    url = url or resolve_redis_url()
+    out = ClaimBench()
+    with private_cluster("claim") as info, latency_proxy(info) as proxy:
+        direct = direct_kube(info)
+        for case in ("workers", "baseline") if baseline else ("workers",):
+            ns = new_namespace(direct, f"claim-{case}")
+            counter = PoolCounter(direct, ns).start()
+            stack = Stack(url, proxy.kubeconfig_path, ns, processes=2, threads=8)
+            driver: SequentialDriver | None = None
+            try:
+                stack.start_workers()
+                stack.start_scheduler()
+                say(f"claim {case}: building {instances} instances with 2 x 8 workers")
+                built = build_pool(direct, ns, stack, counter, instances, timeout)
+                out.build.append(f"{case} pool built in {fmt_s(built)}")
+                if built is None:
+                    raise RuntimeError(f"the {instances}-instance pool did not converge")
+                if case == "workers":
+                    profiler = None
+                    if profile_dir is not None:
+                        from bench.profiling import Profiler
+
+                        assert stack.scheduler is not None
+                        profiler = Profiler([*stack.worker_pids(), stack.scheduler.pid],
+                                            profile_dir, "claim")
+                    with LoadSampler() as load:
+                        stack.clear_starts()
+                        try:
+                            res = churn_run(direct, ns, counter, small, rate, hold, window,
+                                            grace, "w", lambda s=stack: s.wait_idle(180))
+                        finally:
+                            if profiler is not None:
+                                from bench.profiling import summarize
+
+                                out.profile = summarize(profiler.stop())
+                        kinds = [k.split("/", 1)[0] for _, k in stack.starts()]
+                        res.session_runs = kinds.count("session")
+                        res.instance_runs = kinds.count("instance")
+                        res.job_times = "; ".join((
+                            dur_summary("claim jobs", stack.durations("session")),
+                            dur_summary("instance jobs", stack.durations("instance"))))
+                    res.load = load.summary()
+                    out.workers = res
+                    if steady_rate:
+                        with LoadSampler() as load:
+                            stack.clear_starts()
+                            st = churn_run(direct, ns, counter, None, steady_rate, hold,
+                                           min(window, 30.0), grace, "q",
+                                           lambda s=stack: s.wait_idle(180))
+                            kinds = [k.split("/", 1)[0] for _, k in stack.starts()]
+                            st.session_runs = kinds.count("session")
+                            st.instance_runs = kinds.count("instance")
+                            st.job_times = "; ".join((
+                                dur_summary("claim jobs", stack.durations("session")),
+                                dur_summary("instance jobs", stack.durations("instance"))))
+                        st.load = load.summary()
+                        out.steady = st
+                else:
+                    stack.close()  # no scheduler, no workers: the driver alone
+                    with LoadSampler() as load:
+                        driver = SequentialDriver(Kube(connect(str(proxy.kubeconfig_path))),
+                                                  ns).start()
+                        res = churn_run(direct, ns, counter, small, rate, hold, window, grace,
+                                        "s", lambda: None)
+                    res.load = load.summary()
+                    out.baseline = res
+            finally:
+                if driver is not None:
+                    # a round may take minutes (it claims every waiting Session, each listing
+                    # the pool): do not wait for it; it ends at its first failed request once
+                    # the control plane is gone
+                    driver.stop(timeout=5)
+                stack.close()
+                counter.stop()
+    return rows_for(out, instances, small, rate, hold), out
+
+
+def rows_for(out: ClaimBench, instances: int, small: int, rate: float,
+             hold: float) -> list[Row]:
+    w, b, q = out.workers, out.baseline, out.steady
+    base = (b.describe() + f"; scale-down {fmt_s(b.scale_down)}") if b else "none (not run)"
+    if w is None:
+        return [Row("3 claim latency", "2 x 8 workers + scheduler", "not run", "p99 <= 1 s",
+                    base, "MISSED")]
+    rows = []
+    for res, case, where in (
+            (w, f"{rate:.0f} Sessions/s during {instances}→{small}",
+             f"scale-down took {fmt_s(w.scale_down)} under churn"),
+            (q, f"{q.rate:g} Sessions/s, steady {small}-instance pool" if q else "",
+             "no scale-down (information: the claim path unloaded)")):
+        if res is None:
+            continue
+        p99, exact = res.percentile(0.99)
+        note = (f"2 x 8 workers + scheduler; each Session deleted {hold:.0f} s after HANDLED; "
+                f"{where}; Sessions created for {res.window:.0f} s; "
+                f"{len(res.violations)} invariant violations after; load {res.load}")
+        if res.session_runs:
+            per = res.session_runs / max(1, res.created)
+            note += (f"; {res.session_runs:,} claim jobs ({per:.1f} per Session), "
+                     f"{res.instance_runs:,} instance jobs")
+        if res.job_times:
+            note += f"; {res.job_times}"
+        if res.errors:
+            note += f"; {res.errors} create/delete errors"
+        rows.append(Row("3 claim latency", case, res.describe(), "p99 <= 1 s",
+                        ("sequential driver, same churn: " + base) if res is w else "-",
+                        verdict(exact and p99 <= GOAL_P99), note))
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench claim", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--instances", type=int, default=1000)
+    parser.add_argument("--small", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--hold", type=float, default=2.0)
+    parser.add_argument("--window", type=float, default=60.0,
+                        help="seconds of Session creation (the scale-down starts 3 s in)")
+    parser.add_argument("--grace", type=float, default=30.0)
+    parser.add_argument("--steady-rate", type=float, default=2.0,
+                        help="then a low-rate run on the scaled-down pool (0: skip)")
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="py-spy the workers and scheduler during the churn; stacks here")
+    parser.add_argument("--redis-url", default=None)
+    args = parser.parse_args(argv)
+    quiet_warnings()
+    rows, out = run(args.instances, args.small, args.rate, args.hold, args.window, args.grace,
+                    baseline=not args.no_baseline, steady_rate=args.steady_rate,
+                    url=args.redis_url, profile_dir=args.profile)
+    print_rows(rows)
+    if out.profile:
+        print("\nprofile of the workers + scheduler during the churn:")
+        print("\n".join(out.profile))
+    return 0

@@ -1,0 +1,82 @@
+"""The long chaos tier: `python -m tests.chaos --seeds 1,2,3 --ops 10000`.
+
+Starts a local control plane of its own (or uses WARMPOOL_TEST_KUBECONFIG's cluster), runs
+each seed, prints each result, and writes the figures into docs/reliability.md (--report).
+Exit status 1 if any seed found a violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.chaos.report import figures, write_figures
+from tests.chaos.runner import ROOT, ChaosConfig, ChaosResult, run_chaos
+from warmpool.cluster import local
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
+    p.add_argument("--ops", type=int, default=10000, help="operations per seed")
+    p.add_argument("--ops-per-fault", type=int, default=25,
+                   help="one injected fault per this many operations")
+    p.add_argument("--round-ops", type=int, default=250,
+                   help="operations between two quiescence checks")
+    p.add_argument("--long-outages", type=int, default=None,
+                   help="30 s API outages per seed [default: one per 2500 operations]")
+    p.add_argument("--outage-seconds", default="3,10",
+                   help="MIN,MAX seconds of the short API outages [default: 3,10]")
+    p.add_argument("--report", type=Path, default=ROOT / "docs" / "reliability.md",
+                   help="where to write the figures ('-': nowhere)")
+    p.add_argument("--workdir", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="warmpool-chaos-"))
+    if os.environ.get("WARMPOOL_TEST_KUBECONFIG"):
+        from tests.conftest import _external_cluster
+
+        cluster = _external_cluster(Path(os.environ["WARMPOOL_TEST_KUBECONFIG"]))
+        owned = None
+    else:
+        owned = workdir / "cluster"
+        cluster = local.up(owned, watch_cache=False, die_with_parent=True)
+    print(f"chaos: cluster {cluster.server}, workdir {workdir}", flush=True)
+    results: list[ChaosResult] = []
+    try:
+        for seed in seeds:
+            long_outages = (args.long_outages if args.long_outages is not None
+                            else max(1, args.ops // 2500))
+            lo, hi = (float(x) for x in args.outage_seconds.split(","))
+            cfg = ChaosConfig(seed=seed, ops=args.ops, ops_per_fault=args.ops_per_fault,
+                              round_ops=args.round_ops, long_outages=long_outages,
+                              outage_seconds=(lo, hi))
+            print(f"chaos: seed {seed}: {dataclasses.asdict(cfg)}", flush=True)
+            t0 = time.monotonic()
+            result = run_chaos(cluster, cfg, workdir / f"seed-{seed}",
+                               progress=lambda m: print(f"  {m}", flush=True))
+            print(result.report(), flush=True)
+            print(f"chaos: seed {seed} took {time.monotonic() - t0:.0f}s", flush=True)
+            results.append(result)
+    finally:
+        if owned is not None:
+            local.down(owned)
+    if str(args.report) != "-" and results:
+        command = "python -m tests.chaos " + shlex.join(sys.argv[1:] if argv is None else argv)
+        write_figures(args.report, figures(results, command, ROOT))
+        print(f"chaos: figures written to {args.report}", flush=True)
+    return 1 if any(r.violations for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

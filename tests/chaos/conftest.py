@@ -1,0 +1,34 @@
+"""Options of the long chaos tier: `pytest tests/chaos -m slow --chaos-seeds 1,2,3
+--chaos-ops 10000` (the CI tier, `-m chaos`, ignores them)."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes.client import ApiClient
+
+from warmpool.kube.api import Kube
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("chaos", "chaos tiers (tests/chaos)")
+    group.addoption("--chaos-seeds", default="1,2,3",
+                    help="comma-separated seeds of the long tier [default: 1,2,3]")
+    group.addoption("--chaos-ops", type=int, default=10000,
+                    help="operations per seed in the long tier [default: 10000]")
+    group.addoption("--chaos-report", default=None,
+                    help="write the long tier's figures to this file (e.g. docs/reliability.md)")
+
+
+def option(config: pytest.Config, name: str, default: object) -> object:
+    """An option that may not be registered (this conftest loaded after the command line was
+    parsed, e.g. `pytest` run from the root with no path): then its default."""
+    try:
+        return config.getoption(name)
+    except ValueError:
+        return default
+
+
+@pytest.fixture(scope="session")
+def kube(kube_api: ApiClient) -> Kube:
+    """The controller's API wrapper, straight to the test cluster (no proxy)."""
+    return Kube(kube_api)

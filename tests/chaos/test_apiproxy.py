@@ -1,0 +1,256 @@
+"""The fault-injecting API proxy itself, against the real kube-apiserver.
+
+Each fault mode is observed from a client's side: the official Python client (through
+`warmpool.kube.api.Kube`) where its behaviour matters, plain `http.client` where the exact
+answer (status, header, a dropped connection) is the point, since the official client retries
+some failures by itself.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from warmpool.cluster.local import ClusterInfo
+from warmpool.kube.api import Conflict, Kube, KubeError, connect
+from warmpool.testing.apiproxy import ApiProxy, Faults
+
+pytestmark = pytest.mark.chaos
+
+
+@pytest.fixture
+def proxy(cluster: ClusterInfo) -> Iterator[ApiProxy]:
+    with ApiProxy(upstream=cluster.server, token=cluster.token, seed=11) as p:
+        yield p
+
+
+@pytest.fixture
+def via(proxy: ApiProxy) -> Kube:
+    """A Kube that reaches the API server through the proxy."""
+    return Kube(connect(str(proxy.kubeconfig_path)))
+
+
+def cm(ns: str, name: str, value: str = "1") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
+            "data": {"v": value}}
+
+
+def raw(proxy: ApiProxy, method: str, path: str, body: dict | None = None,
+        content_type: str = "application/json") -> tuple[int, dict[str, str], bytes]:
+    """One request, no retries; the proxy adds the bearer token."""
+    conn = http.client.HTTPConnection(proxy.host, proxy.port, timeout=30)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=data, headers={"Content-Type": content_type})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def test_list_and_watch_stream_through_the_proxy(
+    proxy: ApiProxy, via: Kube, kube: Kube, namespace: str
+) -> None:
+    items, rv = via.list("v1", "ConfigMap", namespace)
+    assert isinstance(items, list) and rv
+    events: list[tuple[float, str, str]] = []
+
+    def watch() -> None:
+        for ev in via.watch("v1", "ConfigMap", namespace, resource_version=rv,
+                            timeout_seconds=20):
+            if ev["type"] == "BOOKMARK":
+                continue
+            events.append((time.monotonic(), ev["type"], ev["object"]["metadata"]["name"]))
+            if len(events) == 3:
+                return
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while proxy.open_watches() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lags = []
+    for i in range(3):  # one at a time: each event must arrive on its own, unbuffered
+        t0 = time.monotonic()
+        kube.create(cm(namespace, f"w{i}"))
+        while len(events) <= i and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        assert len(events) > i, f"event {i} did not arrive through the proxy"
+        lags.append(events[i][0] - t0)
+    t.join(5)
+    assert [e[1:] for e in events] == [("ADDED", f"w{i}") for i in range(3)]
+    assert max(lags) < 2.0, lags
+    stats = proxy.stats()
+    assert stats["watches"] >= 1 and stats["requests"] >= 2
+
+
+def test_large_list_and_writes_pass_unchanged(via: Kube, kube: Kube, namespace: str) -> None:
+    big = "x" * 200_000  # more than one read from the upstream socket
+    via.create(cm(namespace, "big", big))
+    assert kube.get("v1", "ConfigMap", namespace, "big")["data"]["v"] == big
+    via.merge_patch("v1", "ConfigMap", namespace, "big", {"data": {"v": "small"}})
+    assert via.get("v1", "ConfigMap", namespace, "big")["data"]["v"] == "small"
+    assert via.delete("v1", "ConfigMap", namespace, "big") is True
+    assert via.get("v1", "ConfigMap", namespace, "big") is None
+
+
+def test_added_latency(proxy: ApiProxy, via: Kube, namespace: str) -> None:
+    via.list("v1", "ConfigMap", namespace)  # warm: discovery and a connection
+    proxy.set(latency=0.15, jitter=0.05)
+    t0 = time.monotonic()
+    via.list("v1", "ConfigMap", namespace)
+    slow = time.monotonic() - t0
+    proxy.reset()
+    t0 = time.monotonic()
+    via.list("v1", "ConfigMap", namespace)
+    fast = time.monotonic() - t0
+    assert slow >= 0.15 and fast < slow
+    assert proxy.stats()["delayed"] >= 1
+
+
+def test_409_refuses_writes_only_and_applies_nothing(
+    proxy: ApiProxy, via: Kube, kube: Kube, namespace: str
+) -> None:
+    kube.create(cm(namespace, "c1", "before"))
+    proxy.set(p_409=1.0)
+    assert via.get("v1", "ConfigMap", namespace, "c1")["data"]["v"] == "before"  # reads pass
+    with pytest.raises(Conflict):
+        via.merge_patch("v1", "ConfigMap", namespace, "c1", {"data": {"v": "after"}})
+    assert kube.get("v1", "ConfigMap", namespace, "c1")["data"]["v"] == "before"
+    assert proxy.stats()["409"] == 1
+
+
+def test_500_and_429_with_retry_after(proxy: ApiProxy, namespace: str) -> None:
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    proxy.set(p_500=1.0, scope="all")
+    status, _, body = raw(proxy, "GET", path)
+    assert status == 500 and json.loads(body)["kind"] == "Status"
+    proxy.set(p_500=0.0, p_429=1.0, retry_after=7, scope="mutating")
+    assert raw(proxy, "GET", path)[0] == 200  # scope: writes only
+    status, headers, body = raw(proxy, "POST", path, cm(namespace, "c2"))
+    assert status == 429 and headers["retry-after"] == "7"
+    assert json.loads(body)["reason"] == "TooManyRequests"
+    stats = proxy.stats()
+    assert stats["500"] == 1 and stats["429"] == 1
+
+
+def test_official_client_reports_injected_errors(proxy: ApiProxy, via: Kube,
+                                                 namespace: str) -> None:
+    via.list("v1", "ConfigMap", namespace)  # discovery done while the proxy is transparent
+    proxy.set(p_500=1.0, scope="all")
+    with pytest.raises(KubeError) as err:
+        via.list("v1", "ConfigMap", namespace)
+    assert err.value.status == 500
+
+
+def test_dropped_connection(proxy: ApiProxy, namespace: str) -> None:
+    proxy.set(p_drop=1.0, scope="all")
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+        raw(proxy, "GET", f"/api/v1/namespaces/{namespace}/configmaps")
+    assert proxy.stats()["dropped"] == 1
+
+
+def test_lost_response_the_write_still_happens(
+    proxy: ApiProxy, kube: Kube, namespace: str
+) -> None:
+    proxy.set(p_lost_response=1.0)
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+        raw(proxy, "POST", f"/api/v1/namespaces/{namespace}/configmaps",
+            cm(namespace, "lost", "written"))
+    assert kube.get("v1", "ConfigMap", namespace, "lost")["data"]["v"] == "written"
+    assert proxy.stats()["lost_response"] == 1
+
+
+def _watch_until_error(via: Kube, namespace: str, rv: str, box: list[Any]) -> None:
+    try:
+        for _ in via.watch("v1", "ConfigMap", namespace, resource_version=rv,
+                           timeout_seconds=30):
+            pass
+        box.append("ended")
+    except Exception as exc:  # what the reflector sees when its stream is cut
+        box.append(exc)
+
+
+def test_watch_cut_mid_stream(proxy: ApiProxy, via: Kube, namespace: str) -> None:
+    _, rv = via.list("v1", "ConfigMap", namespace)
+    box: list[Any] = []
+    t = threading.Thread(target=_watch_until_error, args=(via, namespace, rv, box), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while proxy.open_watches() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    assert proxy.cut_watches() == 1
+    t.join(5)
+    assert box and box[0] != "ended", "a cut watch must end with an error, not cleanly"
+    assert time.monotonic() - t0 < 5
+
+
+def test_watch_dropped_after_a_random_time(proxy: ApiProxy, via: Kube, namespace: str) -> None:
+    _, rv = via.list("v1", "ConfigMap", namespace)
+    proxy.set(p_drop_watch=1.0, drop_watch_after=0.5)
+    box: list[Any] = []
+    t0 = time.monotonic()
+    _watch_until_error(via, namespace, rv, box)
+    assert box[0] != "ended" and time.monotonic() - t0 < 5
+    assert proxy.stats()["watch_cut"] == 1
+
+
+def test_outage_refuses_connections_then_recovers(proxy: ApiProxy, via: Kube,
+                                                  namespace: str) -> None:
+    proxy.outage(1.0, mode="refuse")
+    assert proxy.in_outage == "refuse"
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(
+            (proxy.host, proxy.port), timeout=2):
+        pass
+    time.sleep(1.3)
+    assert proxy.in_outage is None
+    assert isinstance(via.list("v1", "ConfigMap", namespace)[0], list)
+
+
+def test_outage_503_cuts_watches_and_answers_503(proxy: ApiProxy, via: Kube,
+                                                 namespace: str) -> None:
+    _, rv = via.list("v1", "ConfigMap", namespace)
+    box: list[Any] = []
+    t = threading.Thread(target=_watch_until_error, args=(via, namespace, rv, box), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while proxy.open_watches() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proxy.outage(None, mode="503")
+    t.join(5)
+    assert box and box[0] != "ended"
+    status, headers, _ = raw(proxy, "GET", f"/api/v1/namespaces/{namespace}/configmaps")
+    assert status == 503 and "retry-after" in headers
+    proxy.end_outage()
+    assert raw(proxy, "GET", f"/api/v1/namespaces/{namespace}/configmaps")[0] == 200
+
+
+def test_seeded_faults_repeat(cluster: ClusterInfo, namespace: str) -> None:
+    def outcomes(seed: int) -> list[int]:
+        with ApiProxy(upstream=cluster.server, token=cluster.token, seed=seed) as p:
+            p.set(p_500=0.5, scope="all")
+            return [raw(p, "GET", f"/api/v1/namespaces/{namespace}/configmaps")[0]
+                    for _ in range(16)]
+
+    first = outcomes(5)
+    assert first == outcomes(5)
+    assert set(first) == {200, 500}
+    assert outcomes(6) != first
+
+
+def test_settings_are_validated_and_restored(proxy: ApiProxy) -> None:
+    with pytest.raises(ValueError):
+        proxy.set(p_500=1.5)
+    with pytest.raises(ValueError):
+        proxy.set(scope="reads")
+    with proxy.faulty(latency=0.5, p_409=0.2):
+        assert proxy.faults().active() == {"latency": 0.5, "p_409": 0.2}
+    assert proxy.faults() == Faults()

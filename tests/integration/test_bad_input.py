@@ -1,0 +1,661 @@
+"""Bad input, case by case: each gets a precise status, event or exit message; nothing else moves.
+
+Resource cases run against the real thing: one scheduler process and two worker processes
+watch a namespace for the whole module. Next to the cases lives a control pool whose Session
+holds an instance; after every case the controller must still run (every process alive) and
+the control instance must be exactly as it was (uids, owners, labels, allow-list), so a bad
+object can neither crash the controller nor make it touch what a live Session owns.
+
+Configuration cases run `warmpool worker` and `warmpool scheduler` as a person would, with one
+thing wrong each (a bad Redis URL, an unreachable server, an unknown namespace, rejected
+credentials): each must exit non-zero within seconds with one line saying what is wrong, and
+no traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import yaml
+from kubernetes.client import CoreV1Api
+from kubernetes.client.rest import ApiException
+
+from scheduler.process import SchedulerProcess
+from tests.pool_world import USERS, create_appdef, instance_objects, snapshot
+from tests.redis_server import delete_prefix, isolated_settings, resolve_redis_url
+from tests.waiting import wait_for
+from warmpool.cluster.local import ClusterInfo
+from warmpool.invariants import check
+from warmpool.kube.api import Kube, KubeError
+from warmpool.pool import vocabulary as v
+from warmpool.queue.redis_conn import connect as redis_connect
+from warmpool.queue.settings import QueueSettings
+from workers.process import WorkerPool
+
+# Held out of `make test` (slow) until seen green end to end; run with
+# `pytest tests/integration/test_bad_input.py -m slow`.
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTLE = 60.0  # generous: the controller acts in well under a second when idle
+
+
+# --- the controller under test, for the whole module -----------------------------------------
+
+
+@dataclass
+class Controller:
+    kube: Kube
+    ns: str
+    settings: QueueSettings
+    workers: WorkerPool
+    scheduler: SchedulerProcess
+    control: dict[str, Any] = field(default_factory=dict)
+
+    def alive(self) -> list[str]:
+        """What died (empty when the controller still runs whole)."""
+        dead = [f"worker {i}" for i in self.workers.dead()]
+        if not self.scheduler.alive():
+            dead.append(f"scheduler (exit {self.scheduler.proc and self.scheduler.proc.poll()})")
+        return dead
+
+
+def valid_spec(spec_name: str, /, **changes: Any) -> dict[str, Any]:
+    spec = {"name": spec_name, "image": "theiacloud/theia-cloud-demo:1.0", "uid": 101, "port": 3000,
+            "ingressname": "theia-cloud-demo-ws-ingress", "minInstances": 1, "maxInstances": 3,
+            "requestsCpu": "100m", "requestsMemory": "64Mi", "limitsCpu": "1",
+            "limitsMemory": "512Mi"}
+    for key, value in changes.items():
+        if value is DROP:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    return spec
+
+
+DROP = object()
+
+
+def appdef_body(ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+
+
+def session_body(ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+
+
+def status_of(kube: Kube, ns: str, name: str) -> dict[str, Any]:
+    obj = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+    assert obj is not None, f"Session {name} is gone"
+    return obj.get("status") or {}
+
+
+def events_about(kube: Kube, ns: str, name: str, reason: str) -> list[str]:
+    items, _ = kube.list("v1", "Event", ns)
+    return [e.get("message", "") for e in items
+            if e.get("reason") == reason and (e.get("involvedObject") or {}).get("name") == name]
+
+
+def wait_status(kube: Kube, ns: str, name: str, status: str, text: str) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        st = status_of(kube, ns, name)
+        ok = st.get("operatorStatus") == status and text in (st.get("operatorMessage") or "")
+        return st if ok else None
+    return wait_for(done, timeout=SETTLE, interval=0.2,
+                    message=lambda: f"Session {name} {status} with {text!r}: "
+                                    f"{status_of(kube, ns, name)}")
+
+
+@pytest.fixture(scope="module")
+def controller(cluster: ClusterInfo, kube: Kube, kube_api: Any,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
+    core = CoreV1Api(kube_api)
+    ns = f"t-bad-input-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns, "labels": {"warmpool-test": "true"}}})
+    wait_for(lambda: bool(core.read_namespaced_service_account("default", ns).secrets),
+             timeout=30, ignore=(ApiException,), message=f"default ServiceAccount of {ns}")
+    url = resolve_redis_url()
+    settings = isolated_settings(url, lease_ttl=3.0, heartbeat_timeout=3.0,
+                                 recovery_period=0.25, drain_timeout=5)
+    env = {"KUBECONFIG": str(cluster.kubeconfig)}
+    workers = WorkerPool(settings, processes=2, threads=4, env=env).start()
+    assert settings.redis_url
+    sched = SchedulerProcess(
+        ["--namespace", ns, "--lease-namespace", ns, "--log-level", "INFO",
+         "--resync-period", "20"],
+        env={**env, "WARMPOOL_REDIS_URL": settings.redis_url,
+             "WARMPOOL_QUEUE_PREFIX": settings.prefix,
+             "WARMPOOL_QUEUE_NAMESPACE": settings.namespace, "PYTHONPATH": str(ROOT)},
+        log_path=tmp_path_factory.mktemp("bad-input") / "scheduler.log", cwd=ROOT)
+    ctl = Controller(kube, ns, settings, workers, sched)
+    try:
+        sched.start()
+        # The control pool: one instance held by a live Session, one free.
+        create_appdef(kube, ns, "control", min_instances=2, spec_name="control")
+        kube.create(session_body(ns, "control-s", {"name": "control-s",
+                                                    "appDefinition": "control",
+                                                    "user": USERS[1], "workspace": "ws"}))
+        wait_status(kube, ns, "control-s", "HANDLED", "Instance")
+        wait_for(lambda: check(kube, ns) == [], timeout=SETTLE,
+                 message=lambda: str(check(kube, ns)))
+        ctl.control = snapshot(kube, ns, "control", 1)
+        yield ctl
+    finally:
+        sched.stop(timeout=20)
+        workers.stop(timeout=20)
+        with redis_connect(url) as client:
+            delete_prefix(client, settings.prefix.split(":", 1)[0] + ":")
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(ns)
+
+
+@pytest.fixture
+def ctl(controller: Controller) -> Iterator[Controller]:
+    """After each case: the controller still runs, and the control instance is untouched."""
+    yield controller
+    assert controller.alive() == [], f"the controller lost {controller.alive()}"
+    assert snapshot(controller.kube, controller.ns, "control", 1) == controller.control, \
+        "a bad input made the controller touch the control Session's instance"
+    st = status_of(controller.kube, controller.ns, "control-s")
+    assert st.get("operatorStatus") == "HANDLED"
+
+
+# --- AppDefinitions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BadAppDef:
+    id: str
+    changes: dict[str, Any]
+    message: str  # in the InvalidAppDefinition event and the waiting Session's status
+
+
+BAD_APPDEFS = [
+    BadAppDef("min-negative", {"minInstances": -1}, "spec.minInstances must be >= 0, got -1"),
+    BadAppDef("min-string", {"minInstances": "2"},
+              "spec.minInstances must be an integer, got '2'"),
+    BadAppDef("min-word", {"minInstances": "abc"},
+              "spec.minInstances must be an integer, got 'abc'"),
+    BadAppDef("min-float", {"minInstances": 1.5},
+              "spec.minInstances must be an integer, got 1.5"),
+    BadAppDef("min-bool", {"minInstances": True},
+              "spec.minInstances must be an integer, got True"),
+    BadAppDef("min-missing", {"minInstances": DROP}, "spec.minInstances is missing"),
+    BadAppDef("max-missing", {"maxInstances": DROP}, "spec.maxInstances is missing"),
+    BadAppDef("min-above-max", {"minInstances": 5, "maxInstances": 2},
+              "spec.minInstances (5) must not exceed spec.maxInstances (2)"),
+    BadAppDef("max-negative", {"minInstances": 0, "maxInstances": -3},
+              "spec.minInstances (0) must not exceed spec.maxInstances (-3)"),
+    BadAppDef("port-missing", {"port": DROP}, "spec.port is missing"),
+    BadAppDef("port-out-of-range", {"port": 70000},
+              "spec.port must be a TCP port (1-65535), got 70000"),
+    BadAppDef("port-zero", {"port": 0}, "spec.port must be a TCP port (1-65535), got 0"),
+    BadAppDef("image-missing", {"image": DROP}, "spec.image is missing"),
+    BadAppDef("image-blank", {"image": "   "}, "spec.image is missing"),
+    BadAppDef("name-missing", {"name": DROP}, "spec.name must match"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_APPDEFS, ids=lambda c: c.id)
+def test_invalid_appdefinition_gets_an_event_and_its_sessions_wait(
+    ctl: Controller, case: BadAppDef
+) -> None:
+    kube, ns = ctl.kube, ctl.ns
+    name = f"ad-{case.id}"
+    spec = valid_spec(name, **case.changes)
+    kube.create(appdef_body(ns, name, spec))
+    kube.create(session_body(ns, f"s-{case.id}", {"name": f"s-{case.id}", "appDefinition": name,
+                                                  "user": USERS[2], "workspace": "ws"}))
+    wait_for(lambda: any(case.message in m for m in events_about(kube, ns, name,
+                                                                 "InvalidAppDefinition")),
+             timeout=SETTLE, message=lambda: f"InvalidAppDefinition event with {case.message!r}: "
+             f"{events_about(kube, ns, name, 'InvalidAppDefinition')}")
+    st = wait_status(kube, ns, f"s-{case.id}", "HANDLING", "is invalid")
+    assert case.message in st["operatorMessage"]
+    assert instance_objects(kube, ns, name, 1) == {}, "an invalid pool must not be built"
+
+
+BROKEN_LATER = [
+    BadAppDef("lowered-below-zero", {"minInstances": -1}, "spec.minInstances must be >= 0"),
+    BadAppDef("inverted", {"minInstances": 3, "maxInstances": 1}, "must not exceed"),
+    BadAppDef("not-a-number", {"minInstances": "many"}, "must be an integer"),
+    BadAppDef("image-removed", {"image": None}, "spec.image is missing"),
+]
+
+
+@pytest.mark.parametrize("case", BROKEN_LATER, ids=lambda c: c.id)
+def test_appdefinition_broken_while_in_use_is_left_as_it_is(
+    ctl: Controller, case: BadAppDef
+) -> None:
+    """A pool with a live Session whose AppDefinition turns invalid: reported, nothing moves."""
+    kube, ns = ctl.kube, ctl.ns
+    name = f"live-{case.id}"
+    create_appdef(kube, ns, name, min_instances=2, max_instances=3, spec_name=name)
+    sname = f"s-{case.id}"
+    kube.create(session_body(ns, sname, {"name": sname, "appDefinition": name,
+                                         "user": USERS[3], "workspace": "ws"}))
+    wait_status(kube, ns, sname, "HANDLED", "Instance")
+    wait_for(lambda: len(instance_objects(kube, ns, name, 2)) == 5, timeout=SETTLE)
+    before = {k: snapshot(kube, ns, name, k) for k in (1, 2)}
+    kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, name,
+                     {"spec": {k: (None if val is DROP else val)
+                               for k, val in case.changes.items()}})
+    wait_for(lambda: any(case.message in m for m in events_about(kube, ns, name,
+                                                                 "InvalidAppDefinition")),
+             timeout=SETTLE, message=f"InvalidAppDefinition event with {case.message!r}")
+    held_status = status_of(kube, ns, sname)
+    touch(kube, ns, sname)  # its claim job runs again, now against an invalid AppDefinition
+    time.sleep(5.0)  # the keys queued by both changes ran (they must do nothing)
+    assert {k: snapshot(kube, ns, name, k) for k in (1, 2)} == before
+    after = status_of(kube, ns, sname)
+    assert (after.get("operatorStatus"), after.get("operatorMessage")) == (
+        held_status["operatorStatus"], held_status["operatorMessage"]), \
+        "the status of a Session that holds an instance was rewritten"
+
+
+@pytest.mark.parametrize("spec_name", [
+    pytest.param("bad name!", id="space-and-bang"),
+    pytest.param("naïve", id="non-ascii"),
+    pytest.param("a.b", id="dot"),
+])
+def test_appdefinition_name_the_api_server_refuses(ctl: Controller, spec_name: str) -> None:
+    """The CRD's pattern for spec.name: the API server refuses, with a message naming it."""
+    with pytest.raises(KubeError) as err:
+        ctl.kube.create(appdef_body(ctl.ns, f"refused-{uuid.uuid4().hex[:5]}",
+                                    valid_spec(spec_name)))
+    assert err.value.status == 422 and "spec.name" in str(err.value)
+
+
+@pytest.mark.parametrize("spec_name", [
+    pytest.param("x" * 70, id="longer-than-a-label"),
+    pytest.param("y" * 61, id="selector-cut-to-62"),
+    pytest.param("_edge_", id="symbols-at-the-ends"),
+])
+def test_appdefinition_spec_name_that_labels_cannot_carry(ctl: Controller,
+                                                          spec_name: str) -> None:
+    """spec.name passes the CRD's pattern but lands in label values (`app` selector,
+    `theia-cloud.io/app-definition`), which are at most 63 characters and must start and end
+    alphanumeric. Either the AppDefinition is reported invalid (an event naming spec.name) or
+    it works: claims succeed and every instance has its own selector."""
+    kube, ns = ctl.kube, ctl.ns
+    name = f"label-{uuid.uuid4().hex[:6]}"
+    create_appdef(kube, ns, name, min_instances=2, max_instances=3, spec_name=spec_name)
+    sname = f"s-{name}"
+    kube.create(session_body(ns, sname, {"name": sname, "appDefinition": name,
+                                         "user": USERS[4], "workspace": "ws"}))
+
+    def outcome() -> str | None:
+        if any("spec.name" in m for m in events_about(kube, ns, name, "InvalidAppDefinition")):
+            return "refused"
+        st = status_of(kube, ns, sname)
+        if st.get("operatorStatus") == "HANDLED":
+            return "served"
+        return None
+
+    result = wait_for(outcome, timeout=SETTLE, message=lambda: (
+        f"neither an InvalidAppDefinition event about spec.name nor a claim: Session is "
+        f"{status_of(kube, ns, sname)}"))
+    if result == "served":
+        selectors = set()
+        for k in (1, 2):
+            for obj in instance_objects(kube, ns, name, k).values():
+                if "template" in (obj.get("spec") or {}):
+                    selectors.add(obj["spec"]["template"]["metadata"]["labels"]["app"])
+        assert len(selectors) == 2, f"instances share the app selector {selectors}: each " \
+            "instance's Services would route to the other instance's pods"
+
+
+def test_absurdly_long_appdefinition_name_still_works(ctl: Controller) -> None:
+    """metadata.name up to 253 characters: object names are cut, keys and references are not."""
+    kube, ns = ctl.kube, ctl.ns
+    name = "long-" + "n" * 200
+    create_appdef(kube, ns, name, min_instances=1, max_instances=2, spec_name="longname")
+    kube.create(session_body(ns, "s-longname", {"name": "s-longname", "appDefinition": name,
+                                                "user": USERS[5], "workspace": "ws"}))
+    wait_status(kube, ns, "s-longname", "HANDLED", "Instance")
+    assert len(instance_objects(kube, ns, name, 1)) == 5
+
+
+# --- Sessions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BadSession:
+    id: str
+    spec: dict[str, Any]
+    message: str  # in status.operatorMessage (status ERROR) and the InvalidSession event
+
+
+BAD_USER = "spec.user must be exactly one e-mail address"
+BAD_SESSIONS = [
+    BadSession("unknown-appdef", {"appDefinition": "no-such-app"},
+               "AppDefinition 'no-such-app' not found"),
+    BadSession("empty-appdef", {"appDefinition": ""}, "spec.appDefinition is empty"),
+    BadSession("missing-appdef", {"appDefinition": DROP}, "spec.appDefinition is empty"),
+    BadSession("empty-user", {"user": ""}, "spec.user is empty"),
+    BadSession("missing-user", {"user": DROP}, "spec.user is empty"),
+    BadSession("multi-line", {"user": f"{USERS[1]}\n{USERS[2]}"}, BAD_USER),
+    BadSession("trailing-newline", {"user": f"{USERS[1]}\n"}, BAD_USER),
+    BadSession("comma", {"user": f"{USERS[1]},{USERS[2]}"}, BAD_USER),
+    BadSession("comma-space", {"user": f"{USERS[1]}, {USERS[2]}"}, BAD_USER),
+    BadSession("semicolon", {"user": f"{USERS[1]};{USERS[2]}"}, BAD_USER),
+    BadSession("inner-space", {"user": "user 1@example.com"}, BAD_USER),
+    BadSession("leading-space", {"user": f" {USERS[1]}"}, BAD_USER),
+    BadSession("tab", {"user": f"{USERS[1]}\t"}, BAD_USER),
+    BadSession("two-at", {"user": "a@b@example.com"}, BAD_USER),
+    BadSession("no-at", {"user": "not-an-address"}, BAD_USER),
+    BadSession("no-domain-dot", {"user": "user@localhost"}, BAD_USER),
+    BadSession("only-spaces", {"user": "   "}, BAD_USER),
+]
+
+
+@pytest.mark.parametrize("case", BAD_SESSIONS, ids=lambda c: c.id)
+def test_bad_session_gets_error_with_a_reason_and_takes_nothing(
+    ctl: Controller, case: BadSession
+) -> None:
+    kube, ns = ctl.kube, ctl.ns
+    name = f"bad-{case.id}"
+    bait = f"bait-{case.id}"  # a pool of its own with a free instance it must not take
+    create_appdef(kube, ns, bait, min_instances=1, max_instances=2, spec_name=bait)
+    wait_for(lambda: len(instance_objects(kube, ns, bait, 1)) == 5, timeout=SETTLE)
+    spec = {"name": name, "appDefinition": bait, "user": USERS[6], "workspace": "ws"}
+    for key, value in case.spec.items():
+        if value is DROP:
+            spec.pop(key)
+        else:
+            spec[key] = value
+    free_before = snapshot(kube, ns, bait, 1)
+    kube.create(session_body(ns, name, spec))
+    st = wait_status(kube, ns, name, "ERROR", case.message)
+    assert "\n" not in st["operatorMessage"]
+    wait_for(lambda: any(case.message in m for m in events_about(kube, ns, name,
+                                                                 "InvalidSession")),
+             timeout=SETTLE, message="an InvalidSession event")
+    obj = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+    assert v.ANNOTATION_INSTANCE_ID not in (obj["metadata"].get("annotations") or {})
+    assert snapshot(kube, ns, bait, 1) == free_before, "the free instance was touched"
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param("s" + "x" * 62, id="63-chars"),
+    pytest.param("s" + "x" * 100, id="101-chars"),
+    pytest.param("s" + "x" * 252, id="253-chars"),
+])
+def test_long_session_name(ctl: Controller, name: str) -> None:
+    """A Session name is a DNS subdomain (up to 253 characters), but it is also written as the
+    value of the `theia-cloud.io/session` label (at most 63). The Session must either be
+    served or get ERROR with a message; it must not sit in NEW with its claim failing."""
+    kube, ns = ctl.kube, ctl.ns
+    create_appdef(kube, ns, f"ln-{len(name)}", min_instances=1, max_instances=2,
+                  spec_name=f"ln-{len(name)}")
+    kube.create(session_body(ns, name, {"name": name, "appDefinition": f"ln-{len(name)}",
+                                        "user": USERS[7], "workspace": "ws"}))
+
+    def settled() -> str | None:
+        st = status_of(kube, ns, name)
+        return st.get("operatorStatus") if st.get("operatorStatus") in ("HANDLED",
+                                                                         "ERROR") else None
+
+    outcome = wait_for(settled, timeout=SETTLE, message=lambda: (
+        f"Session with a {len(name)}-character name is {status_of(kube, ns, name)}"))
+    if outcome == "ERROR":
+        assert status_of(kube, ns, name).get("operatorMessage")
+    else:
+        assert check(kube, ns) == []
+
+
+@pytest.mark.parametrize("user", [
+    pytest.param("First.Last+tag@Example.COM", id="plus-and-case"),
+    pytest.param("u" * 200 + "@example.com", id="very-long-address"),
+    pytest.param("o'brien@example.ie", id="apostrophe"),
+])
+def test_odd_but_valid_users_are_served(ctl: Controller, user: str) -> None:
+    """Valid addresses with symbols the user label must rewrite: served, allow-list exact."""
+    kube, ns = ctl.kube, ctl.ns
+    app = f"odd-{uuid.uuid4().hex[:5]}"
+    create_appdef(kube, ns, app, min_instances=1, max_instances=2, spec_name=app)
+    name = f"s-{app}"
+    kube.create(session_body(ns, name, {"name": name, "appDefinition": app, "user": user,
+                                        "workspace": "ws"}))
+    wait_status(kube, ns, name, "HANDLED", "Instance")
+    emails = [o for o in instance_objects(kube, ns, app, 1).values()
+              if (o["metadata"].get("labels") or {}).get(v.LABEL_TEMPLATE_PURPOSE) == "emails"]
+    assert emails and emails[0]["data"][v.EMAILS_KEY] == user
+
+
+FINALIZER = "warmpool.test/hold"
+
+
+def test_session_for_an_appdefinition_being_deleted(ctl: Controller) -> None:
+    """An AppDefinition with a deletionTimestamp (held by a finalizer): a new Session gets
+    ERROR; the Session that already holds an instance keeps it, objects and allow-list."""
+    kube, ns = ctl.kube, ctl.ns
+    app = "dying"
+    create_appdef(kube, ns, app, min_instances=2, max_instances=3, spec_name=app)
+    kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app,
+                     {"metadata": {"finalizers": [FINALIZER]}})
+    kube.create(session_body(ns, "s-holder", {"name": "s-holder", "appDefinition": app,
+                                              "user": USERS[8], "workspace": "ws"}))
+    wait_status(kube, ns, "s-holder", "HANDLED", "Instance")
+    held = int(kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s-holder")
+               ["metadata"]["annotations"][v.ANNOTATION_INSTANCE_ID])
+    wait_for(lambda: len(instance_objects(kube, ns, app, held)) == 5, timeout=SETTLE)
+    uids = {n: o["metadata"]["uid"] for n, o in instance_objects(kube, ns, app, held).items()}
+    holder_status = status_of(kube, ns, "s-holder")
+    try:
+        kube.delete(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app)
+        kube.create(session_body(ns, "s-late", {"name": "s-late", "appDefinition": app,
+                                                "user": USERS[9], "workspace": "ws"}))
+        wait_status(kube, ns, "s-late", "ERROR", "is being deleted")
+        touch(kube, ns, "s-holder")
+        time.sleep(5.0)
+        objs = instance_objects(kube, ns, app, held)
+        assert {n: o["metadata"]["uid"] for n, o in objs.items()} == uids
+        emails = [o for o in objs.values() if (o["metadata"].get("labels") or {})
+                  .get(v.LABEL_TEMPLATE_PURPOSE) == "emails"]
+        assert emails[0]["data"][v.EMAILS_KEY] == USERS[8]
+        after = status_of(kube, ns, "s-holder")
+        assert (after.get("operatorStatus"), after.get("operatorMessage")) == (
+            holder_status["operatorStatus"], holder_status["operatorMessage"]), \
+            "the status of the Session that holds an instance was rewritten"
+    finally:
+        kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app,
+                         {"metadata": {"finalizers": None}})
+
+
+def test_appdefinition_deleted_while_a_session_holds_an_instance(ctl: Controller) -> None:
+    """The instance stays with its Session (objects, allow-list, status), and the invariant
+    checker sees it: the garbage collector strips the deleted AppDefinition's reference from
+    the held objects, which then carry only the Session's."""
+    kube, ns = ctl.kube, ctl.ns
+    app = "gone"
+    create_appdef(kube, ns, app, min_instances=1, max_instances=2, spec_name=app)
+    kube.create(session_body(ns, "s-gone", {"name": "s-gone", "appDefinition": app,
+                                            "user": USERS[11], "workspace": "ws"}))
+    wait_status(kube, ns, "s-gone", "HANDLED", "Instance 1")
+    wait_for(lambda: len(instance_objects(kube, ns, app, 1)) == 5, timeout=SETTLE)
+    uids = {n: o["metadata"]["uid"] for n, o in instance_objects(kube, ns, app, 1).items()}
+    holder_status = status_of(kube, ns, "s-gone")
+    kube.delete(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app)
+
+    def held() -> dict[str, dict[str, Any]]:  # by name: the AppDefinition is gone
+        found = {}
+        for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment"),
+                                  ("v1", "ConfigMap")):
+            items, _ = kube.list(api_version, kind, ns, label_selector=v.LABEL_GENERATION)
+            found |= {f"{kind}/{o['metadata']['name']}": o for o in items
+                      if f"{kind}/{o['metadata']['name']}" in uids}
+        return found
+
+    def stripped() -> bool:  # the garbage collector removed the dangling reference
+        objs = held()
+        return len(objs) == 5 and all(
+            [r["kind"] for r in o["metadata"]["ownerReferences"]] == ["Session"]
+            for o in objs.values())
+
+    wait_for(stripped, timeout=SETTLE, message="the GC strips the AppDefinition's reference")
+    touch(kube, ns, "s-gone")
+    time.sleep(5.0)
+    assert {n: o["metadata"]["uid"] for n, o in held().items()} == uids
+    after = status_of(kube, ns, "s-gone")
+    assert (after.get("operatorStatus"), after.get("operatorMessage")) == (
+        holder_status["operatorStatus"], holder_status["operatorMessage"]), \
+        "the status of the Session that holds an instance was rewritten"
+    problems = [str(x) for x in check(kube, ns) if "s-gone" in str(x)]
+    assert problems == [], "the invariant checker does not see the held instance: " \
+        + "; ".join(problems)
+
+
+def touch(kube: Kube, ns: str, name: str) -> None:
+    """Someone annotates the Session (`kubectl annotate`, a tool): it changes outside its
+    status, so the scheduler queues its claim job again."""
+    kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name,
+                     {"metadata": {"annotations": {"example.com/touched": str(time.time())}}})
+
+
+def test_the_controller_still_serves_after_the_catalogue(ctl: Controller) -> None:
+    """Last: a new pool is built and a Session of it served (nothing got stuck)."""
+    kube, ns = ctl.kube, ctl.ns
+    create_appdef(kube, ns, "after", min_instances=1, max_instances=2, spec_name="after")
+    kube.create(session_body(ns, "s-after", {"name": "s-after", "appDefinition": "after",
+                                             "user": USERS[10], "workspace": "ws"}))
+    wait_status(kube, ns, "s-after", "HANDLED", "Instance 1")
+
+
+# --- configuration errors of `warmpool worker` and `warmpool scheduler` -----------------------
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # nobody listens once it is closed
+
+
+def kubeconfig_variant(cluster: ClusterInfo, path: Path, *, server: str | None = None,
+                       token: str | None = None) -> Path:
+    config = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    config = copy.deepcopy(config)
+    if server is not None:
+        config["clusters"][0]["cluster"]["server"] = server
+    if token is not None:
+        config["users"][0]["user"]["token"] = token
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@dataclass(frozen=True)
+class ConfigCase:
+    id: str
+    command: tuple[str, ...]
+    setup: Callable[[ClusterInfo, Path, str], dict[str, str]]  # -> environment changes
+    says: tuple[str, ...]  # each must appear in the error output (case-insensitive)
+    codes: tuple[int, ...] = (2, 4)
+
+
+def _env(kubeconfig: str | Path | None = None, redis_url: str | None = None,
+         namespace: str | None = None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if kubeconfig is not None:
+        out["KUBECONFIG"] = str(kubeconfig)
+    if redis_url is not None:
+        out["WARMPOOL_REDIS_URL"] = redis_url
+    if namespace is not None:
+        out["WARMPOOL_NAMESPACE"] = namespace
+    return out
+
+
+WORKER = ("worker", "--processes", "1", "--threads", "1")
+SCHEDULER = ("scheduler", "--health-port", "0")
+
+CONFIG_CASES = [
+    ConfigCase("worker-redis-url-malformed", WORKER,
+               lambda c, t, r: _env(c.kubeconfig, "not-a-url"), ("redis",)),
+    ConfigCase("worker-redis-unreachable", WORKER,
+               lambda c, t, r: _env(c.kubeconfig, f"redis://127.0.0.1:{closed_port()}/0"),
+               ("redis",), (4,)),
+    ConfigCase("worker-api-unreachable", WORKER,
+               lambda c, t, r: _env(kubeconfig_variant(
+                   c, t / "kc", server=f"https://127.0.0.1:{closed_port()}"), r),
+               ("kubernetes",), (4,)),
+    ConfigCase("worker-credentials-rejected", WORKER,
+               lambda c, t, r: _env(kubeconfig_variant(c, t / "kc", token="expired-token"), r),
+               ("credentials",), (4,)),
+    ConfigCase("worker-kubeconfig-missing", WORKER,
+               lambda c, t, r: _env(t / "no-such-kubeconfig", r), ("kubeconfig",), (4,)),
+    ConfigCase("scheduler-redis-url-malformed", SCHEDULER,
+               lambda c, t, r: _env(c.kubeconfig, "not-a-url", "default"), ("redis",)),
+    ConfigCase("scheduler-redis-unreachable", SCHEDULER,
+               lambda c, t, r: _env(c.kubeconfig, f"redis://127.0.0.1:{closed_port()}/0",
+                                    "default"), ("redis",), (4,)),
+    ConfigCase("scheduler-api-unreachable", SCHEDULER,
+               lambda c, t, r: _env(kubeconfig_variant(
+                   c, t / "kc", server=f"https://127.0.0.1:{closed_port()}"), r, "default"),
+               ("kubernetes",), (4,)),
+    ConfigCase("scheduler-credentials-rejected", SCHEDULER,
+               lambda c, t, r: _env(kubeconfig_variant(c, t / "kc", token="expired-token"), r,
+                                    "default"), ("credentials",), (4,)),
+    ConfigCase("scheduler-unknown-namespace", SCHEDULER,
+               lambda c, t, r: _env(c.kubeconfig, r, "no-such-namespace-42"),
+               ("no-such-namespace-42",), (3, 4)),
+    ConfigCase("scheduler-kubeconfig-missing", SCHEDULER,
+               lambda c, t, r: _env(t / "no-such-kubeconfig", r, "default"), ("kubeconfig",),
+               (4,)),
+    ConfigCase("scheduler-kubeconfig-garbage", SCHEDULER,
+               lambda c, t, r: (t.joinpath("kc").write_text("{not: [valid"),
+                                _env(t / "kc", r, "default"))[1], ("kubeconfig",), (4,)),
+]
+EXIT_WITHIN = 20.0
+
+
+@pytest.mark.parametrize("case", CONFIG_CASES, ids=lambda c: c.id)
+def test_configuration_error_exits_with_one_clear_line(
+    cluster: ClusterInfo, tmp_path: Path, case: ConfigCase
+) -> None:
+    url = resolve_redis_url()
+    try:
+        redis_connect(url).ping()
+    except redis.RedisError as exc:
+        pytest.skip(f"no Redis at {url}: {exc}")
+    env = {k: val for k, val in os.environ.items()
+           if not k.startswith("WARMPOOL_") and k != "KUBECONFIG"}
+    env.update(case.setup(cluster, tmp_path, url))
+    env["WARMPOOL_QUEUE_PREFIX"] = f"t{uuid.uuid4().hex[:8]}:warmpool:"
+    proc = subprocess.Popen([sys.executable, "-m", "warmpool.cli", *case.command], env=env,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=EXIT_WITHIN)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        pytest.fail(f"`warmpool {' '.join(case.command)}` did not exit within "
+                    f"{EXIT_WITHIN:.0f}s; it kept running with:\n{_tail(out, err)}")
+    text = out + err
+    assert proc.returncode in case.codes, \
+        f"exit {proc.returncode}, expected one of {case.codes}:\n{_tail(out, err)}"
+    assert "Traceback" not in text, f"a traceback instead of a message:\n{_tail(out, err)}"
+    assert "a bug?" not in text, f"reported as an unexpected error:\n{_tail(out, err)}"
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, f"expected one 'error:' line:\n{_tail(out, err)}"
+    for word in case.says:
+        assert word.lower() in errors[0].lower(), f"{word!r} not in {errors[0]!r}"
+
+
+def _tail(out: str, err: str, lines: int = 15) -> str:
+    text = (out + err).strip().splitlines()
+    return "\n".join(text[:3] + (["..."] if len(text) > lines else []) + text[-lines:])
