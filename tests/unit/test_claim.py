@@ -78,6 +78,16 @@ def test_a_session_that_already_holds_reconciles_its_instance() -> None:
     assert decide_claim(s, a, pool(a, holders={2: s}), [s]) == ClaimHeld(2)
 
 
+@pytest.mark.parametrize("appdef_state", ["invalid", "deleting", "gone"])
+def test_a_holder_keeps_its_instance_whatever_happens_to_its_appdefinition(appdef_state) -> None:
+    a = appdef(min_instances=2)
+    s = session(instance=1, status="HANDLED")
+    instances = pool(a, holders={1: s})
+    now = {"invalid": Invalid("bad"), "deleting": appdef(min_instances=2, deleting=True),
+           "gone": None}[appdef_state]
+    assert decide_claim(s, now, instances, [s]) == ClaimHeld(1)
+
+
 def test_unknown_appdefinition_is_an_error() -> None:
     s = session(appdef_name="nope")
     decision = decide_claim(s, None, {}, [s])
@@ -97,7 +107,8 @@ def test_deleting_session_is_skipped() -> None:
 @pytest.mark.parametrize(
     "user",
     ["", "   ", "jane@example.com\nbob@example.com", "jane@example.com,bob@example.com",
-     "jane @example.com", "no-at-sign", "two@@example.com", "a@b@c.com", " jane@example.com"],
+     "jane @example.com", "no-at-sign", "two@@example.com", "a@b@c.com", " jane@example.com",
+     "jane@example.com\n"],
 )
 def test_bad_users_are_errors_and_never_claim(user: str) -> None:
     s = session(user=user)

@@ -101,6 +101,10 @@ def decide_claim(
         return ClaimSkip("Session is being deleted")
     if (error := session_error(session)) is not None:
         return ClaimError(error)
+    # A Session that holds an instance keeps it and its status, whatever has happened to its
+    # AppDefinition since (turned invalid, being deleted, gone): its instance is reconciled.
+    if (k := held_instance(session, instances, sessions)) is not None:
+        return ClaimHeld(k)
     if appdef is None:
         return ClaimError(f"AppDefinition {session.appdef!r} not found in namespace "
                           f"{session.namespace!r}")
@@ -109,8 +113,6 @@ def decide_claim(
                          "waiting until it is fixed")
     if appdef.deleting:
         return ClaimError(f"AppDefinition {appdef.name!r} is being deleted")
-    if (k := held_instance(session, instances, sessions)) is not None:
-        return ClaimHeld(k)
     if session.status == v.STATUS_ERROR:
         return ClaimSkip("Session is in ERROR")
     free = sorted(k for k, inst in instances.items() if is_free(inst, appdef, sessions))

@@ -180,7 +180,7 @@ def session_error(session: Session) -> str | None:
         return "spec.appDefinition is empty"
     if not session.user:
         return "spec.user is empty: an instance is only handed to a named user"
-    if not _EMAIL.match(session.user):
+    if not _EMAIL.fullmatch(session.user):  # match() would accept a trailing newline
         return (
             "spec.user must be exactly one e-mail address "
             "(no whitespace, newline, comma or second '@')"
