@@ -227,6 +227,19 @@ def test_bad_session_user_gets_error_status_and_takes_nothing(kube, namespace, c
     assert_invariants(kube, ns)
 
 
+def test_a_session_with_a_long_name_is_served(kube, namespace) -> None:
+    """Session names may have 253 characters; label values only 63 (finding of the chaos work)."""
+    ns, name = namespace, "s" + "-long" * 24  # 121 characters
+    create_appdef(kube, ns, min_instances=1)
+    run_until_quiet(kube, ns)
+    create_session(kube, ns, name, USERS[1])
+    run_until_quiet(kube, ns)
+    assert held_instance(kube, ns, name) == 1
+    assert session(kube, ns, name)["status"]["operatorStatus"] == "HANDLED"
+    assert emails(kube, ns, "java", 1) == USERS[1]
+    assert_invariants(kube, ns)
+
+
 def test_session_for_unknown_appdefinition_gets_error(kube, namespace) -> None:
     ns = namespace
     create_session(kube, ns, "lost", USERS[1], appdef="does-not-exist")

@@ -86,3 +86,16 @@ def test_user_label_never_ends_in_a_symbol() -> None:
 def test_instance_id_from_name() -> None:
     assert naming.instance_id_from_name("instance-12-app-381261d79c23") == 12
     assert naming.instance_id_from_name("session-foo") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("short-name", "short-name"),
+        ("s" * 62 + ".x" * 20, "s" * 62),  # cut at 63 lands on ".": trimmed
+        ("-_name_-", "name"),
+        ("a" * 253, "a" * 63),
+    ],
+)
+def test_label_value_is_always_accepted_by_kubernetes(text: str, value: str) -> None:
+    assert naming.label_value(text) == value

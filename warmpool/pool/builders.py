@@ -50,10 +50,10 @@ def object_name(appdef: AppDefinition, part: Part, instance: int) -> str:
 def session_labels(appdef: AppDefinition, session: Session) -> dict[str, str]:
     """Labels both Services carry while `session` holds the instance."""
     return {
-        v.LABEL_SESSION: session.name,
+        v.LABEL_SESSION: naming.label_value(session.name),
         v.LABEL_SESSION_UUID: session.uid,
         v.LABEL_USER: naming.user_label(session.user),
-        v.LABEL_APP_DEFINITION: appdef.spec_name,
+        v.LABEL_APP_DEFINITION: naming.label_value(appdef.spec_name),
         v.LABEL_COMPONENT: "session",
         v.LABEL_PART_OF: "theia-cloud",
     }

@@ -77,14 +77,22 @@ def app_selector(appdef_spec_name: str, instance: int) -> str:
     return as_valid_name(f"{appdef_spec_name}-{instance}")
 
 
-def user_label(user: str) -> str:
-    """The ``theia-cloud.io/user`` label value: ``@`` → ``_at_``, other symbols → ``_``, ≤ 63.
+def label_value(text: str) -> str:
+    """`text` as a label value Kubernetes accepts: at most 63 characters, alphanumeric at both
+    ends. A label the API server refuses would block the whole claim (a Session name may have
+    253 characters); the session-uuid label still identifies the Session exactly."""
+    value = text[:LABEL_VALUE_LIMIT]
+    start, end = 0, len(value)
+    while start < end and not value[start].isalnum():
+        start += 1
+    while end > start and not value[end - 1].isalnum():
+        end -= 1
+    return value[start:end]
 
-    Kubernetes rejects a label value that ends in a symbol, so a cut that lands on ``_`` is
-    trimmed: a label that the API server refuses would block the whole claim.
-    """
-    value = _USER_LABEL_INVALID.sub("_", user.replace("@", "_at_"))[:LABEL_VALUE_LIMIT]
-    return value.strip("_")
+
+def user_label(user: str) -> str:
+    """The ``theia-cloud.io/user`` label value: ``@`` → ``_at_``, other symbols → ``_``, ≤ 63."""
+    return label_value(_USER_LABEL_INVALID.sub("_", user.replace("@", "_at_")))
 
 
 _INSTANCE_NAME = re.compile(r"^instance-(\d+)-")
