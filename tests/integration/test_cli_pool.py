@@ -129,6 +129,11 @@ def test_status_of_converged_pools_with_holders_waiting_outdated_and_errors(
     create_session(kube, ns, "stray", USERS[9], appdef="nowhere")
     queue.add(str(SessionKey(ns, "stray")))
     converge(kube, ns)
+    # A claim that ran before the pool was built waits (which the invariants allow) until an
+    # instance's reconcile re-offers it capacity: wait for the holders themselves.
+    wait_for(lambda: all(held_instance(kube, ns, f"s{i}") for i in range(3)), timeout=60,
+             message="s0..s2 to hold instances")
+    converge(kube, ns)
     held = {f"s{i}": held_instance(kube, ns, f"s{i}") for i in range(3)}
     assert sorted(held.values()) == [1, 2, 3]
     env = cli_env(str(cluster.kubeconfig), WARMPOOL_NAMESPACE=ns)
