@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
 
 
 def _terminate(signum: int, frame: object) -> None:
+    print(f"bench: got signal {signum}; stopping what was started", file=sys.stderr, flush=True)
     raise SystemExit(128 + signum)  # unwind: every benchmark stops what it started
 
 

@@ -2,13 +2,17 @@
 
 Starts a local control plane of its own (or uses WARMPOOL_TEST_KUBECONFIG's cluster), runs
 each seed, prints each result, and writes the figures into docs/reliability.md (--report).
-Exit status 1 if any seed found a violation.
+With --results FILE each finished seed is appended there (JSON lines) and seeds already in it
+for the same settings are not run again: an interrupted run is resumed by running the same
+command. Exit status 1 if any seed found a violation, 3 if the control plane itself died
+(nothing recorded for that seed: run the same command again).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shlex
 import sys
@@ -19,6 +23,8 @@ from pathlib import Path
 from tests.chaos.report import figures, write_figures
 from tests.chaos.runner import ROOT, ChaosConfig, ChaosResult, run_chaos
 from warmpool.cluster import local
+
+EXIT_ENVIRONMENT = 3  # the control plane died under the run: run the same command again
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,6 +42,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--report", type=Path, default=ROOT / "docs" / "reliability.md",
                    help="where to write the figures ('-': nowhere)")
     p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--results", type=Path, default=None,
+                   help="append each seed's result here (JSON lines); resume from it")
     return p.parse_args(argv)
 
 
@@ -53,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = local.up(owned, watch_cache=False, die_with_parent=True)
     print(f"chaos: cluster {cluster.server}, workdir {workdir}", flush=True)
     results: list[ChaosResult] = []
+    done = _done(args.results)
     try:
         for seed in seeds:
             long_outages = (args.long_outages if args.long_outages is not None
@@ -61,13 +70,26 @@ def main(argv: list[str] | None = None) -> int:
             cfg = ChaosConfig(seed=seed, ops=args.ops, ops_per_fault=args.ops_per_fault,
                               round_ops=args.round_ops, long_outages=long_outages,
                               outage_seconds=(lo, hi))
+            if cfg.command() in done:
+                print(f"chaos: seed {seed} already in {args.results}", flush=True)
+                results.append(done[cfg.command()])
+                continue
             print(f"chaos: seed {seed}: {dataclasses.asdict(cfg)}", flush=True)
             t0 = time.monotonic()
             result = run_chaos(cluster, cfg, workdir / f"seed-{seed}",
                                progress=lambda m: print(f"  {m}", flush=True))
             print(result.report(), flush=True)
+            if not local.apiserver_ready(cluster):
+                # The control plane itself died (not the system under test): this seed says
+                # nothing. Not recorded; the same command with --results runs it again.
+                print(f"chaos: the control plane is gone; seed {seed} not recorded",
+                      flush=True)
+                return EXIT_ENVIRONMENT
             print(f"chaos: seed {seed} took {time.monotonic() - t0:.0f}s", flush=True)
             results.append(result)
+            if args.results is not None:
+                with args.results.open("a") as f:
+                    f.write(json.dumps(result.to_json()) + "\n")
     finally:
         if owned is not None:
             local.down(owned)
@@ -76,6 +98,18 @@ def main(argv: list[str] | None = None) -> int:
         write_figures(args.report, figures(results, command, ROOT))
         print(f"chaos: figures written to {args.report}", flush=True)
     return 1 if any(r.violations for r in results) else 0
+
+
+def _done(path: Path | None) -> dict[str, ChaosResult]:
+    """Results already recorded, by the command line that replays each."""
+    if path is None or not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            result = ChaosResult.from_json(json.loads(line))
+            out[result.rerun] = result
+    return out
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ checker cannot see such instances; nothing can rebuild their objects): see its d
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -64,7 +65,7 @@ from tests.pool_world import USERS, create_appdef, create_session
 from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
 from warmpool.kube import observe
-from warmpool.kube.api import Kube, connect
+from warmpool.kube.api import Gone, Kube, connect
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.decide import is_session_ref, refs
@@ -639,6 +640,7 @@ class Model:
 
 OP_WEIGHTS = {
     "create_session": 30, "delete_session": 18, "flash_session": 6, "scale": 12,
+    "race_claim_scale": 4,
     "spec_change": 5, "delete_object": 6, "create_appdef": 3, "delete_appdef": 1.5,
     "invalid_session": 2,
 }
@@ -675,7 +677,7 @@ class Operations:
         if len(self.live_appdefs()) <= 2:
             ops["delete_appdef"] = 0
         if not self.live_appdefs():
-            ops["scale"] = ops["spec_change"] = 0
+            ops["scale"] = ops["spec_change"] = ops["race_claim_scale"] = 0
         name = self.rng.choices(list(ops), list(ops.values()))[0]
         try:
             text = getattr(self, name)()
@@ -776,6 +778,24 @@ class Operations:
                               {"spec": {"minInstances": new}})
         before, info["min"] = info["min"], new
         return f"{ns}/{app} minInstances {before} -> {new} (held ids {held})"
+
+    def race_claim_scale(self) -> str:
+        """pool-spec S3: claims and a scale-down of the same instances issued at once."""
+        ns, app = self.rng.choice(self.live_appdefs())
+        info = self.model.appdefs[(ns, app)]
+        if info["min"] == 0 or len(self.model.sessions) >= self.cfg.max_sessions:
+            return self.scale()
+        names = []
+        for _ in range(self.rng.randint(1, 3)):
+            names.append(self._new_session((ns, app))[1])
+        wait = self.rng.uniform(0, 0.03)
+        time.sleep(wait)
+        new = self.rng.randrange(0, info["min"])
+        self.kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app,
+                              {"spec": {"minInstances": new}})
+        before, info["min"] = info["min"], new
+        return (f"{ns}/{app}: Sessions {names}, then after {wait * 1000:.0f} ms minInstances "
+                f"{before} -> {new}")
 
     def spec_change(self) -> str:
         ns, app = self.rng.choice(self.live_appdefs())
@@ -974,6 +994,113 @@ def live_name(world: World, ns: str, uid: str) -> str:
     return uid[:8]
 
 
+# --- every deletion, audited ------------------------------------------------------------------
+
+
+_UID12 = re.compile(r"-([0-9a-f]{12})(?:-int)?$")
+
+
+class DeletionAudit:
+    """Watches pool objects on the real API server and checks every deletion exactly, against
+    the cluster one etcd revision before it: an object of an instance whose external Service
+    carried a live Session's reference must not be deleted, except by the runner's hand, or by
+    the garbage collector after its AppDefinition went (for an object the claim in flight had
+    not yet given the Session's reference). Polling can miss a deletion that a claim repairs
+    within the same second (a scale-down slipping in after the deciding write); a watch does
+    not. A watch that loses its resourceVersion (410) relists and notes the gap.
+    """
+
+    KINDS = (("v1", "Service"), ("apps/v1", "Deployment"), ("v1", "ConfigMap"))
+
+    def __init__(self, kube: Kube, pinned: PinnedKube, namespaces: list[str],
+                 ops: Operations, history: History, violate: Callable[[str], None]) -> None:
+        self.kube, self.pinned, self.namespaces = kube, pinned, namespaces
+        self.ops, self.history, self.violate = ops, history, violate
+        self.audited = 0
+        self.gaps = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the pinned client is not shared between threads
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for ns in self.namespaces:
+            for api_version, kind in self.KINDS:
+                t = threading.Thread(target=self._watch, args=(ns, api_version, kind),
+                                     name=f"audit-{kind}@{ns}", daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self, ns: str, api_version: str, kind: str) -> None:
+        rv: str | None = None
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    _, rv = self.kube.list(api_version, kind, ns,
+                                           label_selector=observe.POOL_SELECTOR)
+                for event in self.kube.watch(api_version, kind, ns, resource_version=rv,
+                                             label_selector=observe.POOL_SELECTOR,
+                                             timeout_seconds=30):
+                    if self._stop.is_set():
+                        return
+                    obj = event["object"]
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    if event["type"] == "DELETED":
+                        obj.setdefault("kind", kind)
+                        self._check(ns, obj)
+            except Gone:
+                self.gaps += 1
+                self.history.add("audit", f"{kind}@{ns}: watch expired, relisting (a gap)")
+                rv = None
+            except Exception as exc:  # the real server is busy: resume shortly
+                if not self._stop.wait(0.5):
+                    self.history.add("audit", f"{kind}@{ns}: {exc!r}; resuming")
+
+    def _check(self, ns: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        name = meta["name"]
+        if meta["uid"] in self.ops.hand_deleted:
+            return
+        k = naming.instance_id_from_name(name)
+        m = _UID12.search(name)
+        if k is None or m is None:
+            return
+        uid12 = m.group(1)
+        before = str(int(meta["resourceVersion"]) - 1)
+        with self._lock:
+            self.pinned.rv = before
+            sessions, _ = self.pinned.list(v.SESSION_API_VERSION, v.SESSION_KIND, ns)
+            services, _ = self.pinned.list("v1", "Service", ns,
+                                           label_selector=observe.POOL_SELECTOR)
+            appdefs, _ = self.pinned.list(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns)
+        self.audited += 1
+        live = {o["metadata"]["uid"]: o for o in sessions
+                if not o["metadata"].get("deletionTimestamp")}
+        holders = []
+        for svc in services:
+            svc.setdefault("kind", "Service")
+            sname = svc["metadata"]["name"]
+            if (naming.instance_id_from_name(sname) == k and uid12 in sname
+                    and observe.classify(svc) is Part.EXTERNAL_SERVICE):
+                holders += [live[r["uid"]] for r in refs(svc)
+                            if is_session_ref(r) and r.get("uid") in live]
+        if not holders:
+            return
+        holder = holders[0]
+        had_ref = any(is_session_ref(r) and r.get("uid") == holder["metadata"]["uid"]
+                      for r in refs(obj))
+        app = (holder.get("spec") or {}).get("appDefinition")
+        app_there = any(a["metadata"]["name"] == app and not a["metadata"].get(
+            "deletionTimestamp") for a in appdefs)
+        if not had_ref and not app_there:
+            return  # the GC took a claim-in-flight's object after its AppDefinition went
+        self.violate(f"{ns}: {obj['kind']}/{name} of instance {k}, held by Session "
+                     f"{holder['metadata']['name']}, was deleted (not by the runner) at "
+                     f"resourceVersion {meta['resourceVersion']}")
+
+
 # --- checks at quiescence ---------------------------------------------------------------------
 
 
@@ -1135,12 +1262,29 @@ class ChaosResult:
     notes: list[str]
     workdir: Path
     rerun: str = ""
+    deletions_audited: int = 0
+    audit_gaps: int = 0
     blind: list[str] = field(default_factory=list)
     unrebuildable: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.violations
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in ("ops", "failed_ops", "faults", "skipped_faults", "api"):
+            out[name] = dict(out[name])
+        out["workdir"] = str(self.workdir)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ChaosResult:
+        data = dict(data)
+        for name in ("ops", "failed_ops", "faults", "skipped_faults"):
+            data[name] = Counter(data[name])
+        data["workdir"] = Path(data["workdir"])
+        return cls(**data)
 
     @property
     def operations(self) -> int:
@@ -1159,7 +1303,8 @@ class ChaosResult:
                  f"{dict(self.skipped_faults)})",
                  f"  API faults injected by the proxy: {self.api}",
                  f"  settle times (s): {[round(s, 1) for s in self.settle_seconds]}",
-                 f"  watchdog polls: {self.polls}"]
+                 f"  watchdog polls: {self.polls}; deletions audited: {self.deletions_audited}"
+                 f" (watch gaps: {self.audit_gaps})"]
         lines += [f"  note: {n}" for n in self.notes]
         if self.blind:
             lines.append(f"  excused, {len(self.blind)} I1 reports of objects that exist "
@@ -1209,6 +1354,9 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
     ops = Operations(direct, namespaces, rng, cfg, history)
     faults = FaultInjector(system, cfg, history)
     dog = Watchdog(pinned, namespaces, cfg, history, faults, ops)
+    audit = DeletionAudit(Kube(connect(str(cluster.kubeconfig))),
+                          PinnedKube(connect(str(cluster.kubeconfig))), namespaces,
+                          ops, history, dog.violate)
     plan = plan_faults(random.Random(cfg.seed * 7919 + 1), cfg)
     settle: list[float] = []
     notes: list[str] = []
@@ -1221,6 +1369,7 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
         ops.setup()
         settle.append(_settle(pinned, namespaces, cfg, history, dog, system))
         dog.start()
+        audit.start()
         pending: list[tuple[str, dict]] = []
         for i in range(cfg.ops):
             pending += plan.get(i, [])
@@ -1243,8 +1392,10 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
                 if dog.violations:
                     break
         dog.stop()
+        audit.stop()
     except Exception as exc:
         dog.stop()
+        audit.stop()
         dog.violations.append(f"the run failed: {exc!r}")
         history.add("error", traceback.format_exc())
     finally:
@@ -1261,7 +1412,7 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
         skipped_faults=faults.skipped, api=api, violations=dog.violations, rounds=rounds,
         settle_seconds=settle, duration=time.monotonic() - started, polls=dog.polls,
         history=dog.first_history or history.tail(), notes=notes, workdir=workdir,
-        rerun=cfg.command(),
+        rerun=cfg.command(), deletions_audited=audit.audited, audit_gaps=audit.gaps,
         blind=sorted(dog.excusals.blind), unrebuildable=sorted(dog.excusals.unrebuildable))
 
 
