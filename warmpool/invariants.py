@@ -55,8 +55,8 @@ def check(kube: Kube, namespace: str, *, quiet: bool = True) -> list[Violation]:
     held: dict[str, set[str]] = defaultdict(set)
     for name in sorted(names):
         appdef = appdefs.get(name)
-        pool = observe.group_pool(objects, name, appdef)
         mine = [s for s in sessions if s.appdef == name]
+        pool = observe.group_pool(objects, name, appdef, mine)
         out += _check_pool(name, appdef, pool, mine, quiet, held)
     if quiet:  # I6
         for s in sessions:

@@ -203,6 +203,42 @@ def test_adopts_the_java_operators_broken_state(kube, namespace) -> None:
     assert_invariants(kube, ns)
 
 
+def test_appdefinition_deleted_under_a_live_session_keeps_its_instance_and_allow_list(
+    kube, namespace
+) -> None:
+    """The GC strips the deleted AppDefinition's reference from the held instance's objects:
+    the controller must still see them (by the holder's reference) and keep the allow-list
+    right, and the free instance goes with its AppDefinition."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    create_session(kube, ns, "s1", USERS[1])
+    run_until_quiet(kube, ns)
+    k = held_instance(kube, ns, "s1")
+    objects = instance_objects(kube, ns, "java", k)
+    kept = {name: o["metadata"]["uid"] for name, o in objects.items()}
+
+    kube.delete(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, "java")
+
+    def gc_done() -> bool:
+        objs = instance_objects(kube, ns, "java", k)
+        return (len(objs) == 5 and all(owner_kinds(o) == ["Session"] for o in objs.values())
+                and not instance_objects(kube, ns, "java", 3 - k))
+    wait_for(gc_done, timeout=90, message="GC to strip the AppDefinition references")
+    assert_invariants(kube, ns)  # before the fix: I1, all five objects "missing"
+
+    (email_cm,) = [o["metadata"]["name"] for name, o in objects.items()
+                   if name.startswith("ConfigMap/")
+                   and o["metadata"]["labels"][v.LABEL_TEMPLATE_PURPOSE] == v.PURPOSE_EMAILS]
+    kube.merge_patch("v1", "ConfigMap", ns, email_cm, {"data": {v.EMAILS_KEY: USERS[2]}})
+    run_until_quiet(kube, ns)
+
+    assert emails(kube, ns, "java", k) == USERS[1]
+    assert {n: o["metadata"]["uid"] for n, o in instance_objects(kube, ns, "java", k).items()} \
+        == kept
+    assert_invariants(kube, ns)
+
+
 BAD_USERS = {
     "empty": "",
     "multi-line": f"{USERS[1]}\n{USERS[2]}",

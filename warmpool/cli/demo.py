@@ -58,7 +58,7 @@ def pool_table(kube: Kube) -> Table:
     t = Table(title=f"pool {APPDEF}  minInstances={spec.get('minInstances', '-')}", width=76)
     for col in ("id", "state", "objects", "session", "allow-list", "owners"):
         t.add_column(col)
-    pool = group_pool(objects, APPDEF, None)
+    pool = group_pool(objects, APPDEF, None, sessions)
     for k, inst in sorted(pool.items()):
         held = holders(inst, APPDEF, sessions)
         email = inst.get(Part.EMAIL_CONFIGMAP)

@@ -158,7 +158,7 @@ def pool_status(
         generation = _int_or_none(_meta(item).get("generation"))
         min_i = appdef.min_instances if appdef else _int_or_none(spec.get("minInstances"))
         mine = [s for s in sessions if s.appdef == name]
-        views = group_pool(pool_objects, name, appdef)
+        views = group_pool(pool_objects, name, appdef, mine)
         ids = set(views) | {s.instance_id for s in mine if s.live and s.instance_id}
         if appdef is not None:
             ids |= set(range(1, appdef.min_instances + 1))

@@ -68,7 +68,7 @@ def reconcile_instance(
         if appdef is not None:
             view = observe.observe_instance(kube, appdef, key.id)
         else:
-            pool = observe.observe_pool(kube, key.namespace, key.appdef, None)
+            pool = observe.observe_pool(kube, key.namespace, key.appdef, None, sessions)
             view = pool.get(key.id, InstanceView(key.id, {}))
         check_fence(view, guard)
         template = observe.proxy_template(kube, key.namespace) if appdef is not None else None
@@ -148,7 +148,8 @@ def claim_session(
                   if session.appdef else None)
         sessions = observe.list_sessions(kube, key.namespace, session.appdef)
         pool = observe.observe_pool(kube, key.namespace, session.appdef,
-                                    appdef if isinstance(appdef, AppDefinition) else None)
+                                    appdef if isinstance(appdef, AppDefinition) else None,
+                                    sessions)
         decision = decide_claim(session, appdef, pool, sessions)
         match decision:
             case ClaimSkip(reason=reason):
@@ -207,7 +208,7 @@ def resync_pool(kube: Kube, key: PoolKey) -> list[Key]:
         return []
     sessions = observe.list_sessions(kube, key.namespace, key.appdef)
     pool = observe.observe_pool(kube, key.namespace, key.appdef,
-                                appdef if isinstance(appdef, AppDefinition) else None)
+                                appdef if isinstance(appdef, AppDefinition) else None, sessions)
     ids = set(pool) | {s.instance_id for s in sessions if s.instance_id}
     if appdef is not None:
         ids |= set(range(1, appdef.min_instances + 1))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from warmpool.kube.api import Kube
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import InstanceView, is_appdef_ref, refs
+from warmpool.pool.decide import InstanceView, is_appdef_ref, is_session_ref, refs
 from warmpool.pool.model import AppDefinition, Invalid, Session, parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS, Part
 
@@ -74,14 +75,19 @@ def list_pool_objects(kube: Kube, namespace: str) -> list[dict[str, Any]]:
 
 
 def group_pool(
-    objects: list[dict[str, Any]], appdef_name: str, appdef: AppDefinition | None
+    objects: list[dict[str, Any]], appdef_name: str, appdef: AppDefinition | None,
+    sessions: Iterable[Session] = (),
 ) -> dict[int, InstanceView]:
     """Group pool objects of one AppDefinition into instances.
 
     With the AppDefinition at hand an object belongs to it by its exact expected name (so an
-    object whose AppDefinition reference the Java operator stripped is still found); without it
-    (deleted) by an owner reference naming it.
+    object whose AppDefinition reference the Java operator stripped is still found). Without it
+    (deleted, or invalid) by an owner reference naming it, or by a reference to one of
+    `sessions` that belongs to it: when an AppDefinition is deleted the garbage collector strips
+    its reference from the objects a live Session also owns, and those are exactly the objects
+    that must stay visible, so that the holder's allow-list is still kept right.
     """
+    holder_uids = {s.uid for s in sessions if s.appdef == appdef_name}
     found: dict[int, dict[Part, dict[str, Any] | None]] = {}
     for obj in objects:
         name = (obj.get("metadata") or {}).get("name", "")
@@ -92,13 +98,16 @@ def group_pool(
         if appdef is not None:
             if builders.object_name(appdef, part, k) != name:
                 continue
-        elif not any(is_appdef_ref(r, appdef_name) for r in refs(obj)):
+        elif not any(is_appdef_ref(r, appdef_name)
+                     or (is_session_ref(r) and r.get("uid") in holder_uids)
+                     for r in refs(obj)):
             continue
         found.setdefault(k, {})[part] = obj
     return {k: InstanceView(k, {p: objs.get(p) for p in PARTS}) for k, objs in found.items()}
 
 
 def observe_pool(
-    kube: Kube, namespace: str, appdef_name: str, appdef: AppDefinition | None
+    kube: Kube, namespace: str, appdef_name: str, appdef: AppDefinition | None,
+    sessions: Iterable[Session] = (),
 ) -> dict[int, InstanceView]:
-    return group_pool(list_pool_objects(kube, namespace), appdef_name, appdef)
+    return group_pool(list_pool_objects(kube, namespace), appdef_name, appdef, sessions)
