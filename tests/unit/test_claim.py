@@ -7,6 +7,7 @@ import copy
 import pytest
 from pool_fixtures import appdef, instance, session, with_objects
 
+from warmpool.pool import naming
 from warmpool.pool.claim import (
     ClaimError,
     ClaimHeld,
@@ -15,7 +16,7 @@ from warmpool.pool.claim import (
     ClaimWait,
     decide_claim,
 )
-from warmpool.pool.model import Invalid, parse_appdefinition, session_error
+from warmpool.pool.model import AppDefinition, Invalid, parse_appdefinition, session_error
 from warmpool.pool.parts import Part
 
 
@@ -131,6 +132,9 @@ def test_bad_users_are_errors_and_never_claim(user: str) -> None:
         ({"port": 70000}, "TCP port"),
         ({"image": ""}, "spec.image"),
         ({"name": "bad name!"}, "spec.name"),
+        ({"name": "x" * 70}, "spec.name is 70 characters"),
+        ({"name": "y" * 61}, "at most 60 fit"),
+        ({"name": "z" * 58, "maxInstances": 1000}, "maxInstances (1000) at most 57 fit"),
     ],
 )
 def test_invalid_appdefinitions_are_refused_with_a_precise_message(spec, fragment) -> None:
@@ -139,3 +143,16 @@ def test_invalid_appdefinitions_are_refused_with_a_precise_message(spec, fragmen
     base = {k: val for k, val in base.items() if val is not None}
     parsed = parse_appdefinition({"metadata": {"name": "a", "uid": "u" * 20}, "spec": base})
     assert isinstance(parsed, Invalid) and fragment in parsed.message
+
+
+@pytest.mark.parametrize(("name", "max_instances"), [("y" * 60, 3), ("z" * 57, 1000),
+                                                     ("_edge_", 3)])
+def test_the_longest_spec_names_that_keep_each_instances_selector_apart(
+    name, max_instances
+) -> None:
+    spec = {"name": name, "image": "img", "port": 3000, "minInstances": 1,
+            "maxInstances": max_instances}
+    parsed = parse_appdefinition({"metadata": {"name": "a", "uid": "u" * 20}, "spec": spec})
+    assert isinstance(parsed, AppDefinition), parsed
+    selectors = {naming.app_selector(name, k) for k in range(1, max_instances + 1)}
+    assert len(selectors) == max_instances

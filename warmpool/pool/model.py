@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 
 _SPEC_NAME = re.compile(r"^[a-z0-9A-Z\-_]+$")
@@ -120,6 +121,15 @@ def parse_appdefinition(obj: Mapping[str, Any]) -> AppDefinition | Invalid:
     spec_name = spec.get("name")
     if not isinstance(spec_name, str) or not _SPEC_NAME.match(spec_name):
         return Invalid(f"spec.name must match ^[a-z0-9A-Z-_]+$, got {spec_name!r}")
+    # Each instance's Services select its pods by the `app` label "<spec.name>-<id>", which
+    # Theia Cloud cuts to 62 characters: past that, instances share one selector and a user's
+    # Service would route to another user's pod. Refuse rather than build that.
+    longest = naming.VALID_NAME_LIMIT - 1 - len(str(max_i))
+    if len(spec_name) > longest:
+        return Invalid(f"spec.name is {len(spec_name)} characters; with instance ids up to "
+                       f"maxInstances ({max_i}) at most {longest} fit in the "
+                       f"{naming.VALID_NAME_LIMIT}-character `app` selector "
+                       "'<spec.name>-<id>' that keeps instances apart")
     image = spec.get("image")
     if not isinstance(image, str) or not image.strip():
         return Invalid("spec.image is missing")
