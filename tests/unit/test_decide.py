@@ -166,13 +166,35 @@ def test_release_clears_allow_list_first_resets_pod_and_unlabels_external_servic
     kinds = [type(x) for x in p.actions]
     assert kinds[0] is Patch and p.actions[0].part is Part.EMAIL_CONFIGMAP
     assert p.actions[0].patch["data"] == {"authenticated-emails-list": ""}
-    assert kinds[1] is ResetPods
+    reset = kinds.index(ResetPods)
+    parts = [getattr(x, "part", None) for x in p.actions]
+    assert parts.index(Part.DEPLOYMENT) < reset < parts.index(Part.EXTERNAL_SERVICE)
     assert p.actions[-1].part is Part.EXTERNAL_SERVICE
     for x in of(p.actions, Patch):
         owners = x.patch["metadata"]["ownerReferences"]
         assert [r["uid"] for r in owners] == [a.uid]  # Session gone, AppDefinition kept
     ext = p.actions[-1].patch["metadata"]["labels"]
     assert ext["theia-cloud.io/session"] is None and ext["theia-cloud.io/user"] is None
+
+
+def test_no_write_to_the_deployment_follows_the_reset_of_its_pods() -> None:
+    """Deleting the pods moves the Deployment's status and so its resourceVersion: a Deployment
+    write after the reset, with the observed resourceVersion as precondition, conflicted on
+    every attempt (a chaos finding: a released, outdated instance that never converged)."""
+    a = appdef(min_instances=2)
+    gone = session(instance=1, deleting=True)
+    view = instance(a, 1, holder=gone)
+    for newer in (appdef(min_instances=3, generation=2),  # same shape: relabel
+                  appdef(min_instances=2, generation=2, image="img:2")):  # new shape
+        p = plan(view, newer, [gone])
+        resets = [i for i, x in enumerate(p.actions) if isinstance(x, ResetPods)]
+        writes = [i for i, x in enumerate(p.actions)
+                  if isinstance(x, Patch | Delete | Create) and x.part is Part.DEPLOYMENT]
+        assert writes and all(w < r for w in writes for r in resets), p.actions
+        if newer.image != a.image:
+            assert resets == [], "a replaced Deployment starts fresh pods: nothing to reset"
+        else:
+            assert len(resets) == 1
 
 
 def test_release_after_the_garbage_collector_still_cleans_labels_and_allow_list() -> None:

@@ -277,6 +277,7 @@ def _free(
     outdated = False
     for part in PARTS:
         obj = instance.get(part)
+        fresh_pods = obj is None  # a Deployment created now starts clean pods anyway
         if obj is None:
             actions.append(Create(part, builders.build(part, appdef, instance.id, holder=None,
                                                        proxy_template=proxy_template,
@@ -291,20 +292,23 @@ def _free(
                 patch.setdefault("metadata", {}).setdefault("labels", {})[v.LABEL_GENERATION] = (
                     str(appdef.generation))
                 actions.append(_patch(part, obj, patch, "same shape at a new generation"))
-                continue
-            outdated = True
-            if any(is_foreign_ref(r, appdef_name) for r in refs(obj)):
+            elif any(is_foreign_ref(r, appdef_name) for r in refs(obj)):
+                outdated = True
                 actions.append(Report("ForeignOwner", f"{part.kind} {_meta(obj).get('name')} is "
                                       "outdated but has another owner: not replaced"))
-                continue
-            actions.append(_delete(part, obj, f"outdated generation {_generation(obj)}"))
-            actions.append(Create(part, fresh))
+            else:
+                outdated = fresh_pods = True
+                actions.append(_delete(part, obj, f"outdated generation {_generation(obj)}"))
+                actions.append(Create(part, fresh))
         else:
             patch = _free_patch(part, obj, appdef_name, appdef)
             if patch:
                 actions.append(_patch(part, obj, patch, "free"))
-        if part is Part.EMAIL_CONFIGMAP and releasing:
-            # Access is cut (allow-list emptied above); now give the next user a clean pod.
+        if part is Part.DEPLOYMENT and releasing and not fresh_pods:
+            # Access is cut (allow-list emptied first); now give the next user a clean pod.
+            # After the Deployment's own write: deleting its pods moves its status, and so its
+            # resourceVersion, which a write after this would then find changed, every time.
+            # Before the external Service is freed, which is what lets the next claim in.
             actions.append(ResetPods(naming.app_selector(appdef.spec_name, instance.id)))
     return Plan("outdated" if outdated else "free", None, actions)
 
