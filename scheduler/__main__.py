@@ -1,3 +1,7 @@
-from scheduler.cli import scheduler
+"""`python -m scheduler`: the same command as `warmpool scheduler`, with its one-line errors."""
 
-scheduler(prog_name="python -m scheduler")
+import sys
+
+from warmpool.cli.main import main
+
+main(["scheduler", *sys.argv[1:]], prog_name="python -m")

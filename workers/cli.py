@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from warmpool.cli.config import connect_kube, connect_redis, patiently, resolve_kube_target
 from warmpool.queue.settings import QueueSettings
 from workers.process import DEFAULT_MODULES, MULTIPROC_ENV, WorkerPool
 
@@ -77,9 +78,14 @@ def worker(
     # directory); it reads theirs.
     env_dir = os.environ.pop(MULTIPROC_ENV, None)
     metrics_dir = metrics_dir or env_dir or None
-    for name in modules:  # fail here, not in a restart loop of crashing children
-        importlib.import_module(name)
+    # Fail here, with one line, not in a restart loop of crashing or retrying children.
+    loaded = [importlib.import_module(name) for name in modules]
     settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
+    if (url := settings.redis_url) is not None:
+        patiently(lambda: connect_redis(url, "--redis-url or $WARMPOOL_REDIS_URL")).close()
+    if any(getattr(m, "NEEDS_KUBERNETES", False) for m in loaded):
+        target = resolve_kube_target(None)  # the children use the same KUBECONFIG
+        patiently(lambda: connect_kube(target))
     embedded = None
     if settings.redis_url is None:
         from warmpool.queue.embedded import embedded_redis

@@ -31,6 +31,11 @@ from workers.runtime import register
 
 log = logging.getLogger(__name__)
 
+#: `warmpool worker` checks, before starting any process, that the API server answers and
+#: accepts the credentials: a worker that cannot reach it should say so once and exit, not
+#: fail every job in a loop.
+NEEDS_KUBERNETES = True
+
 _kube: Kube | None = None
 _kube_lock = threading.Lock()
 

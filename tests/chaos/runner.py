@@ -374,9 +374,20 @@ class System:
             s.wait(10)
 
     def restart_scheduler(self, i: int) -> None:
-        s = self._scheduler(i)
-        s.start(ready=False)
-        self.schedulers[i] = s
+        """As a kubelet would: a scheduler started while the API server or Redis is down
+        waits a few seconds for it, then exits 4; it is started again until it stays up."""
+        deadline = time.monotonic() + 120.0
+        while True:
+            s = self._scheduler(i)
+            try:
+                s.start(ready=False)
+            except RuntimeError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(1.0)
+                continue
+            self.schedulers[i] = s
+            return
 
     def ensure_running(self) -> None:
         """Every process up again (a fault thread may have died with its restart)."""
@@ -1111,24 +1122,20 @@ _MISSING = re.compile(r"^(?P<ns>\S+): I1: Session (?P<s>\S+) holds instance (?P<
 class Excusals:
     """I1 reports about held instances of a deleted AppDefinition, sorted out from violations.
 
-    Once an AppDefinition is deleted, the garbage collector strips its (now dangling) owner
-    reference from the objects of instances a live Session still holds: they keep only the
-    Session's. `warmpool.invariants.check` (like `observe.group_pool`, which it shares) finds
-    the objects of a deleted AppDefinition by that reference, so it reports all five "missing"
-    although they exist. That is a finding about the checker and the controller's view
-    (reported, counted as `blind`), not damage on the cluster: each such report is checked
-    here against the snapshot, object by object (instance id, part, the Session's reference).
+    An object that really is missing is excused only when the runner deleted it by hand after
+    the AppDefinition was gone: the controller cannot rebuild an instance whose AppDefinition
+    is gone (pool-spec §4 keeps what exists), so I1 stays broken until the Session ends
+    (counted as `unrebuildable`). Any other missing object is a violation, and the uid
+    tracking catches any object of a held instance that someone other than the runner deleted.
 
-    An object that really is missing is excused only when the runner deleted it by hand: the
-    controller cannot rebuild an instance whose AppDefinition is gone (pool-spec §4 keeps what
-    exists), so I1 stays broken until the Session ends (counted as `unrebuildable`). Any other
-    missing object is a violation, and the uid tracking catches any object of a held instance
-    that someone other than the runner deleted.
+    (Earlier, objects of such an instance that had lost the AppDefinition's reference to the
+    garbage collector were invisible to the checker and the controller, and were excused here
+    as `blind`; `observe.group_pool` now finds them by the holder's reference, so an I1 report
+    about them is a violation like any other.)
     """
 
     def __init__(self, ops: Operations, history: History) -> None:
         self.ops, self.history = ops, history
-        self.blind: set[str] = set()
         self.unrebuildable: set[str] = set()
 
     def classify(self, text: str, world: World) -> bool:
@@ -1138,14 +1145,6 @@ class Excusals:
         ns, session, app = m["ns"], m["s"], m["app"]
         if any(a["metadata"]["name"] == app for a in world.appdefs.get(ns, [])):
             return False
-        k, part = int(m["k"]), Part[m["part"]]
-        for obj in world.objects.get(ns, []):
-            if (naming.instance_id_from_name(obj["metadata"]["name"]) == k
-                    and observe.classify(obj) is part
-                    and any(is_session_ref(r) and r.get("name") == session for r in refs(obj))):
-                self._note(self.blind, text, "exists, owned by the Session only: the checker "
-                           "does not see it")
-                return True
         if (ns, session) in self.ops.damaged:
             self._note(self.unrebuildable, text, "deleted by hand, AppDefinition gone: not "
                        "rebuildable")
@@ -1264,7 +1263,6 @@ class ChaosResult:
     rerun: str = ""
     deletions_audited: int = 0
     audit_gaps: int = 0
-    blind: list[str] = field(default_factory=list)
     unrebuildable: list[str] = field(default_factory=list)
 
     @property
@@ -1306,10 +1304,6 @@ class ChaosResult:
                  f"  watchdog polls: {self.polls}; deletions audited: {self.deletions_audited}"
                  f" (watch gaps: {self.audit_gaps})"]
         lines += [f"  note: {n}" for n in self.notes]
-        if self.blind:
-            lines.append(f"  excused, {len(self.blind)} I1 reports of objects that exist "
-                         "(held instance of a deleted AppDefinition; the checker cannot see "
-                         "them): " + "; ".join(self.blind[:3]))
         lines += [f"  excused, not rebuildable (AppDefinition gone, damaged by hand): {x}"
                   for x in self.unrebuildable]
         if self.violations:
@@ -1413,7 +1407,7 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
         settle_seconds=settle, duration=time.monotonic() - started, polls=dog.polls,
         history=dog.first_history or history.tail(), notes=notes, workdir=workdir,
         rerun=cfg.command(), deletions_audited=audit.audited, audit_gaps=audit.gaps,
-        blind=sorted(dog.excusals.blind), unrebuildable=sorted(dog.excusals.unrebuildable))
+        unrebuildable=sorted(dog.excusals.unrebuildable))
 
 
 def _settle(kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig, history: History,

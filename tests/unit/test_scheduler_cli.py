@@ -23,6 +23,7 @@ def test_parse_namespaces() -> None:
 
 class FakeScheduler:
     made: list[FakeScheduler] = []
+    checked: list[tuple[Any, ...]] = []  # preflight's arguments, one tuple per run
 
     def __init__(self, kube_factory: Any, producer: Any, config: Any) -> None:
         self.config = config
@@ -52,7 +53,9 @@ class FakeScheduler:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeScheduler]]:
     FakeScheduler.made.clear()
+    FakeScheduler.checked.clear()
     monkeypatch.setattr(cli, "Scheduler", FakeScheduler)
+    monkeypatch.setattr(cli, "preflight", lambda *args: FakeScheduler.checked.append(args))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     yield FakeScheduler
     for s, h in handlers.items():
@@ -79,6 +82,9 @@ def test_namespaces_from_the_environment_and_lease_defaults(fake) -> None:
     assert s.config.resync_period == 600 and s.config.watch_timeout == (300, 600)
     assert "health=http://127.0.0.1:" in result.output
     assert "namespaces=team-a,team-b" in result.output
+    # Checked before starting: the watched namespaces and the Lease's, Redis.
+    assert fake.checked == [("/nonexistent", ["team-a", "team-b", "team-a"],
+                             "redis://127.0.0.1:1/0")]
 
 
 def test_all_namespaces_lease_in_default_or_configured(fake) -> None:

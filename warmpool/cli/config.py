@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from warmpool.cli.errors import BadValue, Unreachable, one_line
+from warmpool.cli.errors import BadValue, CredentialsRefused, Unreachable, one_line
 
 if TYPE_CHECKING:
     import redis
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from warmpool.queue.settings import QueueSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 ENV_KUBECONFIG = "KUBECONFIG"
 ENV_NAMESPACE = "WARMPOOL_NAMESPACE"
@@ -46,6 +47,9 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_NAMESPACE = "default"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 LOCAL_CLUSTER_HINT = 'for the local cluster: eval "$(warmpool cluster env)"'
+#: How long `warmpool worker` and `warmpool scheduler` wait at start for Redis and the API
+#: server to answer before they give up with one line (exit 4).
+STARTUP_WAIT = 10.0
 
 
 def _env(environ: Mapping[str, str], name: str) -> str | None:
@@ -142,11 +146,13 @@ def _connection_reason(exc: BaseException) -> str:
 
 
 def connect_kube(target: KubeTarget) -> Kube:
-    """A `Kube` on the target; the API server has answered (discovery) when this returns."""
+    """A `Kube` on the target; the API server has answered and accepted the credentials when
+    this returns."""
     import urllib3
     import yaml
     from kubernetes import client as kclient
     from kubernetes import config as kconfig
+    from kubernetes.client.rest import ApiException
 
     from warmpool.kube.api import Kube
 
@@ -166,11 +172,41 @@ def connect_kube(target: KubeTarget) -> Kube:
     host = api.configuration.host
     _quiet_tls_warnings(bool(api.configuration.verify_ssl))
     try:
-        return Kube(api)
+        kube = Kube(api)
+        # The dynamic client's discovery may come from its cache file: ask the server itself,
+        # with the credentials (/apis answers authenticated users only).
+        kclient.ApisApi(api).get_api_versions(_request_timeout=(5.0, 10.0))
+        return kube
     except urllib3.exceptions.HTTPError as exc:
         raise Unreachable(f"cannot reach the Kubernetes API server at {host} (kubeconfig from "
                           f"{target.source}): {_connection_reason(exc)}; start it, or point "
                           "KUBECONFIG/--kubeconfig at one that runs") from exc
+    except ApiException as exc:  # discovery needs an authenticated user
+        if exc.status in (401, 403):
+            raise CredentialsRefused(
+                f"the Kubernetes API server at {host} refused the credentials (kubeconfig "
+                f"from {target.source}): {exc.status} {exc.reason}; renew them, or point "
+                "KUBECONFIG/--kubeconfig at a kubeconfig whose user may use the cluster") from exc
+        raise
+
+
+def check_namespaces(kube: Kube, namespaces: list[str]) -> None:
+    """`NotFound` for a namespace that does not exist: watching it would wait for ever on an
+    empty pool. A user allowed only inside the namespace (the Role in deploy/) cannot read the
+    Namespace object; then the namespace is taken as given."""
+    from warmpool.cli.errors import NotFound
+    from warmpool.kube.api import KubeError
+
+    for name in namespaces:
+        try:
+            found = kube.get("v1", "Namespace", "", name)
+        except KubeError as exc:
+            if exc.status == 403:
+                continue
+            raise
+        if found is None:
+            raise NotFound(f"namespace {name} does not exist (from --namespace or "
+                           f"${ENV_NAMESPACE}); create it, or watch another")
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,8 +270,9 @@ def connect_redis(url: str, source: str) -> redis.Redis:
     try:
         client.ping()
     except redis_lib.AuthenticationError as exc:
-        raise Unreachable(f"Redis at {shown} (from {source}) refused the credentials: {exc}; "
-                          "put the password in the URL (redis://:PASSWORD@host:port)") from exc
+        raise CredentialsRefused(f"Redis at {shown} (from {source}) refused the credentials: "
+                                 f"{exc}; put the password in the URL "
+                                 "(redis://:PASSWORD@host:port)") from exc
     except (redis_lib.ConnectionError, redis_lib.TimeoutError, OSError) as exc:
         raise Unreachable(f"nothing answers at {shown} (from {source}): "
                           f"{one_line(str(exc), 160).rstrip('.')}; start Redis there, or set "
@@ -243,6 +280,26 @@ def connect_redis(url: str, source: str) -> redis.Redis:
     except redis_lib.RedisError as exc:
         raise Unreachable(f"Redis at {shown} (from {source}) failed PING: {exc}") from exc
     return client
+
+
+def patiently(attempt: Callable[[], T], seconds: float = STARTUP_WAIT) -> T:
+    """`attempt()`, retried for up to `seconds` while a server it needs does not answer: a
+    service started together with its Redis or its API server (compose, a pod during a control
+    plane upgrade) may come up first. Everything else fails at once, as one `CliError`: a
+    malformed value, refused credentials, a namespace that does not exist."""
+    import time
+
+    from warmpool.cli.errors import translate
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return attempt()
+        except Exception as exc:
+            error = translate(exc)
+            if type(error) is not Unreachable or time.monotonic() >= deadline:
+                raise error from exc
+        time.sleep(0.5)
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,10 @@ class Unreachable(CliError):
     exit_code = EXIT_UNREACHABLE
 
 
+class CredentialsRefused(Unreachable):
+    """The server answers and says no: waiting will not help (unlike a server still booting)."""
+
+
 def _usage(exc: click.UsageError) -> CliError:
     ctx = exc.ctx
     hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
@@ -105,7 +109,7 @@ def translate(exc: BaseException) -> CliError:
                            "installed (warmpool/kube/crds), and is this the right cluster?")
     if isinstance(exc, KubeError):
         if exc.status in (401, 403):
-            return Unreachable(f"the API server refused the credentials: {exc}; check the "
+            return CredentialsRefused(f"the API server refused the credentials: {exc}; check the "
                                "kubeconfig's user and its RBAC permissions")
         if exc.status == 404:
             return NotFound(str(exc))
@@ -161,6 +165,7 @@ __all__ = [
     "EXIT_USAGE",
     "BadValue",
     "CliError",
+    "CredentialsRefused",
     "FriendlyGroup",
     "NotFound",
     "Unreachable",

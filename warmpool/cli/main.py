@@ -39,6 +39,7 @@ def _register() -> None:
     cli.add_command(queue.dead_letters)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, prog_name: str = "warmpool") -> None:
+    """Run `warmpool` (argv: the arguments after the program name; None: sys.argv's)."""
     _register()
-    cli(prog_name="warmpool")
+    cli(argv, prog_name=prog_name)
