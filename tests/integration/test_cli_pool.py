@@ -9,19 +9,16 @@ Configuration failures (no kubeconfig, an API server that does not answer) need 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 import yaml
 
 from tests import redis_server
+from tests.cli_run import assert_one_line_error, clean_env, run, run_json
 from tests.pool_world import (
     USERS,
     create_appdef,
@@ -44,41 +41,11 @@ from workers.process import WorkerPool
 redis_url = redis_server.redis_url
 redis_client = redis_server.redis_client
 
-ROOT = Path(__file__).resolve().parents[2]
 BAD_USER = "ann@example.com,eve@example.org"  # two addresses: refused, never printed
 
 
 def cli_env(kubeconfig: str | None = None, **extra: str) -> dict[str, str]:
-    env = {k: val for k, val in os.environ.items()
-           if not k.startswith(("WARMPOOL_", "KUBERNETES_")) and k != "KUBECONFIG"}
-    env["COLUMNS"] = "80"
-    if kubeconfig:
-        env["KUBECONFIG"] = kubeconfig
-    env.update(extra)
-    return env
-
-
-def run(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "warmpool.cli", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=90,
-                          stdin=subprocess.DEVNULL)
-    assert proc.returncode == code, (args, proc.returncode, proc.stdout, proc.stderr)
-    if "--json" not in args:
-        too_wide = [line for line in proc.stdout.splitlines() if len(line) > 80]
-        assert not too_wide, f"{args}: lines wider than 80 columns:\n" + "\n".join(too_wide)
-    return proc
-
-
-def run_json(env: dict[str, str], *args: str) -> Any:
-    return json.loads(run(env, *args, "--json").stdout)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ") and "Traceback" not in proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
+    return clean_env(**({"KUBECONFIG": kubeconfig} if kubeconfig else {}), **extra)
 
 
 def assert_no_email(text: str) -> None:

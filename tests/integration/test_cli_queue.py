@@ -9,17 +9,13 @@ WARMPOOL_QUEUE_NAMESPACE), against a real Redis and real worker processes runnin
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
 from tests import redis_server
+from tests.cli_run import assert_one_line_error, clean_env, run, run_json
 from tests.redis_server import delete_prefix, isolated_settings
 from tests.waiting import wait_for
 from warmpool.queue.embedded import LOCAL_URL
@@ -33,45 +29,16 @@ pytestmark = pytest.mark.redis
 redis_url = redis_server.redis_url
 redis_client = redis_server.redis_client
 
-ROOT = Path(__file__).resolve().parents[2]
 UNREACHABLE = "redis://127.0.0.1:1/0"
 
 
 def cli_env(settings: QueueSettings | None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("WARMPOOL_") and k != "KUBECONFIG"}
-    env["COLUMNS"] = "80"
     if settings is not None:
         assert settings.redis_url
-        env.update({"WARMPOOL_REDIS_URL": settings.redis_url,
-                    "WARMPOOL_QUEUE_PREFIX": settings.prefix,
-                    "WARMPOOL_QUEUE_NAMESPACE": settings.namespace})
-    env.update(extra)
-    return env
-
-
-def run(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "warmpool.cli", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
-    assert proc.returncode == code, (args, proc.returncode, proc.stdout, proc.stderr)
-    if code == 0 and "--json" not in args:
-        too_wide = [line for line in proc.stdout.splitlines() if len(line) > 80]
-        assert not too_wide, f"{args}: lines wider than 80 columns:\n" + "\n".join(too_wide)
-    return proc
-
-
-def run_json(env: dict[str, str], *args: str) -> Any:
-    return json.loads(run(env, *args, "--json").stdout)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ")
-    assert "Traceback" not in proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
+        extra = {"WARMPOOL_REDIS_URL": settings.redis_url,
+                 "WARMPOOL_QUEUE_PREFIX": settings.prefix,
+                 "WARMPOOL_QUEUE_NAMESPACE": settings.namespace, **extra}
+    return clean_env(**extra)
 
 
 @pytest.fixture
