@@ -58,8 +58,6 @@ def figures(results: list[ChaosResult], command: str, root: Path) -> str:
         f"| invariant violations | {violations} |",
         f"| lost or doubled claims | "
         f"{sum(1 for r in results for v in r.violations if 'claim' in v)} |",
-        f"| I1 reports excused: objects that exist but the checker cannot see (held "
-        f"instance of a deleted AppDefinition) | {sum(len(r.blind) for r in results)} |",
         f"| I1 reports excused: deleted by hand after their AppDefinition was gone (not "
         f"rebuildable) | {sum(len(r.unrebuildable) for r in results)} |",
         f"| settle time after a round, median / max | "

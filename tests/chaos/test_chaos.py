@@ -23,11 +23,7 @@ from warmpool.cluster.local import ClusterInfo
 CI_SEEDS = (1, 2, 3)
 
 
-# Held out of `make test` (marked slow) until it has been seen green on a quiet machine: its
-# first full runs happened on a machine loaded by other test runs. Run it with
-# `pytest -m chaos tests/chaos/test_chaos.py`.
 @pytest.mark.chaos
-@pytest.mark.slow
 @pytest.mark.parametrize("seed", CI_SEEDS)
 def test_chaos_ci_tier(cluster: ClusterInfo, tmp_path: Path, seed: int) -> None:
     cfg = ChaosConfig(seed=seed, ops=90, ops_per_fault=8, round_ops=45,
