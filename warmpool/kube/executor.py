@@ -127,8 +127,16 @@ class Executor:
                             raise
                 return len(pods)
             case AnnotateSession(session=name, annotations=annotations):
-                self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name,
-                                      {"metadata": {"annotations": annotations}})
+                try:
+                    self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name,
+                                          {"metadata": {"annotations": annotations}})
+                except KubeError as exc:
+                    # A Session deleted during its claim: its instance is released by the
+                    # next reconcile of that instance, which its deletion queues.
+                    if exc.status != 404:
+                        raise
+                    log.info("Session %s went away before its annotation", name)
+                    return 0
                 log.info("annotated Session %s with %s", name, annotations)
             case SetSessionStatus(session=name, status=status):
                 try:
