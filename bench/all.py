@@ -83,7 +83,8 @@ def _pipeline_rows(extra: list[str], quick: bool = False) -> list[Row]:
             f"keyed / raw {ratio:.2f}", ">= 0.7", f"raw dramatiq no-op actor: {m.raw:,.0f} "
             "jobs/s", verdict(ratio >= 0.7), f"{m.jobs:,} jobs x {m.rounds} rounds; per "
             "round keyed " + ", ".join(f"{x:,.0f}" for x in m.keyed_rates) + "; raw "
-            + ", ".join(f"{x:,.0f}" for x in m.raw_rates)),
+            + ", ".join(f"{x:,.0f}" for x in m.raw_rates) + "; "
+            + queue_bench.cpu_lines(m)[0]),
         Row("2 pipeline", "dedup: 10,000 adds over 100 keys, workers paused",
             f"{m.dedup_runs} runs", "100", f"plain dramatiq: {m.dedup_adds:,} messages "
             "(no dedup)", verdict(m.dedup_runs == 100),

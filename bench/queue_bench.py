@@ -7,6 +7,10 @@ dramatiq's queue in one step, so the clock measures consumption only: no produce
 for the CPU, and no worker starts late.
 
   python -m bench queue [--processes 2] [--threads 8] [--jobs 20000] [--rounds 3]
+      [--profile DIR]
+
+Each case also reports the CPU it cost, per 1,000 jobs, in the worker processes and in Redis:
+on a 2-core machine that total, not Redis latency, is what bounds the rate.
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis
 from dramatiq.message import Message
 
+from bench.common import cpu_seconds
+from bench.profiling import Profiler, summarize
 from warmpool.queue.embedded import resolve_redis_url
 from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.layout import Layout
@@ -94,13 +101,32 @@ def _stage_keyed(q: KeyedQueue, keys: list[str]) -> None:
     q.add_many(keys)
 
 
+def _redis_cpu(client: redis.Redis) -> float:
+    """CPU seconds the Redis server has used (user + system, its main thread included)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+@dataclass
+class Spent:
+    """Where one timed case's CPU went: what a 2-core machine runs out of first."""
+
+    seconds: float
+    workers_cpu: float
+    redis_cpu: float
+
+
 def _timed(
-    client: redis.Redis, settings: QueueSettings, counter: str, n: int, stage: Callable[[], None]
-) -> float:
+    client: redis.Redis, settings: QueueSettings, counter: str, n: int, stage: Callable[[], None],
+    pids: list[int] | None = None,
+) -> Spent:
     client.delete(counter)
     stage()
+    workers0, redis0 = sum(map(cpu_seconds, pids or [])), _redis_cpu(client)
     _release(client, settings)
-    return _wait_count(client, counter, n, timeout=max(120.0, n / 50))
+    secs = _wait_count(client, counter, n, timeout=max(120.0, n / 50))
+    return Spent(secs, sum(map(cpu_seconds, pids or [])) - workers0,
+                 _redis_cpu(client) - redis0)
 
 
 def _drained(client: redis.Redis, settings: QueueSettings) -> bool:
@@ -121,10 +147,13 @@ class PipelineResult:
     url: str
     raw_rates: list[float]
     keyed_rates: list[float]
+    raw_spent: list[Spent]
+    keyed_spent: list[Spent]
     dedup_runs: int
     dedup_adds: int
     dedup_enqueued: int
     add_rate: float
+    profile: list[str]
 
     @property
     def raw(self) -> float:
@@ -135,7 +164,8 @@ class PipelineResult:
         return statistics.mean(self.keyed_rates)
 
 
-def measure(processes: int, threads: int, jobs: int, rounds: int, url: str) -> PipelineResult:
+def measure(processes: int, threads: int, jobs: int, rounds: int, url: str,
+            profile_dir: Path | None = None) -> PipelineResult:
     tag = f"bench{uuid.uuid4().hex[:8]}"
     settings = QueueSettings(redis_url=url, prefix=f"{tag}:warmpool:", namespace=f"{tag}:dramatiq")
     client = connect(url)
@@ -156,15 +186,27 @@ def measure(processes: int, threads: int, jobs: int, rounds: int, url: str) -> P
         warm = [f"instance/bench/warm/{i}" for i in range(1, 501)]
         _timed(client, settings, keyed_counter, 500, lambda: _stage_keyed(q, warm))
 
-        raw_rates, keyed_rates = [], []
+        pids = [pid for pid in pool.pids if pid is not None]
+        raw_spent, keyed_spent = [], []
         for r in range(rounds):
-            secs = _timed(
-                client, settings, raw_counter, jobs, lambda: _stage_raw(client, settings, jobs)
-            )
-            raw_rates.append(jobs / secs)
+            raw_spent.append(_timed(client, settings, raw_counter, jobs,
+                                    lambda: _stage_raw(client, settings, jobs), pids))
             keys = [f"instance/bench/r{r}/{i}" for i in range(1, jobs + 1)]
-            secs = _timed(client, settings, keyed_counter, jobs, lambda k=keys: _stage_keyed(q, k))
-            keyed_rates.append(jobs / secs)
+            keyed_spent.append(_timed(client, settings, keyed_counter, jobs,
+                                      lambda k=keys: _stage_keyed(q, k), pids))
+        raw_rates = [jobs / x.seconds for x in raw_spent]
+        keyed_rates = [jobs / x.seconds for x in keyed_spent]
+        profile: list[str] = []
+        if profile_dir is not None:  # one more round of each, sampled (not in the rates)
+            for label, counter, stage in (
+                ("raw", raw_counter, lambda: _stage_raw(client, settings, jobs)),
+                ("keyed", keyed_counter, lambda: _stage_keyed(
+                    q, [f"instance/bench/p/{i}" for i in range(1, jobs + 1)])),
+            ):
+                prof = Profiler(pids, profile_dir, f"pipeline-{label}")
+                _timed(client, settings, counter, jobs, stage, pids)
+                profile += [f"pipeline, {label} no-op jobs, worker processes (py-spy --gil):",
+                            *summarize(prof.stop(), top=12)]
 
         # dedup while workers see nothing ("paused"), then let them at it
         client.delete(keyed_counter)
@@ -183,8 +225,8 @@ def measure(processes: int, threads: int, jobs: int, rounds: int, url: str) -> P
         batch = list(client.scan_iter(match=f"{tag}:*", count=1000))
         for i in range(0, len(batch), 500):
             client.delete(*batch[i : i + 500])
-    return PipelineResult(processes, threads, jobs, rounds, url, raw_rates, keyed_rates, runs,
-                          len(adds), enqueued, add_rate)
+    return PipelineResult(processes, threads, jobs, rounds, url, raw_rates, keyed_rates,
+                          raw_spent, keyed_spent, runs, len(adds), enqueued, add_rate, profile)
 
 
 def lines_for(m: PipelineResult) -> list[str]:
@@ -209,11 +251,26 @@ def lines_for(m: PipelineResult) -> list[str]:
         + ", ".join(f"{x:,.0f}" for x in m.raw_rates)
         + "; keyed: "
         + ", ".join(f"{x:,.0f}" for x in m.keyed_rates),
+        *cpu_lines(m),
     ]
 
 
-def run(processes: int, threads: int, jobs: int, rounds: int, url: str) -> list[str]:
-    return lines_for(measure(processes, threads, jobs, rounds, url))
+def cpu_lines(m: PipelineResult) -> list[str]:
+    """CPU per 1,000 jobs, workers and Redis apart: the machine's cores are the budget."""
+    def per_k(spent: list[Spent]) -> tuple[float, float]:
+        n = m.jobs * len(spent) / 1000
+        return (sum(x.workers_cpu for x in spent) / n, sum(x.redis_cpu for x in spent) / n)
+    rw, rr = per_k(m.raw_spent)
+    kw, kr = per_k(m.keyed_spent)
+    return [f"CPU per 1,000 jobs: raw {rw:.2f} s in workers + {rr:.2f} s in Redis = "
+            f"{rw + rr:.2f} s; keyed {kw:.2f} s + {kr:.2f} s = {kw + kr:.2f} s "
+            f"(keyed / raw: workers {kw / rw:.2f}, Redis {kr / rr:.2f})"]
+
+
+def run(processes: int, threads: int, jobs: int, rounds: int, url: str,
+        profile_dir: Path | None = None) -> list[str]:
+    m = measure(processes, threads, jobs, rounds, url, profile_dir)
+    return [*lines_for(m), *m.profile]
 
 
 def main(argv: list[str]) -> int:
@@ -223,8 +280,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--redis-url", default=None)
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="after the timed rounds, one py-spy sampled round of each case")
     args = parser.parse_args(argv)
     url = args.redis_url or resolve_redis_url()
-    for line in run(args.processes, args.threads, args.jobs, args.rounds, url):
+    for line in run(args.processes, args.threads, args.jobs, args.rounds, url, args.profile):
         print(line)
     return 0
