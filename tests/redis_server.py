@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -23,6 +24,7 @@ from warmpool.queue.settings import QueueSettings
 
 __all__ = [
     "delete_prefix",
+    "isolated",
     "isolated_settings",
     "queue_settings",
     "redis_client",
@@ -40,6 +42,17 @@ def isolated_settings(url: str, **changes: object) -> QueueSettings:
         namespace=f"{tag}:dramatiq",
         **changes,  # type: ignore[arg-type]
     )
+
+
+@contextmanager
+def isolated(url: str, client: redis.Redis, **changes: object) -> Iterator[QueueSettings]:
+    """`isolated_settings` for the length of a block; every key under its prefix is deleted
+    afterwards (a test module's `settings` fixture: `with isolated(...) as s: yield s`)."""
+    settings = isolated_settings(url, **changes)
+    try:
+        yield settings
+    finally:
+        delete_prefix(client, settings.prefix.split(":", 1)[0] + ":")
 
 
 def delete_prefix(client: redis.Redis, prefix: str) -> int:
@@ -74,7 +87,5 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def queue_settings(redis_url: str, redis_client: redis.Redis) -> Iterator[QueueSettings]:
-    settings = isolated_settings(redis_url)
-    yield settings
-    tag = settings.prefix.split(":", 1)[0] + ":"
-    delete_prefix(redis_client, tag)
+    with isolated(redis_url, redis_client) as settings:
+        yield settings

@@ -27,7 +27,7 @@ from tests.pool_world import (
     patch_appdef_spec,
     session,
 )
-from tests.redis_server import delete_prefix, isolated_settings
+from tests.redis_server import isolated
 from tests.waiting import wait_for
 from warmpool.invariants import check
 from warmpool.keys import PoolKey, SessionKey
@@ -56,9 +56,8 @@ def assert_no_email(text: str) -> None:
 
 @pytest.fixture
 def settings(redis_url: str, redis_client: redis.Redis) -> Iterator[QueueSettings]:
-    s = isolated_settings(redis_url, drain_timeout=5)
-    yield s
-    delete_prefix(redis_client, s.prefix.split(":", 1)[0] + ":")
+    with isolated(redis_url, redis_client, drain_timeout=5) as s:
+        yield s
 
 
 @pytest.fixture

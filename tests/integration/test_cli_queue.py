@@ -16,7 +16,7 @@ import redis
 
 from tests import redis_server
 from tests.cli_run import assert_one_line_error, clean_env, run, run_json
-from tests.redis_server import delete_prefix, isolated_settings
+from tests.redis_server import isolated
 from tests.waiting import wait_for
 from warmpool.queue.embedded import LOCAL_URL
 from warmpool.queue.keyed import KeyedQueue
@@ -44,9 +44,8 @@ def cli_env(settings: QueueSettings | None, **extra: str) -> dict[str, str]:
 @pytest.fixture
 def settings(redis_url: str, redis_client: redis.Redis) -> Iterator[QueueSettings]:
     # Two failures in a row make a dead letter, so the test sees one in milliseconds.
-    s = isolated_settings(redis_url, max_failures=2, drain_timeout=5)
-    yield s
-    delete_prefix(redis_client, s.prefix.split(":", 1)[0] + ":")
+    with isolated(redis_url, redis_client, max_failures=2, drain_timeout=5) as s:
+        yield s
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from metrics.exposition import MetricsServer, host_registry
-from tests.redis_server import delete_prefix, isolated_settings, redis_client, redis_url  # noqa: F401
+from tests.redis_server import delete_prefix, isolated, isolated_settings, redis_client, redis_url  # noqa: F401
 from tests.waiting import wait_for
 from warmpool.queue import Inspector, KeyedQueue, QueueSettings
 from workers import probe
@@ -59,10 +59,9 @@ def idle(samples: Samples) -> bool:
 @pytest.fixture
 def settings(redis_url: str, redis_client: redis.Redis) -> Iterator[QueueSettings]:  # noqa: F811
     # Short lease and heartbeat: a SIGKILLed worker's keys come back within seconds.
-    s = isolated_settings(redis_url, lease_ttl=2.0, heartbeat_timeout=2.0,
-                          recovery_period=0.25, drain_timeout=5)
-    yield s
-    delete_prefix(redis_client, s.prefix.split(":", 1)[0] + ":")
+    with isolated(redis_url, redis_client, lease_ttl=2.0, heartbeat_timeout=2.0,
+                  recovery_period=0.25, drain_timeout=5) as s:
+        yield s
 
 
 def hold(client: redis.Redis, settings: QueueSettings, keys: list[str]) -> None:

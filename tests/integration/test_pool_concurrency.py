@@ -26,7 +26,7 @@ from tests.pool_world import (
     patch_appdef_spec,
     session,
 )
-from tests.redis_server import delete_prefix, isolated_settings
+from tests.redis_server import isolated
 from tests.waiting import wait_for
 from warmpool.invariants import check
 from warmpool.keys import InstanceKey, PoolKey, SessionKey
@@ -45,10 +45,9 @@ redis_client = redis_server.redis_client
 @pytest.fixture
 def settings(redis_url: str, redis_client: redis.Redis) -> Iterator[QueueSettings]:
     # A short lease so a SIGKILLed worker's keys come back within seconds.
-    s = isolated_settings(redis_url, lease_ttl=2.0, heartbeat_timeout=2.0, recovery_period=0.25,
-                          drain_timeout=5)
-    yield s
-    delete_prefix(redis_client, s.prefix.split(":", 1)[0] + ":")
+    with isolated(redis_url, redis_client, lease_ttl=2.0, heartbeat_timeout=2.0,
+                  recovery_period=0.25, drain_timeout=5) as s:
+        yield s
 
 
 @pytest.fixture
