@@ -55,6 +55,10 @@ def figures(results: list[ChaosResult], command: str, root: Path) -> str:
         f"{sum(api[k] for k in INJECTED)} of {api['requests']} |",
         f"| quiescence checks (rounds) | {sum(r.rounds for r in results)} |",
         f"| watchdog polls (consistent snapshots) | {sum(r.polls for r in results)} |",
+        f"| pool-object deletions audited on a watch | "
+        f"{sum(r.deletions_audited for r in results)} |",
+        f"| held objects the garbage collector took from a claim racing its AppDefinition's "
+        f"deletion (excused, counted) | {sum(r.gc_races for r in results)} |",
         f"| invariant violations | {violations} |",
         f"| lost or doubled claims | "
         f"{sum(1 for r in results for v in r.violations if 'claim' in v)} |",

@@ -101,6 +101,18 @@ def test_large_list_and_writes_pass_unchanged(via: Kube, kube: Kube, namespace: 
     assert via.get("v1", "ConfigMap", namespace, "big") is None
 
 
+def test_deletes_made_through_the_proxy_are_known(proxy: ApiProxy, via: Kube, kube: Kube,
+                                                  namespace: str) -> None:
+    """Who deleted an object: the client behind the proxy, or someone else (the GC)."""
+    via.create(cm(namespace, "mine", "1"))
+    kube.create(cm(namespace, "theirs", "1"))
+    assert via.delete("v1", "ConfigMap", namespace, "mine") is True
+    assert kube.delete("v1", "ConfigMap", namespace, "theirs") is True
+    base = f"/api/v1/namespaces/{namespace}/configmaps"
+    assert proxy.deleted(f"{base}/mine") and proxy.deleted(f"{base}/mine?dryRun=")
+    assert not proxy.deleted(f"{base}/theirs")
+
+
 def test_added_latency(proxy: ApiProxy, via: Kube, namespace: str) -> None:
     via.list("v1", "ConfigMap", namespace)  # warm: discovery and a connection
     proxy.set(latency=0.15, jitter=0.05)

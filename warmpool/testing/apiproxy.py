@@ -209,6 +209,8 @@ class _Handler(BaseHTTPRequestHandler):
         except (OSError, http.client.HTTPException) as exc:
             p._record("upstream_error", method, path)
             return self._answer(502, f"the test proxy could not reach the API server: {exc}")
+        if method == "DELETE" and 200 <= resp.status < 300:
+            p._deleted_path(path)  # before the reply: the server has deleted it either way
         if plan.lost_response:
             resp.close()
             self._close_upstream()
@@ -383,6 +385,8 @@ class ApiProxy:
         self._lock = threading.Lock()
         self._faults = Faults()
         self._counts: Counter[str] = Counter()
+        # Paths (no query) of objects the proxied clients deleted (2xx from the server).
+        self._deleted: set[str] = set()
         self.events: deque[tuple[float, str, str]] = deque(maxlen=events)
         self._connections: set[socket.socket] = set()
         self._watches: set[_Stream] = set()
@@ -546,6 +550,17 @@ class ApiProxy:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+    def deleted(self, path: str) -> bool:
+        """Whether a client of this proxy deleted the object at `path` (an API path such as
+        /api/v1/namespaces/ns/services/name): who deleted an object, when a test must know
+        whether it was the system under test or the server's garbage collector."""
+        with self._lock:
+            return urlsplit(path).path in self._deleted
+
+    def _deleted_path(self, path: str) -> None:
+        with self._lock:
+            self._deleted.add(urlsplit(path).path)
 
     def open_watches(self) -> int:
         with self._lock:
