@@ -212,9 +212,7 @@ def test_appdefinition_deleted_under_a_live_session_keeps_its_instance_and_allow
     ns = namespace
     create_appdef(kube, ns, min_instances=2)
     run_until_quiet(kube, ns)
-    create_session(kube, ns, "s1", USERS[1])
-    run_until_quiet(kube, ns)
-    k = held_instance(kube, ns, "s1")
+    k = _claim_all(kube, ns, 1)["s1"]
     objects = instance_objects(kube, ns, "java", k)
     kept = {name: o["metadata"]["uid"] for name, o in objects.items()}
 
