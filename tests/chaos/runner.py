@@ -1027,10 +1027,10 @@ class DeletionAudit:
 
     def __init__(self, kube: Kube, pinned: PinnedKube, namespaces: list[str],
                  ops: Operations, history: History, violate: Callable[[str], None],
-                 deleted_by_controller: Callable[[str], bool]) -> None:
+                 deleted_by_controller: Callable[[str, str], bool]) -> None:
         self.kube, self.pinned, self.namespaces = kube, pinned, namespaces
         self.ops, self.history, self.violate = ops, history, violate
-        self.deleted_by_controller = deleted_by_controller  # API path -> through the proxy?
+        self.deleted_by_controller = deleted_by_controller  # (API path, uid) -> by the proxy?
         self.audited = 0
         self.gaps = 0
         self.gc_races = 0
@@ -1082,7 +1082,7 @@ class DeletionAudit:
         path = (f"{api}/namespaces/{ns}/{self.PLURALS[obj['kind']]}/"
                 f"{obj['metadata']['name']}")
         deadline = time.monotonic() + 2.0
-        while not self.deleted_by_controller(path):
+        while not self.deleted_by_controller(path, obj["metadata"]["uid"]):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)

@@ -104,13 +104,17 @@ def test_large_list_and_writes_pass_unchanged(via: Kube, kube: Kube, namespace: 
 def test_deletes_made_through_the_proxy_are_known(proxy: ApiProxy, via: Kube, kube: Kube,
                                                   namespace: str) -> None:
     """Who deleted an object: the client behind the proxy, or someone else (the GC)."""
-    via.create(cm(namespace, "mine", "1"))
+    first = via.create(cm(namespace, "mine", "1"))["metadata"]["uid"]
     kube.create(cm(namespace, "theirs", "1"))
-    assert via.delete("v1", "ConfigMap", namespace, "mine") is True
+    assert via.delete("v1", "ConfigMap", namespace, "mine", uid=first) is True
     assert kube.delete("v1", "ConfigMap", namespace, "theirs") is True
     base = f"/api/v1/namespaces/{namespace}/configmaps"
-    assert proxy.deleted(f"{base}/mine") and proxy.deleted(f"{base}/mine?dryRun=")
+    assert proxy.deleted(f"{base}/mine", first) and proxy.deleted(f"{base}/mine?x=")
     assert not proxy.deleted(f"{base}/theirs")
+    # The next object of the same name, deleted by someone else, is not the first one.
+    second = kube.create(cm(namespace, "mine", "2"))["metadata"]["uid"]
+    assert kube.delete("v1", "ConfigMap", namespace, "mine", uid=second) is True
+    assert not proxy.deleted(f"{base}/mine", second)
 
 
 def test_added_latency(proxy: ApiProxy, via: Kube, namespace: str) -> None:

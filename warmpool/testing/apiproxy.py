@@ -210,7 +210,7 @@ class _Handler(BaseHTTPRequestHandler):
             p._record("upstream_error", method, path)
             return self._answer(502, f"the test proxy could not reach the API server: {exc}")
         if method == "DELETE" and 200 <= resp.status < 300:
-            p._deleted_path(path)  # before the reply: the server has deleted it either way
+            p._deleted_path(path, body)  # before the reply: the server has deleted it anyway
         if plan.lost_response:
             resp.close()
             self._close_upstream()
@@ -385,8 +385,10 @@ class ApiProxy:
         self._lock = threading.Lock()
         self._faults = Faults()
         self._counts: Counter[str] = Counter()
-        # Paths (no query) of objects the proxied clients deleted (2xx from the server).
-        self._deleted: set[str] = set()
+        # Objects the proxied clients deleted (2xx from the server): (path without query, the
+        # uid of the delete's precondition, or None without one). A name is reused by the next
+        # object of that name; the uid tells the two apart.
+        self._deleted: set[tuple[str, str | None]] = set()
         self.events: deque[tuple[float, str, str]] = deque(maxlen=events)
         self._connections: set[socket.socket] = set()
         self._watches: set[_Stream] = set()
@@ -551,16 +553,23 @@ class ApiProxy:
         with self._lock:
             return dict(self._counts)
 
-    def deleted(self, path: str) -> bool:
+    def deleted(self, path: str, uid: str | None = None) -> bool:
         """Whether a client of this proxy deleted the object at `path` (an API path such as
-        /api/v1/namespaces/ns/services/name): who deleted an object, when a test must know
-        whether it was the system under test or the server's garbage collector."""
+        /api/v1/namespaces/ns/services/name) -- the one with `uid`, when given and the delete
+        named it in its preconditions: who deleted an object, when a test must know whether it
+        was the system under test or the server's garbage collector."""
+        key = urlsplit(path).path
         with self._lock:
-            return urlsplit(path).path in self._deleted
+            return (key, None) in self._deleted or (
+                (key, uid) in self._deleted if uid is not None
+                else any(p == key for p, _ in self._deleted))
 
-    def _deleted_path(self, path: str) -> None:
+    def _deleted_path(self, path: str, body: bytes | None) -> None:
+        uid = None
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            uid = (json.loads(body or b"{}").get("preconditions") or {}).get("uid")
         with self._lock:
-            self._deleted.add(urlsplit(path).path)
+            self._deleted.add((urlsplit(path).path, uid))
 
     def open_watches(self) -> int:
         with self._lock:
