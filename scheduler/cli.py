@@ -18,31 +18,13 @@ import click
 from scheduler.app import Scheduler, SchedulerConfig
 from scheduler.health import HealthServer
 from scheduler.leader import DEFAULT_LEASE_NAME, LeaderConfig, default_identity
+from warmpool.cli.config import check_servers
 
 
 def parse_namespaces(values: tuple[str, ...]) -> list[str] | None:
     """Repeated and/or comma-separated names; none means every namespace."""
     names = [n.strip() for value in values for n in value.split(",") if n.strip()]
     return list(dict.fromkeys(names)) or None
-
-
-def preflight(kubeconfig: str | None, namespaces: list[str], redis_url: str | None) -> None:
-    """Configuration errors end here, before anything starts, with one line (exit 2, 3 or 4),
-    not in a loop of failing watches: the API server must answer and accept the credentials,
-    the namespaces must exist, Redis must answer (each waited for a few seconds)."""
-    from warmpool.cli.config import (
-        check_namespaces,
-        connect_kube,
-        connect_redis,
-        patiently,
-        resolve_kube_target,
-    )
-
-    target = resolve_kube_target(kubeconfig)
-    kube = patiently(lambda: connect_kube(target))
-    patiently(lambda: check_namespaces(kube, list(dict.fromkeys(namespaces))))
-    if redis_url is not None:
-        patiently(lambda: connect_redis(redis_url, "--redis-url or $WARMPOOL_REDIS_URL")).close()
 
 
 @click.command("scheduler")
@@ -120,8 +102,8 @@ def scheduler(
     from metrics.collectors import AddCounter
 
     settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
-    preflight(kubeconfig, [*(ns_list or ()), *([leader.namespace] if leader else [])],
-              settings.redis_url)
+    check_servers(settings.redis_url, kube=True, kubeconfig=kubeconfig,
+                  namespaces=[*(ns_list or ()), *([leader.namespace] if leader else [])])
     adds = AddCounter()
     producer = KeyedQueue.from_settings(settings, observer=adds)
     config = SchedulerConfig(namespaces=ns_list, resync_period=resync_period,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from warmpool.cli.config import connect_kube, connect_redis, patiently, resolve_kube_target
+from warmpool.cli.config import check_servers
 from warmpool.queue.settings import QueueSettings
 from workers.process import DEFAULT_MODULES, MULTIPROC_ENV, WorkerPool
 
@@ -81,11 +81,9 @@ def worker(
     # Fail here, with one line, not in a restart loop of crashing or retrying children.
     loaded = [importlib.import_module(name) for name in modules]
     settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
-    if (url := settings.redis_url) is not None:
-        patiently(lambda: connect_redis(url, "--redis-url or $WARMPOOL_REDIS_URL")).close()
-    if any(getattr(m, "NEEDS_KUBERNETES", False) for m in loaded):
-        target = resolve_kube_target(None)  # the children use the same KUBECONFIG
-        patiently(lambda: connect_kube(target))
+    # The children find the API server through the same KUBECONFIG (or in-cluster config).
+    check_servers(settings.redis_url,
+                  kube=any(getattr(m, "NEEDS_KUBERNETES", False) for m in loaded))
     embedded = None
     if settings.redis_url is None:
         from warmpool.queue.embedded import embedded_redis

@@ -23,7 +23,7 @@ def test_parse_namespaces() -> None:
 
 class FakeScheduler:
     made: list[FakeScheduler] = []
-    checked: list[tuple[Any, ...]] = []  # preflight's arguments, one tuple per run
+    checked: list[tuple[Any, ...]] = []  # check_servers' arguments, one entry per run
 
     def __init__(self, kube_factory: Any, producer: Any, config: Any) -> None:
         self.config = config
@@ -55,7 +55,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeScheduler]]:
     FakeScheduler.made.clear()
     FakeScheduler.checked.clear()
     monkeypatch.setattr(cli, "Scheduler", FakeScheduler)
-    monkeypatch.setattr(cli, "preflight", lambda *args: FakeScheduler.checked.append(args))
+    monkeypatch.setattr(cli, "check_servers",
+                        lambda *args, **kw: FakeScheduler.checked.append((args, kw)))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     yield FakeScheduler
     for s, h in handlers.items():
@@ -83,8 +84,9 @@ def test_namespaces_from_the_environment_and_lease_defaults(fake) -> None:
     assert "health=http://127.0.0.1:" in result.output
     assert "namespaces=team-a,team-b" in result.output
     # Checked before starting: the watched namespaces and the Lease's, Redis.
-    assert fake.checked == [("/nonexistent", ["team-a", "team-b", "team-a"],
-                             "redis://127.0.0.1:1/0")]
+    assert fake.checked == [(("redis://127.0.0.1:1/0",), {
+        "kube": True, "kubeconfig": "/nonexistent",
+        "namespaces": ["team-a", "team-b", "team-a"]})]
 
 
 def test_all_namespaces_lease_in_default_or_configured(fake) -> None:

@@ -22,7 +22,7 @@ import functools
 import os
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -300,6 +300,20 @@ def patiently(attempt: Callable[[], T], seconds: float = STARTUP_WAIT) -> T:
             if type(error) is not Unreachable or time.monotonic() >= deadline:
                 raise error from exc
         time.sleep(0.5)
+
+
+def check_servers(redis_url: str | None, *, kube: bool, kubeconfig: str | None = None,
+                  namespaces: Sequence[str] = ()) -> None:
+    """What `warmpool worker` and `warmpool scheduler` check before starting anything, so a
+    configuration error ends in one line (exit 2, 3 or 4) and not in a loop of failing jobs or
+    watches: Redis answers; with `kube`, the API server answers and accepts the credentials
+    and the namespaces exist. Servers still coming up get `STARTUP_WAIT` seconds."""
+    if redis_url is not None:
+        patiently(lambda: connect_redis(redis_url, "--redis-url or $WARMPOOL_REDIS_URL")).close()
+    if kube:
+        target = resolve_kube_target(kubeconfig)
+        client = patiently(lambda: connect_kube(target))
+        patiently(lambda: check_namespaces(client, list(dict.fromkeys(namespaces))))
 
 
 @dataclass(frozen=True, slots=True)

@@ -385,10 +385,10 @@ class ApiProxy:
         self._lock = threading.Lock()
         self._faults = Faults()
         self._counts: Counter[str] = Counter()
-        # Objects the proxied clients deleted (2xx from the server): (path without query, the
-        # uid of the delete's precondition, or None without one). A name is reused by the next
-        # object of that name; the uid tells the two apart.
-        self._deleted: set[tuple[str, str | None]] = set()
+        # Objects the proxied clients deleted (2xx from the server): path without query -> the
+        # uids of the deletes' preconditions (None for a delete without one). A name is reused
+        # by the next object of that name; the uid tells the two apart.
+        self._deleted: dict[str, set[str | None]] = {}
         self.events: deque[tuple[float, str, str]] = deque(maxlen=events)
         self._connections: set[socket.socket] = set()
         self._watches: set[_Stream] = set()
@@ -558,18 +558,16 @@ class ApiProxy:
         /api/v1/namespaces/ns/services/name) -- the one with `uid`, when given and the delete
         named it in its preconditions: who deleted an object, when a test must know whether it
         was the system under test or the server's garbage collector."""
-        key = urlsplit(path).path
         with self._lock:
-            return (key, None) in self._deleted or (
-                (key, uid) in self._deleted if uid is not None
-                else any(p == key for p, _ in self._deleted))
+            uids = self._deleted.get(urlsplit(path).path, set())
+        return bool(uids) and (uid is None or uid in uids or None in uids)
 
     def _deleted_path(self, path: str, body: bytes | None) -> None:
         uid = None
         with contextlib.suppress(ValueError, AttributeError, TypeError):
             uid = (json.loads(body or b"{}").get("preconditions") or {}).get("uid")
         with self._lock:
-            self._deleted.add((urlsplit(path).path, uid))
+            self._deleted.setdefault(urlsplit(path).path, set()).add(uid)
 
     def open_watches(self) -> int:
         with self._lock:
