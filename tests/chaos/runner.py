@@ -668,6 +668,9 @@ class Operations:
         self.done: Counter[str] = Counter()
         self.failed: Counter[str] = Counter()
         self.hand_deleted: set[str] = set()  # uids of objects the runner deleted
+        # uids of objects the deletion audit found taken by the garbage collector, racing a
+        # claim, after their AppDefinition went (not the controller's doing)
+        self.gc_deleted: set[str] = set()
         # (namespace, Session) whose held instance lost an object to the runner's hand
         self.damaged: set[tuple[str, str]] = set()
 
@@ -841,6 +844,8 @@ class Operations:
 class Watchdog:
     """Polls a consistent snapshot; records violations of what must hold at every moment."""
 
+    AUDIT_WAIT = 10.0  # s: longer than the audit's wait for the proxy's record of a delete
+
     def __init__(self, kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig,
                  history: History, faults: FaultInjector, ops: Operations) -> None:
         self.kube, self.namespaces, self.cfg = kube, namespaces, cfg
@@ -854,6 +859,7 @@ class Watchdog:
         self._reported: set[str] = set()
         # (ns, Session uid, k, AppDefinition uid12) -> {kind/name: (uid, has the Session's ref)}
         self._held: dict[tuple[str, str, int, str], dict[str, tuple[str, bool]]] = {}
+        self._vanished: dict[str, float] = {}  # uid -> when first missing (AppDefinition gone)
         self._last: World | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -939,9 +945,11 @@ class Watchdog:
         or refresh that slips in after the deciding write (no instance lease) is caught even if
         the claim then recreates what it deleted.
 
-        Only one deletion is allowed: an object that did not yet carry the Session's reference,
-        after the AppDefinition went (the garbage collector takes the objects of a claim in
-        flight whose AppDefinition is deleted)."""
+        After the AppDefinition went, the garbage collector may take an instance's objects: one
+        that did not yet carry the Session's reference (a claim in flight), or one whose claim
+        raced the GC's read (finding 8). Who deleted it is the deletion audit's call, made
+        exactly from the watch and the proxy's record; the watchdog waits `AUDIT_WAIT` seconds
+        for that verdict (`ops.gc_deleted`) before it reports the deletion."""
         seen: dict[tuple[str, str, int, str], dict[str, tuple[str, bool]]] = {}
         gone: set[tuple[str, str, int, str]] = set()  # keys whose AppDefinition is gone
         for ns in self.namespaces:
@@ -980,11 +988,15 @@ class Watchdog:
             ns, suid, k, _ = key
             who = f"instance {k} held by Session {live_name(world, ns, suid)}"
             for name, (uid, had_ref) in before.items():
-                if uid in self.ops.hand_deleted:
+                if uid in self.ops.hand_deleted or uid in self.ops.gc_deleted:
                     continue
                 if name not in now:
                     if not had_ref and key in gone:
                         continue
+                    if key in gone:
+                        since = self._vanished.setdefault(uid, self.history.now())
+                        if self.history.now() - since < self.AUDIT_WAIT:
+                            continue  # the audit has not ruled on it yet
                     self.violate(f"{ns}: {name} of {who} was deleted while held")
                 elif now[name][0] != uid:
                     self.violate(f"{ns}: {name} of {who} was replaced while held "
@@ -1132,6 +1144,7 @@ class DeletionAudit:
             # 1.20), so a claim's deciding write landing between its read and its delete is
             # lost with the object. Not the controller's doing; counted and reported.
             self.gc_races += 1
+            self.ops.gc_deleted.add(meta["uid"])
             self.history.add("audit", f"{ns}: {obj['kind']}/{name} of instance {k} (holder "
                              f"{holder['metadata']['name']}) deleted by the garbage collector "
                              "after its AppDefinition went (a claim racing the deletion)")
