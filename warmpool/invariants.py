@@ -14,7 +14,7 @@ from warmpool.kube import observe
 from warmpool.kube.api import Kube
 from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import InstanceView, has_ref, holders, refs
+from warmpool.pool.decide import HolderIndex, InstanceView, has_ref, refs
 from warmpool.pool.model import (
     AppDefinition,
     Session,
@@ -76,6 +76,7 @@ def _check_pool(
 ) -> list[Violation]:
     out: list[Violation] = []
     live = [s for s in sessions if s.live]
+    index = HolderIndex(name, sessions)
     by_instance: dict[int, set[str]] = defaultdict(set)
     for s in live:
         if s.instance_id is not None:
@@ -93,7 +94,7 @@ def _check_pool(
         if s.instance_id is None:
             continue
         inst = pool.get(s.instance_id, InstanceView(s.instance_id, {}))
-        top = holders(inst, name, sessions)
+        top = index.of(inst)
         if top and top[0].uid == s.uid:
             held[name].add(s.name)
         for part in PARTS:
@@ -116,7 +117,7 @@ def _check_pool(
     for k, inst in pool.items():  # I2 for free instances and I5, once quiet
         # Between a Session's end and its release the allow-list still names the old holder:
         # that is the release's work in progress, so only a quiet pool must show it empty.
-        if not quiet or holders(inst, name, sessions) or k in by_instance:
+        if not quiet or index.of(inst) or k in by_instance:
             continue
         email = inst.get(Part.EMAIL_CONFIGMAP)
         if email is not None and _emails(email).strip():

@@ -20,7 +20,7 @@ from warmpool.kube.observe import group_pool
 from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import waiting_sessions
-from warmpool.pool.decide import InstanceView, holders, release_markers
+from warmpool.pool.decide import HolderIndex, InstanceView, release_markers
 from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS
 
@@ -42,9 +42,9 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _instance(inst: InstanceView, appdef_name: str, min_instances: int | None,
-              generation: int | None, sessions: Sequence[Session]) -> dict[str, Any]:
-    held = holders(inst, appdef_name, sessions)
+def _instance(inst: InstanceView, min_instances: int | None,
+              generation: int | None, index: HolderIndex) -> dict[str, Any]:
+    held = index.of(inst)
     existing = inst.existing()
     outdated = generation is not None and any(
         builders.labels_of(obj).get(v.LABEL_GENERATION) != str(generation) for _, obj in existing)
@@ -163,9 +163,10 @@ def pool_status(
         if appdef is not None:
             ids |= set(range(1, appdef.min_instances + 1))
         empty = dict.fromkeys(PARTS)
-        instances = [_instance(views.get(k) or InstanceView(k, empty), name, min_i, generation,
-                               mine) for k in sorted(ids)]
-        waiting = [s.name for s in waiting_sessions(name, views, mine)]
+        index = HolderIndex(name, mine)
+        instances = [_instance(views.get(k) or InstanceView(k, empty), min_i, generation, index)
+                     for k in sorted(ids)]
+        waiting = [s.name for s in waiting_sessions(views, index)]
         counts = {state: sum(1 for i in instances if i["state"] == state) for state in STATES}
         counts["outdated"] = sum(1 for i in instances if i["outdated"])
         counts["waiting"] = len(waiting)

@@ -29,7 +29,7 @@ from warmpool.pool.claim import (
     is_free,
     waiting_sessions,
 )
-from warmpool.pool.decide import InstanceView, Plan, decide_instance
+from warmpool.pool.decide import HolderIndex, InstanceView, Plan, decide_instance
 from warmpool.pool.model import AppDefinition, Invalid, Session
 from warmpool.pool.parts import Part
 
@@ -82,7 +82,7 @@ def reconcile_instance(
         follow_ups: list[Key] = []
         if plan.state in ("free", "outdated") and appdef is not None:
             follow_ups = [SessionKey(key.namespace, s.name)
-                          for s in waiting_sessions(key.appdef, {}, sessions)
+                          for s in waiting_sessions({}, HolderIndex(key.appdef, sessions))
                           if s.instance_id is None]
         return InstanceResult(plan, writes, attempt, follow_ups)
     raise Conflict(f"instance {key}: still conflicting after {MAX_ATTEMPTS} attempts")
@@ -117,7 +117,7 @@ def _deciding_write(
     read it (another claim, a release, a person) the server refuses it and we try the next id.
     """
     view = observe.observe_instance(kube, appdef, k)
-    if not is_free(view, appdef, sessions):
+    if not is_free(view, appdef, HolderIndex(appdef.name, sessions)):
         return False
     check_fence(view, guard)
     ext = view.get(Part.EXTERNAL_SERVICE)

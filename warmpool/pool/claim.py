@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import InstanceView, holders, release_markers
+from warmpool.pool.decide import HolderIndex, InstanceView, release_markers
 from warmpool.pool.model import AppDefinition, Invalid, Session, session_error
 
 
@@ -58,35 +58,34 @@ ClaimDecision = ClaimError | ClaimWait | ClaimHeld | ClaimTry | ClaimSkip
 
 
 def held_instance(
-    session: Session, instances: Mapping[int, InstanceView], sessions: Sequence[Session]
+    session: Session, instances: Mapping[int, InstanceView], index: HolderIndex
 ) -> int | None:
     """The id `session` holds, by the same rule the instance reconcile uses, or None."""
     for k, inst in sorted(instances.items()):
-        found = holders(inst, session.appdef, sessions)
+        found = index.of(inst)
         if found and found[0].uid == session.uid:
             return k
     return None
 
 
-def is_free(inst: InstanceView, appdef: AppDefinition, sessions: Sequence[Session]) -> bool:
+def is_free(inst: InstanceView, appdef: AppDefinition, index: HolderIndex) -> bool:
     """Claimable: within the pool, all five objects there, no holder and no trace of one."""
     return (
         inst.id <= appdef.min_instances
         and inst.complete
-        and not holders(inst, appdef.name, sessions)
+        and not index.of(inst)
         and not release_markers(inst)
     )
 
 
 def waiting_sessions(
-    appdef_name: str, instances: Mapping[int, InstanceView], sessions: Sequence[Session]
+    instances: Mapping[int, InstanceView], index: HolderIndex
 ) -> list[Session]:
     """Live, valid Sessions of the pool that hold nothing yet, oldest first."""
-    holding = {h.uid for inst in instances.values() for h in holders(inst, appdef_name, sessions)}
+    holding = {h.uid for inst in instances.values() for h in index.of(inst)}
     return sorted(
-        (s for s in sessions
-         if s.live and s.appdef == appdef_name and s.uid not in holding
-         and s.status != v.STATUS_ERROR and session_error(s) is None),
+        (s for s in index.live.values()
+         if s.uid not in holding and s.status != v.STATUS_ERROR and session_error(s) is None),
         key=lambda s: (s.created, s.name),
     )
 
@@ -103,7 +102,8 @@ def decide_claim(
         return ClaimError(error)
     # A Session that holds an instance keeps it and its status, whatever has happened to its
     # AppDefinition since (turned invalid, being deleted, gone): its instance is reconciled.
-    if (k := held_instance(session, instances, sessions)) is not None:
+    index = HolderIndex(session.appdef, sessions)
+    if (k := held_instance(session, instances, index)) is not None:
         return ClaimHeld(k)
     if appdef is None:
         return ClaimError(f"AppDefinition {session.appdef!r} not found in namespace "
@@ -115,8 +115,8 @@ def decide_claim(
         return ClaimError(f"AppDefinition {appdef.name!r} is being deleted")
     if session.status == v.STATUS_ERROR:
         return ClaimSkip("Session is in ERROR")
-    free = sorted(k for k, inst in instances.items() if is_free(inst, appdef, sessions))
-    queue = waiting_sessions(appdef.name, instances, sessions)
+    free = sorted(k for k, inst in instances.items() if is_free(inst, appdef, index))
+    queue = waiting_sessions(instances, index)
     position = next((i for i, s in enumerate(queue) if s.uid == session.uid), len(queue))
     if position < len(free):
         # The r-th oldest waiting Session targets the r-th lowest free id: the oldest gets the
