@@ -26,6 +26,7 @@ from tests.pool_world import (
 from tests.waiting import wait_for
 from warmpool.controller.sequential import run_until_quiet
 from warmpool.pool import vocabulary as v
+from warmpool.pool.model import parse_session
 
 
 def _claim_all(kube, ns, count, appdef="java"):
@@ -235,6 +236,46 @@ def test_appdefinition_deleted_under_a_live_session_keeps_its_instance_and_allow
     assert {n: o["metadata"]["uid"] for n, o in instance_objects(kube, ns, "java", k).items()} \
         == kept
     assert_invariants(kube, ns)
+
+
+def test_claim_in_flight_when_its_appdefinition_goes_ends_in_error_keeping_what_it_holds(
+    kube, namespace
+) -> None:
+    """The claim's deciding write (the Session's reference on the external Service) lands, then
+    the AppDefinition is deleted before the Session is annotated: the garbage collector takes
+    the four objects without the reference. The claim cannot be completed; the Session must
+    get ERROR with a message (not wait forever) and keep the Service until it ends."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=1)
+    run_until_quiet(kube, ns)
+    s1 = parse_session(create_session(kube, ns, "s1", USERS[1]))
+    (ext,) = [o for name, o in instance_objects(kube, ns, "java", 1).items()
+              if name.startswith("Service/")
+              and v.LABEL_SERVICE_TYPE not in o["metadata"]["labels"]]
+    ext_name = ext["metadata"]["name"]
+    kube.merge_patch("v1", "Service", ns, ext_name, {"metadata": {
+        "ownerReferences": [*ext["metadata"]["ownerReferences"], s1.owner_reference()]}},
+        resource_version=ext["metadata"]["resourceVersion"])
+
+    kube.delete(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, "java")
+
+    def gc_done() -> bool:
+        left = instance_objects(kube, ns, "java", 1)
+        return (list(left) == [f"Service/{ext_name}"]
+                and owner_kinds(left[f"Service/{ext_name}"]) == ["Session"])
+    wait_for(gc_done, timeout=90,
+             message="GC to take the objects without the Session's reference")
+    run_until_quiet(kube, ns)
+
+    status = session(kube, ns, "s1").get("status") or {}
+    assert status.get("operatorStatus") == v.STATUS_ERROR
+    assert "deleted before the claim of instance 1 completed" in status.get("operatorMessage", "")
+    kept = kube.get("v1", "Service", ns, ext_name)
+    assert kept is not None and kept["metadata"]["uid"] == ext["metadata"]["uid"]
+
+    delete_session(kube, ns, "s1")
+    wait_for(lambda: not instance_objects(kube, ns, "java", 1), timeout=90,
+             message="the release (or the GC) to remove the Service once the Session ended")
 
 
 BAD_USERS = {

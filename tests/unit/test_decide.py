@@ -228,6 +228,25 @@ def test_appdefinition_deleted_keeps_claimed_instance_and_deletes_it_on_release(
     assert len(of(p.actions, Delete)) == 5
 
 
+def test_claim_in_flight_when_its_appdefinition_goes_ends_in_error_and_keeps_the_objects(
+) -> None:
+    """Deciding write made (the Session's reference on the external Service), Session not
+    yet annotated, then the AppDefinition is deleted and the garbage collector takes what did
+    not carry the reference: the claim cannot be completed, so the Session must not go on
+    waiting in silence, and what it holds stays until it ends."""
+    a = appdef(min_instances=2)
+    s = session(status="HANDLING")
+    view = with_objects(instance(a, 1, holder=s), PROXY_CONFIGMAP=None)
+    p = plan(view, None, [s])
+    assert p.state == "claimed" and p.holder == s
+    (status,) = of(p.actions, SetSessionStatus)
+    assert status.status["operatorStatus"] == "ERROR"
+    assert "deleted before the claim of instance 1 completed" in status.status["operatorMessage"]
+    assert of(p.actions, Report) and not of(p.actions, Delete) and not of(p.actions, Create)
+    errored = session(status="ERROR")
+    assert not of(plan(view, None, [errored]).actions, SetSessionStatus)
+
+
 def test_never_zero_owners_object_with_only_a_dead_sessions_reference_is_deleted() -> None:
     a = appdef(min_instances=2)
     gone = session(instance=1, deleting=True)

@@ -212,6 +212,14 @@ def _claimed(
         if email is not None and _emails(email) != emails:
             actions.append(_patch(Part.EMAIL_CONFIGMAP, email, {"data": {v.EMAILS_KEY: emails}},
                                   "allow-list of the holder"))
+        if holder.instance_id != instance.id and holder.status != v.STATUS_ERROR:
+            # The claim was in flight (deciding write made, Session not yet annotated): it
+            # cannot be completed, and without a word the Session would wait forever.
+            message = (f"AppDefinition {holder.appdef!r} was deleted before the claim of "
+                       f"instance {instance.id} completed")
+            actions.append(SetSessionStatus(holder.name, {"operatorStatus": v.STATUS_ERROR,
+                                                          "operatorMessage": message}))
+            actions.append(Report("ClaimNotCompleted", f"Session {holder.name}: {message}"))
         return Plan("claimed", holder, actions)
 
     email_written = False
