@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from warmpool.cluster.local import ClusterInfo
+from warmpool.kube import api
 from warmpool.kube.api import Conflict, Kube, KubeError, connect
 from warmpool.testing.apiproxy import ApiProxy, Faults
 
@@ -184,10 +185,11 @@ def test_lost_response_the_write_still_happens(
     assert proxy.stats()["lost_response"] == 1
 
 
-def _watch_until_error(via: Kube, namespace: str, rv: str, box: list[Any]) -> None:
+def _watch_until_error(via: Kube, namespace: str, rv: str, box: list[Any],
+                       timeout_seconds: int = 30) -> None:
     try:
         for _ in via.watch("v1", "ConfigMap", namespace, resource_version=rv,
-                           timeout_seconds=30):
+                           timeout_seconds=timeout_seconds):
             pass
         box.append("ended")
     except Exception as exc:  # what the reflector sees when its stream is cut
@@ -207,6 +209,26 @@ def test_watch_cut_mid_stream(proxy: ApiProxy, via: Kube, namespace: str) -> Non
     t.join(5)
     assert box and box[0] != "ended", "a cut watch must end with an error, not cleanly"
     assert time.monotonic() - t0 < 5
+
+
+def test_a_silent_watch_ends_on_the_client_read_timeout(
+        proxy: ApiProxy, via: Kube, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watch whose connection goes silent (no FIN, no more bytes) must end with an error
+    soon after its server-side timeout, not block its reader forever."""
+    monkeypatch.setattr(api, "WATCH_READ_MARGIN", 1)
+    _, rv = via.list("v1", "ConfigMap", namespace)
+    box: list[Any] = []
+    t = threading.Thread(target=_watch_until_error, args=(via, namespace, rv, box, 2),
+                         daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while proxy.open_watches() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proxy.stall_watches() == 1
+    via.create(cm(namespace, "after-the-stall"))  # an event the stalled stream must not relay
+    t.join(30)
+    assert not t.is_alive(), "a silent watch blocked its reader past the read timeout"
+    assert box and box[0] != "ended", "a silent watch must end with an error, not cleanly"
 
 
 def test_watch_dropped_after_a_random_time(proxy: ApiProxy, via: Kube, namespace: str) -> None:

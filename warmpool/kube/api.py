@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import config as kube_config
+from kubernetes import watch as kube_watch
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -58,6 +59,10 @@ def connect(kubeconfig: str | None = None) -> ApiClient:
     except kube_config.ConfigException:
         return kube_config.new_client_from_config()
     return ApiClient()
+
+
+# s beyond a watch's server-side timeout before the client gives up reading from it
+WATCH_READ_MARGIN = 30
 
 
 class Kube:
@@ -146,12 +151,22 @@ class Kube:
         self, api_version: str, kind: str, namespace: str | None, *, resource_version: str,
         label_selector: str | None = None, timeout_seconds: int = 300,
     ) -> Iterator[dict[str, Any]]:
-        """Raw watch events ({type, object} dicts, bookmarks included) from `resource_version`."""
+        """Raw watch events ({type, object} dicts, bookmarks included) from `resource_version`.
+
+        The server ends the watch after `timeout_seconds`; a client-side read timeout a little
+        beyond that ends one whose connection died silently (a dropped NAT entry, a half-open
+        TCP stream), which would otherwise block its reader forever. The dynamic client's
+        own `watch` cannot pass a request timeout, so this streams its `get` directly.
+        """
         res = self._res(api_version, kind)
+        read_timeout = timeout_seconds + WATCH_READ_MARGIN
         try:
-            for event in self.dyn.watch(res, namespace=namespace, label_selector=label_selector,
-                                        resource_version=resource_version,
-                                        timeout=timeout_seconds, allow_watch_bookmarks=True):
+            for event in kube_watch.Watch().stream(
+                res.get, namespace=namespace, label_selector=label_selector,
+                resource_version=resource_version, serialize=False,
+                timeout_seconds=timeout_seconds, allow_watch_bookmarks=True,
+                _request_timeout=(self.request_timeout[0], read_timeout),
+            ):
                 raw = event.get("raw_object") or {}
                 if event.get("type") == "ERROR":
                     if raw.get("code") == 410:

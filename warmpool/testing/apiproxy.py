@@ -18,7 +18,9 @@ from one seeded RNG:
 | `p_lost_response` | a write is forwarded (it takes effect), then its connection is closed |
 | `p_drop_watch`, `drop_watch_after` | a watch stream is cut after uniform(0, drop_watch_after) s |
 
-and actions: `cut_watches()` (cut every open watch stream now), `outage(seconds, mode)`: for
+and actions: `cut_watches()` (cut every open watch stream now), `stall_watches()` (every open
+watch stream goes silent with its connection left open, as when a NAT entry or a peer dies
+without a FIN; held until the client gives up or the proxy stops), `outage(seconds, mode)`: for
 `seconds`, "refuse" closes the listening socket and every open connection (clients get
 connection refused), "503" answers everything with 503 Service Unavailable and cuts watches.
 
@@ -297,6 +299,9 @@ class _Handler(BaseHTTPRequestHandler):
                     stream.cut = stream.cut or not resp.isclosed()
                 if not data or stream.cut:
                     break
+                if stream.stalled.is_set():
+                    stream.released.wait()  # relay nothing more, close nothing
+                    break
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
             if stream.cut:
@@ -319,9 +324,12 @@ class _Stream:
         self.resp = resp
         self.cut = False
         self.path = handler.path
+        self.stalled = threading.Event()
+        self.released = threading.Event()
 
     def cut_now(self) -> None:
         self.cut = True
+        self.released.set()
         for sock in (self.handler.connection, getattr(self.handler.upstream, "sock", None)):
             if sock is not None:
                 with contextlib.suppress(OSError):
@@ -455,6 +463,7 @@ class ApiProxy:
         if self._outage_timer is not None:
             self._outage_timer.cancel()
         self._unlisten()
+        self.cut_watches()
         self.cut_connections()
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -539,6 +548,15 @@ class ApiProxy:
         for s in streams:
             self._record("watch_cut", "GET", s.path)
             s.cut_now()
+        return len(streams)
+
+    def stall_watches(self) -> int:
+        """Silence every open watch stream (see the module docstring); returns how many."""
+        with self._lock:
+            streams = list(self._watches)
+        for s in streams:
+            self._record("watch_stall", "GET", s.path)
+            s.stalled.set()
         return len(streams)
 
     def cut_connections(self) -> int:
