@@ -66,11 +66,17 @@ def run_worker_process(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    parent = os.getppid()
     running = start_worker(settings, threads=threads)
     if ready is not None:
         ready.set()
     while not stop.wait(1.0):
-        pass
+        if os.getppid() != parent:
+            # The supervisor was killed without stopping us: drain and exit rather than run
+            # on unsupervised (nobody would restart, stop or count this process).
+            logging.getLogger(__name__).warning(
+                "parent process %d is gone; draining and exiting", parent)
+            break
     running.stop()
 
 

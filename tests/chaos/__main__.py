@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import time
@@ -47,7 +48,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _terminate(signum: int, frame: object) -> None:
+    print(f"chaos: got signal {signum}; stopping what was started", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)  # unwind, so every seed stops its system and the cluster
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="warmpool-chaos-"))

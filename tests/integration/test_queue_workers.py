@@ -7,9 +7,15 @@ every completed run; wall-clock times are comparable because every process is on
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -18,6 +24,7 @@ import pytest
 import redis
 
 from tests import redis_server
+from tests.cli_run import ROOT
 from tests.redis_server import delete_prefix, isolated_settings
 from tests.waiting import wait_for
 from warmpool.queue import AddResult, Inspector, KeyedQueue, QueueSettings
@@ -347,3 +354,46 @@ def test_sigterm_drains_running_job_and_requeues_the_rest(
     make_pool(pools, settings, processes=1, threads=4).start()
     wait_quiescent(redis_client, settings)
     assert runs_per_key(read_log(redis_client, settings)) == {key(i): 1 for i in range(1, 31)}
+
+
+def test_worker_processes_exit_when_their_supervisor_is_killed(
+    recovery_settings: QueueSettings,
+) -> None:
+    """A WorkerPool's parent SIGKILLed (nothing stops its children): each child notices it was
+    orphaned, drains and exits, instead of running on unsupervised."""
+    script = (
+        "import json, sys, time\n"
+        "from warmpool.queue import QueueSettings\n"
+        "from workers.process import WorkerPool\n"
+        "pool = WorkerPool(QueueSettings(**json.loads(sys.argv[1])), processes=2, threads=1,\n"
+        "                  modules=('workers.probe',)).start()\n"
+        "print(json.dumps(pool.pids), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, json.dumps(dataclasses.asdict(recovery_settings))],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    children: list[int] = []
+    try:
+        assert parent.stdout is not None
+        children = json.loads(parent.stdout.readline())
+        assert len(children) == 2 and all(pid_alive(pid) for pid in children)
+        parent.kill()
+        parent.wait(10)
+        wait_for(lambda: not any(pid_alive(pid) for pid in children), timeout=30,
+                 message=lambda: f"orphaned workers still running: {children}")
+    finally:
+        parent.kill()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def pid_alive(pid: int) -> bool:
+    """Running (a zombie reaped by init would not be: /proc says Z until then)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
