@@ -128,7 +128,6 @@ class HolderIndex:
     """
 
     def __init__(self, appdef_name: str, sessions: Sequence[Session]) -> None:
-        self.appdef_name = appdef_name
         self.live = {s.uid: s for s in sessions if s.live and s.appdef == appdef_name}
         self._annotated: dict[int, set[str]] = {}
         for s in self.live.values():
