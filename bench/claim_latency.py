@@ -51,9 +51,9 @@ from bench.common import (
     verdict,
 )
 from bench.convergence import SequentialDriver
-from scheduler.reflector import Reflector, Watched
 from warmpool.invariants import check
 from warmpool.kube.api import Kube, connect
+from warmpool.kube.reflector import Reflector, Watched
 from warmpool.pool import vocabulary as v
 from warmpool.queue.embedded import resolve_redis_url
 

@@ -49,9 +49,9 @@ from bench.common import (
     say,
     verdict,
 )
-from scheduler.reflector import Reflector, Watched
 from warmpool.keys import InstanceKey
 from warmpool.kube.api import Kube
+from warmpool.kube.reflector import Reflector, Watched
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.queue.embedded import resolve_redis_url

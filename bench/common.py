@@ -29,10 +29,10 @@ from typing import Any
 import redis
 
 from scheduler.process import SchedulerProcess
-from scheduler.reflector import Reflector, Watched
 from warmpool.cluster import local
 from warmpool.kube.api import Kube, connect
 from warmpool.kube.observe import POOL_SELECTOR
+from warmpool.kube.reflector import Reflector, Watched
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.queue.inspect import Inspector

@@ -22,10 +22,10 @@ from typing import Any, Protocol
 
 from scheduler import mapping
 from scheduler.leader import LeaderConfig, LeaderElector
-from scheduler.reflector import Backoff, Reflector, Watched
 from warmpool.keys import Key, PoolKey
 from warmpool.kube.api import Kube
 from warmpool.kube.observe import POOL_SELECTOR
+from warmpool.kube.reflector import Backoff, Reflector, Watched
 from warmpool.pool import vocabulary as v
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class Scheduler:
             kube = kube_factory()  # one client per namespace: its watches hold connections
             for watched in WATCHED:
                 r = Reflector(kube, watched, ns, self._handler(watched.kind),
+                              summarize=mapping.summarize,
                               timeout_range=config.watch_timeout, backoff=Backoff())
                 self.reflectors.append(r)
                 if watched.kind == v.SESSION_KIND:

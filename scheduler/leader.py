@@ -280,7 +280,7 @@ class LeaderElector:
 
     def watch_lease(self, stop: threading.Event) -> None:
         """Wake the candidate loop when the Lease is released (no holder) or deleted."""
-        from scheduler.reflector import Backoff, is_gone
+        from warmpool.kube.reflector import Backoff, is_gone
 
         c = self.config
         backoff = Backoff()

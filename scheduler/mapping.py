@@ -31,16 +31,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
+from warmpool.kube import reflector
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.decide import is_appdef_ref, is_session_ref
 
 log = logging.getLogger(__name__)
 
-ADDED = "ADDED"
-MODIFIED = "MODIFIED"
-DELETED = "DELETED"
-EVENT_TYPES = (ADDED, MODIFIED, DELETED)
+ADDED, MODIFIED, DELETED, EVENT_TYPES = reflector.ADDED, reflector.MODIFIED, reflector.DELETED, \
+    reflector.EVENT_TYPES
 
 APPDEF = v.APPDEF_KIND
 SESSION = v.SESSION_KIND

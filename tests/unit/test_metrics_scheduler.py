@@ -36,9 +36,9 @@ class Kube:
         self.events: dict[str, list[dict[str, Any]]] = {k: [] for k in self.objects}
         self.lock = threading.Lock()
 
-    def list(self, api_version: str, kind: str, namespace: str | None, *,
-             label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
-        return [dict(o) for o in self.objects[kind]], "1"
+    def list_pages(self, api_version: str, kind: str, namespace: str | None,
+                   **kw: Any) -> Any:
+        yield [dict(o) for o in self.objects[kind]], "1"
 
     def watch(self, api_version: str, kind: str, namespace: str | None, **kw: Any) -> Any:
         time.sleep(0.02)

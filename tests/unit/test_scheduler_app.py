@@ -39,13 +39,14 @@ class StaticKube:
         self.events: dict[str, list[dict[str, Any]]] = {k: [] for k in OBJECTS}
         self.lock = threading.Lock()
 
-    def list(self, api_version: str, kind: str, namespace: str | None, *,
-             label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
-        return [dict(o) for o in OBJECTS[kind]], "1"
+    def list_pages(self, api_version: str, kind: str, namespace: str | None, *,
+                   label_selector: str | None = None, field_selector: str | None = None,
+                   page_size: int = 500) -> Any:
+        yield [dict(o) for o in OBJECTS[kind]], "1"
 
     def watch(self, api_version: str, kind: str, namespace: str | None, *,
               resource_version: str, label_selector: str | None = None,
-              timeout_seconds: int = 300) -> Any:
+              field_selector: str | None = None, timeout_seconds: int = 300) -> Any:
         time.sleep(0.02)
         with self.lock:
             pending, self.events[kind] = self.events[kind], []

@@ -109,6 +109,31 @@ class Kube:
         body = self._call(res.get, namespace=namespace, label_selector=label_selector)
         return body.get("items") or [], str((body.get("metadata") or {}).get("resourceVersion"))
 
+    def list_pages(
+        self, api_version: str, kind: str, namespace: str | None, *,
+        label_selector: str | None = None, field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> Iterator[tuple[list[Obj], str]]:
+        """The items in pages of `page_size`, each with the list's resourceVersion.
+
+        Every page of one list is served from the same snapshot, so the resourceVersion of
+        the last page is the one to watch from. A continuation that expired (410) raises
+        Gone; the caller lists again from the start.
+        """
+        res = self._res(api_version, kind)
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": page_size}
+            if token:
+                kwargs["_continue"] = token
+            body = self._call(res.get, namespace=namespace, label_selector=label_selector,
+                              field_selector=field_selector, **kwargs)
+            meta = body.get("metadata") or {}
+            yield body.get("items") or [], str(meta.get("resourceVersion"))
+            token = meta.get("continue")
+            if not token:
+                return
+
     def create(self, body: Mapping[str, Any]) -> Obj:
         meta = body["metadata"]
         res = self._res(body["apiVersion"], body["kind"])
@@ -149,7 +174,8 @@ class Kube:
 
     def watch(
         self, api_version: str, kind: str, namespace: str | None, *, resource_version: str,
-        label_selector: str | None = None, timeout_seconds: int = 300,
+        label_selector: str | None = None, field_selector: str | None = None,
+        timeout_seconds: int = 300,
     ) -> Iterator[dict[str, Any]]:
         """Raw watch events ({type, object} dicts, bookmarks included) from `resource_version`.
 
@@ -163,7 +189,8 @@ class Kube:
         try:
             for event in kube_watch.Watch().stream(
                 res.get, namespace=namespace, label_selector=label_selector,
-                resource_version=resource_version, serialize=False,
+                field_selector=field_selector, resource_version=resource_version,
+                serialize=False,
                 timeout_seconds=timeout_seconds, allow_watch_bookmarks=True,
                 _request_timeout=(self.request_timeout[0], read_timeout),
             ):

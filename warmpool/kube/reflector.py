@@ -1,8 +1,13 @@
 """List, then watch one kind in one namespace (or all), like client-go's reflector.
 
-- LIST, then WATCH from the list's resourceVersion with bookmarks; every watch asks the
-  server to end it after a random 5-10 min (``timeout_range``), and the next one resumes from
-  the last resourceVersion seen (an event's or a bookmark's), so nothing is listed again.
+The one list-watch of the project: the scheduler's watches (keys from events) and the workers'
+caches (decisions from memory) both run on it.
+
+- LIST in pages (``page_size`` items each, as client-go's reflector does: a pool of thousands
+  of objects is never one response held in memory at once), then WATCH from the list's
+  resourceVersion with bookmarks; every watch asks the server to end it after a random
+  5-10 min (``timeout_range``), and the next one resumes from the last resourceVersion seen
+  (an event's or a bookmark's), so nothing is listed again.
 - A dropped connection or any other error: wait (``Backoff``, 0.8 s doubling to 30 s with
   jitter, reset after 2 min without failures) and resume the watch from the last
   resourceVersion; after ``relist_after_errors`` failures in a row without an event in
@@ -11,11 +16,12 @@
   new objects are reported ADDED, changed ones MODIFIED, and objects that vanished meanwhile
   DELETED, with the stub the cache kept as their last state.
 
-The cache is minimal: (namespace, name) -> the stub of ``summarize`` (identity,
-resourceVersion, the few fields the mapping reads, a digest). Events go to `handler(event_type,
-obj, old)` where `old` is the cached stub (None if unknown). The first LIST of a reflector is
-silent (it only fills the cache: the scheduler's startup resync covers what it holds); every
-later LIST reports differences.
+The cache maps (namespace, name) to ``summarize(kind, obj)``: what its reader keeps of an
+object (the scheduler a stub for its mapping, a worker the fields its decisions read), so
+nothing else of the object outlives its decoding. Events go to `handler(event_type, obj,
+old)` where `old` is the cached summary (None if unknown). The first LIST of a reflector is
+silent unless ``report_first_list`` (the scheduler's startup resync covers what it holds; a
+worker cache indexes it); every later LIST reports differences.
 
 `hold()` / `resume()` park the loop between two watches (tests: disconnect the watch, change
 and compact, then resume from a compacted resourceVersion).
@@ -31,10 +37,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler import mapping
 from warmpool.kube.api import Gone, Kube
 
 log = logging.getLogger(__name__)
+
+ADDED = "ADDED"
+MODIFIED = "MODIFIED"
+DELETED = "DELETED"
+EVENT_TYPES = (ADDED, MODIFIED, DELETED)
 
 Handler = Callable[[str, dict[str, Any], dict[str, Any] | None], None]
 Summarize = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -48,6 +58,7 @@ class Watched:
     kind: str
     api_version: str
     label_selector: str | None = None
+    field_selector: str | None = None
 
 
 class Backoff:
@@ -109,12 +120,14 @@ class Reflector:
     watched: Watched
     namespace: str | None
     handler: Handler
-    summarize: Summarize = mapping.summarize
+    summarize: Summarize
     timeout_range: tuple[float, float] = (300.0, 600.0)
     backoff: Backoff = field(default_factory=Backoff)
     stats: ReflectorStats = field(default_factory=ReflectorStats)
     relist_after_errors: int = 3
     stuck_grace: float = 120.0  # a watch still open this long after its timeout is stuck
+    report_first_list: bool = False
+    page_size: int = 500
 
     def __post_init__(self) -> None:
         self.cache: dict[CacheKey, dict[str, Any]] = {}
@@ -225,31 +238,35 @@ class Reflector:
     def list_and_sync(self) -> None:
         """LIST, replace the cache, report the differences (silently on the first list)."""
         w = self.watched
-        items, rv = self.kube.list(w.api_version, w.kind, self.namespace,
-                                   label_selector=w.label_selector)
-        self.stats.lists += 1
-        first = not self.synced.is_set()
         fresh: dict[CacheKey, dict[str, Any]] = {}
-        for item in items:
-            item.setdefault("kind", w.kind)
-            item.setdefault("apiVersion", w.api_version)
-            fresh[_cache_key(item)] = item
+        rv = ""
+        for items, page_rv in self.kube.list_pages(w.api_version, w.kind, self.namespace,
+                                                   label_selector=w.label_selector,
+                                                   field_selector=w.field_selector,
+                                                   page_size=self.page_size):
+            rv = page_rv
+            for item in items:
+                item.setdefault("kind", w.kind)
+                item.setdefault("apiVersion", w.api_version)
+                fresh[_cache_key(item)] = self.summarize(w.kind, item)
+        self.stats.lists += 1
+        report = self.synced.is_set() or self.report_first_list
         with self._lock:
             old_cache = self.cache
-            self.cache = {k: self.summarize(w.kind, obj) for k, obj in fresh.items()}
+            self.cache = fresh
         self.last_rv = rv
         self._need_list = False
-        if not first:
+        if report:
             for key, obj in fresh.items():
                 old = old_cache.get(key)
                 if old is None:
-                    self._emit(mapping.ADDED, obj, None)
+                    self._emit(ADDED, obj, None)
                 elif _rv(old) != _rv(obj):
-                    self._emit(mapping.MODIFIED, obj, old)
+                    self._emit(MODIFIED, obj, old)
             for key, old in old_cache.items():
                 if key not in fresh:
                     # Deleted while we were not watching: the stub is its last known state.
-                    self._emit(mapping.DELETED, old, old)
+                    self._emit(DELETED, old, old)
         self.stats.synced_at = time.time()
         self.synced.set()
 
@@ -265,6 +282,7 @@ class Reflector:
             for event in self.kube.watch(w.api_version, w.kind, self.namespace,
                                          resource_version=self.last_rv,
                                          label_selector=w.label_selector,
+                                         field_selector=w.field_selector,
                                          timeout_seconds=timeout):
                 if self._stop.is_set():
                     return
@@ -280,7 +298,7 @@ class Reflector:
             if rv:
                 self.last_rv = rv
             return
-        if etype not in mapping.EVENT_TYPES:
+        if etype not in EVENT_TYPES:
             log.debug("%s: ignoring event type %s", self.name, etype)
             return
         obj.setdefault("kind", self.watched.kind)
@@ -288,7 +306,7 @@ class Reflector:
         key = _cache_key(obj)
         with self._lock:
             old = self.cache.get(key)
-            if etype == mapping.DELETED:
+            if etype == DELETED:
                 self.cache.pop(key, None)
             else:
                 self.cache[key] = self.summarize(self.watched.kind, obj)
@@ -296,10 +314,10 @@ class Reflector:
             self.last_rv = rv
         self._failures = 0
         self.stats.events += 1
-        if etype != mapping.DELETED and old is not None and _rv(old) == rv:
+        if etype != DELETED and old is not None and _rv(old) == rv:
             return  # seen already (a resumed watch may repeat the last event)
-        if etype == mapping.ADDED and old is not None:
-            etype = mapping.MODIFIED
+        if etype == ADDED and old is not None:
+            etype = MODIFIED
         self._emit(etype, obj, old)
 
     def _emit(self, etype: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:

@@ -1,4 +1,4 @@
-"""`scheduler.reflector`: list/watch/resume/relist against a scripted API, and the backoff."""
+"""`warmpool.kube.reflector`: list/watch/resume/relist against a scripted API, and the backoff."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from scheduler.reflector import Backoff, Reflector, Watched, is_gone
+from scheduler.mapping import summarize
 from tests.waiting import wait_for
 from warmpool.kube.api import Gone
+from warmpool.kube.reflector import Backoff, Reflector, Watched, is_gone
 
 NS = "ns1"
 
@@ -51,15 +52,17 @@ class ScriptedKube:
         self.list_calls = 0
         self.timeouts: list[int] = []
 
-    def list(self, api_version: str, kind: str, namespace: str | None, *,
-             label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    def list_pages(self, api_version: str, kind: str, namespace: str | None, *,
+                   label_selector: str | None = None, field_selector: str | None = None,
+                   page_size: int = 500) -> Any:
         self.list_calls += 1
         items, rv = self.lists.popleft()
-        return [dict(i) for i in items], rv
+        for start in range(0, max(1, len(items)), page_size):
+            yield [dict(i) for i in items[start:start + page_size]], rv
 
     def watch(self, api_version: str, kind: str, namespace: str | None, *,
               resource_version: str, label_selector: str | None = None,
-              timeout_seconds: int = 300) -> Any:
+              field_selector: str | None = None, timeout_seconds: int = 300) -> Any:
         self.watch_rvs.append(resource_version)
         self.timeouts.append(timeout_seconds)
         script = self.watches.popleft() if self.watches else []
@@ -91,6 +94,7 @@ def run_reflector():
 
     def start(kube: ScriptedKube, handler: Recorder, **kw: Any) -> Reflector:
         r = Reflector(kube, Watched("ConfigMap", "v1", "sel"), NS, handler,  # type: ignore[arg-type]
+                      summarize=summarize,
                       backoff=Backoff(initial=0.01, cap=0.02), **kw)
         stop = threading.Event()
         r.start(stop)
@@ -161,11 +165,11 @@ def test_other_errors_back_off_and_resume_without_relisting(run_reflector) -> No
 
 def test_list_errors_are_retried(run_reflector) -> None:
     class FailingOnce(ScriptedKube):
-        def list(self, *a: Any, **kw: Any) -> Any:
+        def list_pages(self, *a: Any, **kw: Any) -> Any:
             if self.list_calls == 0:
                 self.list_calls += 1
                 raise ConnectionRefusedError("apiserver down")
-            return super().list(*a, **kw)
+            return super().list_pages(*a, **kw)
 
     kube = FailingOnce()
     kube.lists.append(([cm("a", 5)], "10"))
