@@ -223,20 +223,9 @@ def hwm_mb(pid: int | None) -> float:
 # ---- control plane and proxy ----------------------------------------------------------------
 
 
-#: Two Services per instance: the local control plane's /24 service range (254 ClusterIPs)
-#: holds 127 instances, and the API server refuses the next Service ("range is full").
-BENCH_SERVICE_CIDR = "10.0.0.0/16"
-
-
 @contextlib.contextmanager
 def private_cluster(tag: str) -> Iterator[local.ClusterInfo]:
-    """A fresh local control plane of our own (temporary state directory), stopped after.
-
-    Started with a /16 service range instead of `local`'s /24 (workaround, by setting the
-    module's constant for this process: `local.up` has no parameter for it), so that pools
-    of thousands of instances get their ClusterIPs."""
-    if getattr(local, "SERVICE_CIDR", BENCH_SERVICE_CIDR).endswith("/24"):
-        local.SERVICE_CIDR = BENCH_SERVICE_CIDR
+    """A fresh local control plane of our own (temporary state directory), stopped after."""
     state = Path(tempfile.mkdtemp(prefix=f"warmpool-bench-{tag}-"))
     t = time.monotonic()
     info = local.up(state, watch_cache=True, die_with_parent=True)

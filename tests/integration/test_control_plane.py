@@ -7,8 +7,10 @@ directly, with no project code in between.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -169,6 +171,49 @@ def test_deployment_becomes_ready_through_fake_kubelet(
     conditions = {c.type: c.status for c in pod.status.conditions}
     assert conditions["Ready"] == "True"
     assert {c.name for c in pod.status.container_statuses if c.ready} == {"app", "oauth2-proxy"}
+
+
+#: Two ClusterIP Services per pool instance; the local control plane must hold this many.
+POOL_INSTANCES_GOAL = 5_000
+
+
+def test_service_range_is_sized_for_the_pool_goal() -> None:
+    # The range (minus network and broadcast) takes two Services per instance, with headroom;
+    # kube-apiserver 1.20 refuses an IPv4 range wider than /12.
+    net = ipaddress.ip_network(local.SERVICE_CIDR)
+    assert net.is_private and net.version == 4 and net.prefixlen >= 12
+    assert net.num_addresses - 2 >= 2 * 2 * POOL_INSTANCES_GOAL
+
+
+def test_control_plane_runs_with_the_service_range(cluster: local.ClusterInfo) -> None:
+    if not cluster.pids:
+        pytest.skip("external cluster: its service range is not ours to check")
+    flag = f"--service-cluster-ip-range={local.SERVICE_CIDR}"
+    for name in ("kube-apiserver", "kube-controller-manager"):
+        argv = Path(f"/proc/{cluster.pids[name]}/cmdline").read_bytes().split(b"\0")
+        assert flag.encode() in argv, f"{name} runs without {flag}"
+
+
+def test_service_range_holds_more_than_a_slash_24(
+    cluster: local.ClusterInfo, core_v1: client.CoreV1Api, namespace: str
+) -> None:
+    # 300 Services: more than a /24 (254 ClusterIPs) holds, the old range's limit of 127
+    # pool instances. Each create returns its ClusterIP (allocated synchronously).
+    count = 300
+    t = time.monotonic()
+    ips = [
+        core_v1.create_namespaced_service(namespace, {
+            "metadata": {"name": f"svc-{i}"},
+            "spec": {"type": "ClusterIP", "ports": [{"port": 80}]},
+        }).spec.cluster_ip
+        for i in range(count)
+    ]
+    elapsed = time.monotonic() - t
+    assert all(ips) and len(set(ips)) == count
+    if cluster.pids:  # ours: the range is known
+        net = ipaddress.ip_network(local.SERVICE_CIDR)
+        assert all(ipaddress.ip_address(ip) in net for ip in ips)
+    assert elapsed < 30, f"{count} Service creates took {elapsed:.1f} s"
 
 
 def _etcd_post(etcd_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -42,7 +42,14 @@ BINARIES = ("kube-apiserver", "kube-controller-manager", "etcd", "etcdctl")
 # Start order; `down` stops in reverse so that clients go before the servers they talk to.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "fake-kubelet")
 CONTROLLERS = "garbagecollector,namespace,deployment,replicaset,serviceaccount,serviceaccount-token"
-SERVICE_CIDR = "10.0.0.0/24"
+# Every pool instance has two ClusterIP Services, so this range bounds the pool size: a /16
+# holds 65,534 ClusterIPs, pools of ~32,000 instances (the old 10.0.0.0/24 held 127). It is
+# kind's default service subnet (inside kubeadm's 10.96.0.0/12); nothing routes it here (no
+# kube-proxy), only the API server allocates from it. kube-apiserver 1.20 refuses IPv4 ranges
+# wider than /12, and wider ones make every Service write heavier (the allocation bitmap is
+# one etcd object). A state dir from the /24 days keeps its old ClusterIPs; the API server's
+# repair loop logs them as out of range, harmless (delete the state dir for a clean one).
+SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc"
 READY_TIMEOUT = 90.0
 STOP_TIMEOUT = 15.0
