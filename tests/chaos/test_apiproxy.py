@@ -292,3 +292,90 @@ def test_settings_are_validated_and_restored(proxy: ApiProxy) -> None:
     with proxy.faulty(latency=0.5, p_409=0.2):
         assert proxy.faults().active() == {"latency": 0.5, "p_409": 0.2}
     assert proxy.faults() == Faults()
+
+
+class ManualClock:
+    """The proxy's clock, moved by the test: a delayed chunk is released when it says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _watch_names(kube: Kube, namespace: str, rv: str, box: list[str], n: int) -> None:
+    for ev in kube.watch("v1", "ConfigMap", namespace, resource_version=rv, timeout_seconds=60):
+        if ev["type"] != "BOOKMARK":
+            box.append(ev["object"]["metadata"]["name"])
+        if len(box) == n:
+            return
+
+
+def _until(cond: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_watch_delay_holds_one_clients_events_in_order(cluster: ClusterInfo, kube: Kube,
+                                                       namespace: str) -> None:
+    """A lagging client's watch events are held until the (manual) clock reaches their due
+    time, then relayed in order; the other client's watch of the same events is not held."""
+    clock = ManualClock()
+    with ApiProxy(upstream=cluster.server, token=cluster.token, seed=3, clock=clock) as proxy:
+        lagging = Kube(connect(str(proxy.add_client("lagging"))))
+        prompt = Kube(connect(str(proxy.kubeconfig_path)))
+        _, rv = kube.list("v1", "ConfigMap", namespace)
+        proxy.set(watch_delay=5.0, watch_delay_client="lagging")
+        late: list[str] = []
+        early: list[str] = []
+        threads = [threading.Thread(target=_watch_names, args=(k, namespace, rv, box, 3),
+                                    daemon=True) for k, box in ((lagging, late), (prompt, early))]
+        for t in threads:
+            t.start()
+        assert _until(lambda: proxy.open_watches() == 2)
+        for i in range(2):
+            kube.create(cm(namespace, f"d{i}"))
+        assert _until(lambda: len(early) == 2), early  # the other client: not held
+        assert _until(lambda: proxy.held_watch_events("lagging") == 2)
+        clock.now += 2.0
+        proxy.set(watch_delay=0.0)  # lowered: what is held keeps its time, what follows
+        kube.create(cm(namespace, "d2"))  # waits behind it
+        assert _until(lambda: len(early) == 3), early
+        assert _until(lambda: proxy.held_watch_events("lagging") == 3)
+        time.sleep(0.3)
+        assert late == [], "a held event was relayed before its time"
+        clock.now += 2.9  # 4.9 s after the first two were read
+        time.sleep(0.3)
+        assert late == [] and proxy.held_watch_events("lagging") == 3
+        clock.now += 0.2
+        assert _until(lambda: len(late) == 3), late
+        for t in threads:
+            t.join(5)
+        assert late == early == ["d0", "d1", "d2"]
+        assert proxy.stats()["watch_delay"] == 1
+        assert proxy.traffic("lagging").requests["WATCH"] == 1
+        assert proxy.traffic("lagging").bytes["WATCH"] > 0
+
+
+def test_traffic_by_verb_and_client(proxy: ApiProxy, via: Kube, namespace: str) -> None:
+    """Requests and body bytes by verb (a collection GET is a LIST), per client."""
+    via.list("v1", "ConfigMap", namespace)  # discovery, out of the window
+    before = proxy.traffic()
+    via.create(cm(namespace, "t1", "x" * 1000))
+    got = via.get("v1", "ConfigMap", namespace, "t1")
+    items, _ = via.list("v1", "ConfigMap", namespace)  # with t1's 1,000 bytes of data
+    via.merge_patch("v1", "ConfigMap", namespace, "t1", {"data": {"v": "y"}})
+    via.delete("v1", "ConfigMap", namespace, "t1")
+    delta = proxy.traffic() - before
+    assert {k: n for k, n in delta.requests.items() if n} == {
+        "POST": 1, "GET": 1, "PATCH": 1, "LIST": 1, "DELETE": 1}
+    assert delta.bytes["GET"] >= len(json.dumps(got)) * 0.8
+    assert delta.bytes["LIST"] > 1000 and delta.total_requests() == 5
+    assert proxy.traffic("main") == proxy.traffic()
+    assert proxy.traffic("someone-else").total_requests(watches=True) == 0
+    assert items

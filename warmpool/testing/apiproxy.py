@@ -17,6 +17,12 @@ from one seeded RNG:
 | `p_drop` | the connection is closed without an answer, before forwarding |
 | `p_lost_response` | a write is forwarded (it takes effect), then its connection is closed |
 | `p_drop_watch`, `drop_watch_after` | a watch stream is cut after uniform(0, drop_watch_after) s |
+| `watch_delay`, `watch_delay_client` | watch events reach that client (None: all) that late |
+
+`watch_delay` holds each chunk a watch stream reads from the server (an event, or a few) for
+that many seconds before relaying it, in order, while the stream goes on reading: a watch-fed
+cache falls behind by that much, its connection healthy (chunks held when the setting is
+lowered still wait their time, and those after them wait behind them).
 
 and actions: `cut_watches()` (cut every open watch stream now), `stall_watches()` (every open
 watch stream goes silent with its connection left open, as when a NAT entry or a peer dies
@@ -24,8 +30,16 @@ without a FIN; held until the client gives up or the proxy stops), `outage(secon
 `seconds`, "refuse" closes the listening socket and every open connection (clients get
 connection refused), "503" answers everything with 503 Service Unavailable and cuts watches.
 
+Clients: the proxy's first port is client "main" (`kubeconfig_path`); `add_client(name)` listens
+on one more port and returns a kubeconfig for it, so a fault can single out one process (the
+API server cannot tell the proxy's clients apart, and neither can the proxy by anything else).
+
 `proxy.stats()` counts requests and each injected fault; `proxy.events` keeps the latest
-injected faults with timestamps (for a failing test's history).
+injected faults with timestamps (for a failing test's history). `proxy.traffic(client)` counts
+requests and response body bytes by verb (GET, LIST, WATCH, POST, PUT, PATCH, DELETE, OTHER:
+a GET of a collection is a LIST, a GET with `?watch=` a WATCH, counted once however long it
+streams; its bytes are counted as they are relayed), as an immutable `Traffic` whose
+difference of two snapshots is the traffic in between (what the benchmarks report per claim).
 
     with ApiProxy(upstream=cluster.server, token=cluster.token, seed=7) as proxy:
         kube = Kube(connect(str(proxy.kubeconfig_path)))
@@ -46,8 +60,8 @@ import tempfile
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
@@ -82,13 +96,16 @@ class Faults:
     p_lost_response: float = 0.0
     p_drop_watch: float = 0.0
     drop_watch_after: float = 5.0
+    watch_delay: float = 0.0
+    watch_delay_client: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name.startswith("p_") and not 0.0 <= value <= 1.0:
                 raise ValueError(f"{f.name} must be a probability in [0, 1], got {value!r}")
-            if f.name in ("latency", "jitter", "drop_watch_after", "retry_after") and value < 0:
+            if f.name in ("latency", "jitter", "drop_watch_after", "retry_after",
+                          "watch_delay") and value < 0:
                 raise ValueError(f"{f.name} must be >= 0, got {value!r}")
         if self.scope not in ("mutating", "all"):
             raise ValueError(f"scope must be 'mutating' or 'all', got {self.scope!r}")
@@ -113,6 +130,70 @@ def is_watch(path: str) -> bool:
     return any(val.lower() in ("true", "1") for val in query.get("watch", []))
 
 
+#: The verbs `Traffic` counts by (a LIST and a WATCH are GETs on the wire).
+VERBS = ("GET", "LIST", "WATCH", "POST", "PUT", "PATCH", "DELETE", "OTHER")
+MAIN_CLIENT = "main"
+
+
+def _resource_path(path: str) -> tuple[list[str], bool] | None:
+    """The segments after /api/<version> or /apis/<group>/<version>, with a leading
+    namespaces/<ns> taken off, and whether it was a deprecated /watch/ path (None: not a
+    resource path, e.g. /version, /openapi/v2)."""
+    parts = [x for x in urlsplit(path).path.split("/") if x]
+    if parts[:1] == ["api"]:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"]:
+        rest = parts[3:]
+    else:
+        return None
+    watch = rest[:1] == ["watch"]
+    if watch:
+        rest = rest[1:]
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]
+    return rest, watch
+
+
+def verb_of(method: str, path: str) -> str:
+    """The API verb of one request, from its method and URL: a GET of a collection
+    (`/api/v1/namespaces/ns/configmaps`, `/api/v1/namespaces`) is a LIST, any GET with
+    `?watch=true` (or on a deprecated /watch/ path) a WATCH; discovery GETs are GETs."""
+    if method != "GET":
+        return method if method in MUTATING else "OTHER"
+    res = _resource_path(path)
+    if is_watch(path) or (res is not None and res[1]):
+        return "WATCH"
+    return "LIST" if res is not None and len(res[0]) == 1 else "GET"
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Requests and response body bytes by verb (`VERBS`), as counted by the proxy.
+
+    Snapshots subtract: `proxy.traffic() - before` is what passed in between. Watch streams
+    count as one request each (when they open) and their bytes as relayed, so a window's
+    WATCH bytes are the events its open watches delivered during it."""
+
+    requests: Mapping[str, int] = field(default_factory=dict)
+    bytes: Mapping[str, int] = field(default_factory=dict)
+
+    def __sub__(self, other: Traffic) -> Traffic:
+        return Traffic({k: self.requests.get(k, 0) - other.requests.get(k, 0) for k in VERBS},
+                       {k: self.bytes.get(k, 0) - other.bytes.get(k, 0) for k in VERBS})
+
+    def __add__(self, other: Traffic) -> Traffic:
+        return Traffic({k: self.requests.get(k, 0) + other.requests.get(k, 0) for k in VERBS},
+                       {k: self.bytes.get(k, 0) + other.bytes.get(k, 0) for k in VERBS})
+
+    def total_requests(self, watches: bool = False) -> int:
+        """Every request (watch streams only with `watches`)."""
+        return sum(n for k, n in self.requests.items() if watches or k != "WATCH")
+
+    def total_bytes(self, watches: bool = False) -> int:
+        """Every response byte (watch streams' only with `watches`)."""
+        return sum(n for k, n in self.bytes.items() if watches or k != "WATCH")
+
+
 class _Cut(Exception):
     """The connection was (deliberately) cut: end the handler without writing anything."""
 
@@ -126,6 +207,8 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.proxy = self.server.proxy
+        self.client = self.server.client
+        self.verb = "OTHER"
         self.upstream: http.client.HTTPSConnection | None = None
         self.proxy._track(self.connection, True)
 
@@ -195,7 +278,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body()
         method, path = self.command, self.path
         watch = method == "GET" and is_watch(path)
-        plan = p._plan(method, path, watch)
+        self.verb = verb_of(method, path)
+        plan = p._plan(method, path, watch, self.client, self.verb)
         if plan.outage:
             return self._answer(503, "the API server is unavailable (injected outage)",
                                 retry_after=p.faults().retry_after)
@@ -229,6 +313,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+            self.proxy._count_bytes(self.client, self.verb, len(data))
         self.wfile.flush()
 
     def _forward(self, method: str, path: str, body: bytes | None) -> http.client.HTTPResponse:
@@ -277,8 +362,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             self.wfile.flush()
+            p = self.proxy
+            p._count_bytes(self.client, self.verb, len(data))
             return
         self._stream(resp, watch, cut_after)
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+        self.proxy._count_bytes(self.client, self.verb, len(data))
 
     def _stream(self, resp: http.client.HTTPResponse, watch: bool,
                 cut_after: float | None) -> None:
@@ -302,14 +394,27 @@ class _Handler(BaseHTTPRequestHandler):
                 if stream.stalled.is_set():
                     stream.released.wait()  # relay nothing more, close nothing
                     break
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                self.wfile.flush()
+                delay = p._watch_delay(self.client) if watch else 0.0
+                if delay and stream.line is None:
+                    stream.line = _DelayLine(self, stream, p.clock)
+                    p._record("watch_delay", "GET", stream.path)
+                if stream.line is not None:  # once delayed, always: the order is kept
+                    stream.line.put(data, p.clock() + delay)
+                    p._count("watch_delayed_chunks")
+                else:
+                    self._write_chunk(data)
+            if stream.line is not None:
+                stream.line.drain()  # what it still holds, at its time; then the end
+            if stream.stalled.is_set() and not stream.cut:
+                stream.released.wait()
             if stream.cut:
                 self._close_upstream()
                 self._cut()
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         finally:
+            if stream.line is not None:
+                stream.line.stop()  # the handler is done: its line writes nothing more
             if watch:
                 p._watch_ended(stream)
             if stream.cut:
@@ -324,16 +429,101 @@ class _Stream:
         self.resp = resp
         self.cut = False
         self.path = handler.path
+        self.client = handler.client
         self.stalled = threading.Event()
         self.released = threading.Event()
+        self.line: _DelayLine | None = None
 
     def cut_now(self) -> None:
         self.cut = True
         self.released.set()
+        if self.line is not None:
+            self.line.wake()
         for sock in (self.handler.connection, getattr(self.handler.upstream, "sock", None)):
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+
+    def stall(self) -> None:
+        self.stalled.set()
+        if self.line is not None:
+            self.line.wake()
+
+
+class _DelayLine:
+    """The chunks of one delayed watch stream, each relayed at its due time, in order.
+
+    The handler's thread keeps reading the server (so the server sees a healthy client) and
+    `put`s what it reads; this line's own thread writes each chunk once the proxy's clock
+    reaches its due time, and nothing after a cut or a stall. FIFO: a chunk read after the
+    delay was lowered still waits for the ones before it, as one lagging cache would."""
+
+    def __init__(self, handler: _Handler, stream: _Stream, clock: Callable[[], float]) -> None:
+        self.handler, self.stream, self.clock = handler, stream, clock
+        self.held: deque[tuple[float, bytes]] = deque()
+        self.closed = False
+        self.failed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"apiproxy-delay-{stream.client}")
+        self._thread.start()
+
+    def put(self, data: bytes, due: float) -> None:
+        with self._cond:
+            self.held.append((due, data))
+            self._cond.notify_all()
+
+    def events_held(self) -> int:
+        """Watch events held now (the API server ends each with a newline)."""
+        with self._cond:
+            return sum(data.count(b"\n") for _, data in self.held)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self.closed = True
+            self.held.clear()
+            self._cond.notify_all()
+
+    def drain(self) -> None:
+        """The upstream ended: relay what is held (at its time), then return."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+        self._thread.join()
+        if self.failed:
+            self.stream.cut = True
+
+    def _next(self) -> bytes | None:
+        """The next chunk once it is due; None when there is no more to write."""
+        s = self.stream
+        with self._cond:
+            while True:
+                if s.cut or s.stalled.is_set():
+                    return None
+                if self.held:
+                    due, data = self.held[0]
+                    wait = due - self.clock()
+                    if wait <= 0:
+                        self.held.popleft()
+                        return data
+                    # Short waits: the clock may be a test's, moved from outside.
+                    self._cond.wait(min(wait, 0.05))
+                elif self.closed:
+                    return None
+                else:
+                    self._cond.wait()
+
+    def _run(self) -> None:
+        while (data := self._next()) is not None:
+            try:
+                self.handler._write_chunk(data)
+            except (OSError, ValueError):
+                self.failed = True
+                return
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -341,8 +531,9 @@ class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, address: tuple[str, int], proxy: ApiProxy) -> None:
+    def __init__(self, address: tuple[str, int], proxy: ApiProxy, client: str) -> None:
         self.proxy = proxy
+        self.client = client
         super().__init__(address, _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -374,6 +565,7 @@ class ApiProxy:
         kubeconfig_path: Path | None = None,
         timeout: float = 600.0,
         events: int = 2000,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "https" or not parts.hostname:
@@ -393,6 +585,9 @@ class ApiProxy:
         self._lock = threading.Lock()
         self._faults = Faults()
         self._counts: Counter[str] = Counter()
+        self.clock = clock  # when a delayed watch chunk is due (a test may move it by hand)
+        self._requests: Counter[tuple[str, str]] = Counter()  # (client, verb) -> requests
+        self._bytes: Counter[tuple[str, str]] = Counter()  # (client, verb) -> body bytes
         # Objects the proxied clients deleted (2xx from the server): path without query -> the
         # uids of the deletes' preconditions (None for a delete without one). A name is reused
         # by the next object of that name; the uid tells the two apart.
@@ -400,8 +595,8 @@ class ApiProxy:
         self.events: deque[tuple[float, str, str]] = deque(maxlen=events)
         self._connections: set[socket.socket] = set()
         self._watches: set[_Stream] = set()
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        # client -> [port, kubeconfig path, its server, its thread]; "main" is the first
+        self._listeners: dict[str, list[Any]] = {MAIN_CLIENT: [port, None, None, None]}
         self._outage: str | None = None
         self._outage_timer: threading.Timer | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -425,14 +620,33 @@ class ApiProxy:
             self._tmp = tempfile.TemporaryDirectory(prefix="warmpool-apiproxy-")
             self._kubeconfig_path = Path(self._tmp.name) / "kubeconfig"
         self.write_kubeconfig(self._kubeconfig_path)
+        self._listeners[MAIN_CLIENT][1] = self._kubeconfig_path
         return self
 
-    def write_kubeconfig(self, path: Path) -> Path:
-        """A kubeconfig that reaches the API server through this proxy."""
+    def add_client(self, name: str, kubeconfig_path: Path | None = None) -> Path:
+        """Listen on one more port for client `name`; returns a kubeconfig that reaches the
+        API server through it (for the processes a fault must single out)."""
+        if name in self._listeners:
+            raise ValueError(f"client {name!r} exists")
+        path = kubeconfig_path
+        if path is None:
+            if self._tmp is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="warmpool-apiproxy-")
+            path = Path(self._tmp.name) / f"kubeconfig-{name}"
+        self._listeners[name] = [0, path, None, None]
+        self._listen_one(name)
+        self.write_kubeconfig(path, name)
+        return path
+
+    def client_url(self, name: str = MAIN_CLIENT) -> str:
+        return f"http://{self.host}:{self._listeners[name][0]}"
+
+    def write_kubeconfig(self, path: Path, client: str = MAIN_CLIENT) -> Path:
+        """A kubeconfig that reaches the API server through this proxy (as `client`)."""
         user: dict[str, Any] = {"token": self.token} if self.token else {}
         config = {
             "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "proxy", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "proxy", "cluster": {"server": self.client_url(client)}}],
             "users": [{"name": "proxy", "user": user}],
             "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "proxy",
                                                       "namespace": "default"}}],
@@ -443,21 +657,30 @@ class ApiProxy:
         return path
 
     def _listen(self) -> None:
-        server = _Server((self.host, self.port), self)
-        self.port = server.server_address[1]
+        for name, entry in self._listeners.items():
+            if entry[2] is None:
+                self._listen_one(name)
+
+    def _listen_one(self, name: str) -> None:
+        entry = self._listeners[name]
+        server = _Server((self.host, entry[0]), self, name)
+        entry[0] = server.server_address[1]  # the same port again after an outage
+        if name == MAIN_CLIENT:
+            self.port = entry[0]
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                  name=f"apiproxy-{self.port}", daemon=True)
+                                  name=f"apiproxy-{entry[0]}", daemon=True)
         thread.start()
-        self._server, self._thread = server, thread
+        entry[2], entry[3] = server, thread
 
     def _unlisten(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
-            self._thread = None
+        for entry in self._listeners.values():
+            server, thread = entry[2], entry[3]
+            entry[2] = entry[3] = None
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+            if thread is not None:
+                thread.join(5)
 
     def stop(self) -> None:
         if self._outage_timer is not None:
@@ -556,7 +779,7 @@ class ApiProxy:
             streams = list(self._watches)
         for s in streams:
             self._record("watch_stall", "GET", s.path)
-            s.stalled.set()
+            s.stall()
         return len(streams)
 
     def cut_connections(self) -> int:
@@ -570,6 +793,26 @@ class ApiProxy:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+    def traffic(self, client: str | None = None) -> Traffic:
+        """Requests and response bytes by verb so far, of one client (None: all of them)."""
+        with self._lock:
+            req: Counter[str] = Counter()
+            out: Counter[str] = Counter()
+            for (c, verb), n in self._requests.items():
+                if client is None or c == client:
+                    req[verb] += n
+            for (c, verb), n in self._bytes.items():
+                if client is None or c == client:
+                    out[verb] += n
+        return Traffic({k: req[k] for k in VERBS}, {k: out[k] for k in VERBS})
+
+    def held_watch_events(self, client: str | None = None) -> int:
+        """Watch events read from the server and not yet relayed (a `watch_delay`)."""
+        with self._lock:
+            lines = [s.line for s in self._watches
+                     if s.line is not None and (client is None or s.client == client)]
+        return sum(line.events_held() for line in lines)
 
     def deleted(self, path: str, uid: str | None = None) -> bool:
         """Whether a client of this proxy deleted the object at `path` (an API path such as
@@ -598,6 +841,21 @@ class ApiProxy:
             self._counts[kind] += 1
             self.events.append((time.time(), kind, f"{method} {path}"))
 
+    def _count(self, kind: str) -> None:
+        with self._lock:
+            self._counts[kind] += 1
+
+    def _count_bytes(self, client: str, verb: str, n: int) -> None:
+        with self._lock:
+            self._bytes[(client, verb)] += n
+
+    def _watch_delay(self, client: str) -> float:
+        with self._lock:
+            f = self._faults
+        if f.watch_delay and f.watch_delay_client in (None, client):
+            return f.watch_delay
+        return 0.0
+
     def _track(self, sock: socket.socket, add: bool) -> None:
         with self._lock:
             if add:
@@ -621,13 +879,15 @@ class ApiProxy:
         with self._lock:
             self._watches.discard(stream)
 
-    def _plan(self, method: str, path: str, watch: bool) -> _Plan:
+    def _plan(self, method: str, path: str, watch: bool, client: str = MAIN_CLIENT,
+              verb: str = "OTHER") -> _Plan:
         """Decide, under the lock and from the seeded RNG, what happens to one request."""
         plan = _Plan()
         with self._lock:
             f = self._faults
             rng = self._rng
             self._counts["requests"] += 1
+            self._requests[(client, verb)] += 1
             if watch:
                 self._counts["watches"] += 1
             if self._outage is not None:
