@@ -37,11 +37,13 @@ def declare(broker: RedisBroker, tag: str) -> dramatiq.Actor:
         from warmpool.controller.reconcile import claim_session
         from warmpool.keys import SessionKey
         from warmpool.kube.api import Kube, connect
+        from warmpool.kube.reader import LiveReader
         from warmpool.pool.builders import PoolSettings
 
         broker.client.set(holder_key(tag), os.getpid())
         kube = Kube(connect(os.environ["KUBECONFIG"]))
-        claim_session(kube, SessionKey(namespace, session), LocalLeases(), PoolSettings())
+        claim_session(LiveReader(kube), kube, SessionKey(namespace, session), LocalLeases(),
+                      PoolSettings())
 
     return dramatiq.actor(bench_claim, actor_name=ACTOR, queue_name=QUEUE, broker=broker)
 

@@ -102,6 +102,9 @@ RECONCILE_DURATION = Histogram("warmpool_reconcile_duration_seconds", "Seconds a
 
 # --- leases ----------------------------------------------------------------------------------
 
+CACHE_BEHIND = Counter("warmpool_cache_behind", "Jobs handed back because this worker's "
+                       "watch-fed cache had not yet seen the versions that caused them",
+                       ["kind"])
 LEASE_WAIT = Histogram("warmpool_lease_acquire_wait_seconds", "Seconds from a job first finding "
                        "another key's lease busy (try_lease) until it got one; kind of the "
                        "lease", _kind, buckets=LEASE_WAIT_BUCKETS)
@@ -405,6 +408,11 @@ def resync_done(ctx: JobContext, key: PoolKey, keys: list[Key], started_ms: int 
         pool_state(ctx.jobs).prune_waiting(key.namespace, key.appdef, keep, started_ms)
     except redis.RedisError as exc:
         log.warning("pruning waiting Sessions of %s failed: %s", key, exc)
+
+
+def cache_behind(ctx: JobContext) -> None:
+    """The job's cache lagged behind its triggers: it was handed back to run again."""
+    CACHE_BEHIND.labels(kind=kind_of(ctx.key)).inc()
 
 
 def lease_busy(ctx: JobContext, key: str) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,7 +42,8 @@ WATCHED: tuple[Watched, ...] = (
 class Producer(Protocol):
     """What the scheduler needs of the queue (``KeyedQueue`` is one)."""
 
-    def add_many(self, keys: Iterable[str]) -> Any: ...
+    def add_many(self, keys: Iterable[str | tuple[str, Mapping[str, str]]]) -> Any:
+        """Add keys, each a key string or (key, triggers)."""
 
 
 @dataclass
@@ -78,7 +79,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._stop = threading.Event()
         self._lock = threading.Condition()
-        self._pending: dict[str, Key] = {}
+        self._pending: dict[str, tuple[Key, dict[str, str]]] = {}
         self._resync_due = True
         self._resync_reason = "startup"
         self._wake_resync = threading.Event()
@@ -175,12 +176,14 @@ class Scheduler:
                 meta = obj.get("metadata") or {}
                 log.debug("%s %s %s/%s -> %s", event_type, kind, meta.get("namespace"),
                           meta.get("name"), [str(k) for k in keys])
-            self.offer(keys)
+            if keys:
+                self.offer(keys, mapping.trigger(kind, event_type, obj))
         return handle
 
-    def offer(self, keys: Iterable[Key]) -> None:
+    def offer(self, keys: Iterable[Key], trigger: Mapping[str, str] | None = None) -> None:
         """Queue keys for the dispatcher if leading; a standby drops them (it resyncs on
-        taking over)."""
+        taking over). `trigger`: the version of the object whose event caused them, which
+        their jobs must see before deciding (merged per key until dispatched)."""
         keys = list(keys)
         if not keys:
             return
@@ -189,7 +192,9 @@ class Scheduler:
             return
         with self._lock:
             for k in keys:
-                self._pending.setdefault(str(k), k)
+                _, triggers = self._pending.setdefault(str(k), (k, {}))
+                if trigger:
+                    mapping.merge_triggers(triggers, trigger)
             self.stats.offered += len(keys)
             self._lock.notify()
 
@@ -247,14 +252,18 @@ class Scheduler:
                 self.stats.dropped_not_leader += len(batch)
                 continue
             try:
-                self.producer.add_many(str(k) for k in batch)
+                self.producer.add_many((str(k), t) if t else str(k) for k, t in batch)
             except Exception as exc:
                 self.stats.enqueue_errors += 1
                 delay = backoff.next()
                 log.warning("adding %d keys failed (%s); retrying in %.1fs", len(batch), exc,
                             delay)
                 with self._lock:  # put them back in front, keeping later adds after them
-                    self._pending = {**{str(k): k for k in batch}, **self._pending}
+                    later = self._pending
+                    self._pending = {str(k): (k, dict(t)) for k, t in batch}
+                    for name, (k, t) in later.items():
+                        _, merged = self._pending.setdefault(name, (k, {}))
+                        mapping.merge_triggers(merged, t)
                 self._stop.wait(delay)
                 continue
             self.stats.enqueued += len(batch)
@@ -330,11 +339,11 @@ class Recorder:
     added: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add_many(self, keys: Iterable[str]) -> Any:
+    def add_many(self, keys: Iterable[str | tuple[str, Mapping[str, str]]]) -> Any:
         keys = list(keys)
         result = self.inner.add_many(keys) if self.inner is not None else None
         with self._lock:
-            self.added.extend(keys)
+            self.added.extend(k if isinstance(k, str) else k[0] for k in keys)
         return result
 
     def since(self, mark: int) -> list[str]:

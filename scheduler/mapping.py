@@ -207,6 +207,30 @@ def _pool_object_keys(
     return _unique(keys)
 
 
+def trigger(kind: str, event_type: str, obj: Obj) -> dict[str, str]:
+    """The version a job caused by this event must see: `"<Kind>/<name>" -> resourceVersion`,
+    or for a deletion `"<Kind>/<name>#gone" -> uid` (the queue's trigger syntax)."""
+    meta = _meta(obj)
+    name = meta.get("name")
+    if not name:
+        return {}
+    if event_type == DELETED:
+        uid = meta.get("uid")
+        return {f"{kind}/{name}#gone": str(uid)} if uid else {}
+    rv = meta.get("resourceVersion")
+    return {f"{kind}/{name}": str(rv)} if rv else {}
+
+
+def merge_triggers(into: dict[str, str], more: Mapping[str, str]) -> None:
+    """Fold `more` into `into`: the newest resourceVersion per object, the last uid per
+    deletion (as the queue merges them)."""
+    for field, value in more.items():
+        old = into.get(field)
+        if old is not None and "#" not in field and old.isdigit() and value.isdigit():
+            value = str(max(int(old), int(value)))
+        into[field] = value
+
+
 def appdef_names(kind: str, stub: Obj) -> set[str]:
     """The AppDefinitions a cached object names: the resync's pool keys come from these."""
     if kind == APPDEF:

@@ -1,8 +1,13 @@
 """The pool's handlers on the keyed queue: which controller function runs for which key kind.
 
 Importing this module registers them. The worker process owns one Kubernetes client (made on
-first use from KUBECONFIG, else in-cluster config) shared by its threads, and a producer to
-enqueue follow-up keys: a resync's instances, and waiting claims when an instance frees.
+first use from KUBECONFIG, else in-cluster config) and one watch-fed `ClusterCache` of the
+namespaces it serves (`WARMPOOL_NAMESPACE`, comma-separated; all namespaces when unset),
+both shared by its threads. The cache is filled before the process reports ready, and a job
+decides only once the cache has seen the versions that caused it (the key's triggers): a
+watch that lags makes a job wait or run elsewhere, never decide on a world older than its
+cause. Jobs report their guarded writes back to the queue, so the watch events those writes
+cause do not run the same key again.
 """
 
 from __future__ import annotations
@@ -13,21 +18,26 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from dramatiq.brokers.redis import RedisBroker
+
 from metrics import worker as job_metrics
 from warmpool.controller.guard import Guard
 from warmpool.controller.reconcile import (
     Deferred,
+    Writes,
     claim_session,
     reconcile_instance,
     resync_pool,
 )
 from warmpool.keys import InstanceKey, PoolKey, SessionKey, parse_key
-from warmpool.kube import observe
 from warmpool.kube.api import Kube, connect
+from warmpool.kube.cache import ClusterCache
+from warmpool.kube.reader import CachedReader, LiveReader, Reader
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.model import Invalid
 from warmpool.queue.jobs import JobContext
-from workers.runtime import register
+from warmpool.queue.settings import QueueSettings
+from workers.runtime import on_broker, register
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +46,87 @@ log = logging.getLogger(__name__)
 #: fail every job in a loop.
 NEEDS_KUBERNETES = True
 
+#: How long a job waits for its cache to see the versions that caused it before it gives the
+#: key back (to run again shortly, here or on a worker whose watches are not behind).
+FRESHNESS_WAIT = 2.0
+#: How long a starting worker process waits for its cache's first lists.
+SYNC_WAIT = float(os.environ.get("WARMPOOL_CACHE_SYNC_TIMEOUT", "120"))
+#: A claim whose instance is leased by another job retries after 5 ms, doubling to this cap.
+DEFER_BASE, DEFER_CAP = 0.005, 0.5
+
 _kube: Kube | None = None
-_kube_lock = threading.Lock()
+_cache: ClusterCache | None = None
+_lock = threading.Lock()
+_defers: dict[str, int] = {}
 
 
 def kube() -> Kube:
     """This process's API client: KUBECONFIG if set, else the in-cluster ServiceAccount."""
     global _kube
-    with _kube_lock:
+    with _lock:
         if _kube is None:
             _kube = Kube(connect(os.environ.get("KUBECONFIG") or None))
         return _kube
 
 
+def served_namespaces() -> list[str] | None:
+    raw = os.environ.get("WARMPOOL_NAMESPACE") or ""
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    return names or None
+
+
+def cache() -> ClusterCache:
+    """This process's cache, started (not necessarily synced) on first use."""
+    global _cache
+    with _lock:
+        if _cache is None:
+            url = os.environ.get("KUBECONFIG") or None
+            _cache = ClusterCache(lambda: Kube(connect(url)), served_namespaces()).start()
+        return _cache
+
+
+def _start_cache(broker: RedisBroker, settings: QueueSettings) -> None:
+    """Fill the cache before the worker takes jobs (its readiness waits for this)."""
+    c = cache()
+    if not c.wait_synced(SYNC_WAIT):
+        log.warning("the worker cache has not listed everything after %.0fs; jobs wait for it",
+                    SYNC_WAIT)
+
+
+def reader_for(namespace: str) -> Reader | None:
+    """The cache's reader, or None while it has not synced once (the job then waits)."""
+    c = cache()
+    if not c.serves(namespace):
+        return LiveReader(kube())  # a key outside the watched namespaces: ask directly
+    if not c.synced():
+        return None
+    return CachedReader(c, kube())
+
+
 def pool_settings() -> PoolSettings:
     host = os.environ.get("WARMPOOL_INSTANCES_HOST")
     return PoolSettings(instances_host=host) if host else PoolSettings()
+
+
+def _ready_reader(ctx: JobContext, namespace: str) -> Reader | None:
+    """The reader to decide from once it has seen the key's triggers; else None, and the key
+    is handed back (with its triggers) to run again shortly."""
+    reader = reader_for(namespace)
+    if isinstance(reader, CachedReader) and reader.cache.wait_fresh(
+            namespace, ctx.triggers, FRESHNESS_WAIT):
+        return reader
+    if isinstance(reader, LiveReader):
+        return reader
+    log.info("%s: the cache has not seen %s yet; running it again shortly", ctx.key,
+             sorted(ctx.triggers))
+    job_metrics.cache_behind(ctx)
+    ctx.defer(0.1)
+    return None
+
+
+def _note(ctx: JobContext, written: Writes, key: str | None = None) -> None:
+    for field, value in written:
+        ctx.note_write(field, value, key=None if key in (None, ctx.key) else key)
 
 
 class JobLeases:
@@ -78,26 +153,40 @@ def reconcile(ctx: JobContext) -> None:
     key = parse_key(ctx.key)
     assert isinstance(key, InstanceKey)
     with job_metrics.JobMetrics("instance") as m:
-        result = reconcile_instance(kube(), key, ctx.lease, pool_settings())
+        reader = _ready_reader(ctx, key.namespace)
+        if reader is None:
+            m.requeue()
+            return
+        result = reconcile_instance(reader, kube(), key, ctx.lease, pool_settings())
+        _note(ctx, result.written)
         m.attempts = result.attempts
         job_metrics.instance_done(ctx, key.appdef, result)  # under the lease: the pool gauges
         if result.follow_ups:
-            ctx.jobs.queue.add_many(str(k) for k in result.follow_ups)
+            ctx.jobs.queue.add_many((str(k), triggers) for k, triggers in result.follow_ups)
 
 
 def claim(ctx: JobContext) -> None:
     key = parse_key(ctx.key)
     assert isinstance(key, SessionKey)
     with job_metrics.JobMetrics("session") as m:
+        reader = _ready_reader(ctx, key.namespace)
+        if reader is None:
+            m.requeue()
+            return
         try:
-            result = claim_session(kube(), key, JobLeases(ctx), pool_settings())
+            result = claim_session(reader, kube(), key, JobLeases(ctx), pool_settings())
         except Deferred as exc:
             # An instance this claim needs is leased by another job: try again in
-            # milliseconds, never by parking this thread.
-            log.debug("claim %s deferred: %s", key, exc)
+            # milliseconds (5 ms doubling, capped), never by parking this thread.
+            n = _defers.get(ctx.key, 0)
+            _defers[ctx.key] = n + 1
+            log.debug("claim %s deferred (%d): %s", key, n + 1, exc)
             m.requeue()
-            ctx.defer(exc.after)
+            ctx.defer(min(DEFER_CAP, max(exc.after, DEFER_BASE * 2 ** n)))
             return
+        _defers.pop(ctx.key, None)
+        for ikey, written in result.written.items():
+            _note(ctx, written, ikey)
         job_metrics.claim_done(ctx, result)
 
 
@@ -105,11 +194,13 @@ def resync(ctx: JobContext) -> None:
     key = parse_key(ctx.key)
     assert isinstance(key, PoolKey)
     with job_metrics.JobMetrics("pool"):
+        reader = _ready_reader(ctx, key.namespace)
+        if reader is None:
+            return
         started = job_metrics.resync_started(ctx)
-        keys = resync_pool(kube(), key)
+        keys = resync_pool(reader, kube(), key)
         # An empty resync may be a refused AppDefinition: its Sessions still wait for it.
-        refused = not keys and isinstance(observe.read_appdef(kube(), key.namespace,
-                                                              key.appdef), Invalid)
+        refused = not keys and isinstance(reader.appdef(key.namespace, key.appdef), Invalid)
         job_metrics.resync_done(ctx, key, keys, started, refused=refused)
         ctx.jobs.queue.add_many(str(k) for k in keys)
 
@@ -117,3 +208,4 @@ def resync(ctx: JobContext) -> None:
 register("instance", reconcile)
 register("session", claim)
 register("pool", resync)
+on_broker(_start_cache)

@@ -1,8 +1,11 @@
 """The three jobs of the pool, as a controller-runtime style reconciler would write them.
 
-Each is observe → decide (pure, ``warmpool.pool``) → execute, retried from a fresh observation
-when the API server reports a conflict. They are called by the queue's workers under the lease
-of their key, and by tests directly; they never decide which key runs where or when.
+Each is observe → decide (pure, ``warmpool.pool``) → execute. Reads go through a `Reader`:
+a worker's watch-fed cache, or the API server itself (the sequential driver, tools). Either
+may be behind; every write is guarded so that a decision on a stale read is refused, and
+after a refusal (409) the next attempt reads the instance straight from the API server. The
+jobs are called by the queue's workers under the lease of their key, and by tests directly;
+they never decide which key runs where or when.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ from dataclasses import dataclass, field
 
 from warmpool.controller.guard import Guard, Leases, Unguarded
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
-from warmpool.kube import observe
-from warmpool.kube.api import Conflict, Kube
+from warmpool.kube.api import Conflict, Kube, KubeError
 from warmpool.kube.executor import Executor, check_fence
+from warmpool.kube.reader import Reader
 from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import Report, SetSessionStatus
@@ -29,7 +32,15 @@ from warmpool.pool.claim import (
     is_free,
     waiting_sessions,
 )
-from warmpool.pool.decide import HolderIndex, InstanceView, Plan, decide_instance
+from warmpool.pool.decide import (
+    HolderIndex,
+    InstanceView,
+    Plan,
+    decide_instance,
+    holders,
+    is_session_ref,
+    refs,
+)
 from warmpool.pool.model import AppDefinition, Invalid, Session
 from warmpool.pool.parts import Part
 
@@ -37,11 +48,16 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
 
+#: (field, version) pairs of guarded writes, as the queue's own-write tokens spell them.
+Writes = list[tuple[str, str]]
+#: A follow-up key and the versions its job must see before it decides.
+FollowUp = tuple[Key, dict[str, str]]
+
 
 class Deferred(Exception):
     """The job could not take a lease it needs: run it again in `after` seconds."""
 
-    def __init__(self, reason: str, after: float = 0.02) -> None:
+    def __init__(self, reason: str, after: float = 0.005) -> None:
         super().__init__(reason)
         self.after = after
 
@@ -51,41 +67,89 @@ class InstanceResult:
     plan: Plan
     writes: int
     attempts: int
-    # Claims to offer capacity to: waiting Sessions, when this instance ends up free.
-    follow_ups: list[Key] = field(default_factory=list)
+    # Claims to offer capacity to: the oldest waiting Sessions, as many as are free now.
+    follow_ups: list[FollowUp] = field(default_factory=list)
+    written: Writes = field(default_factory=list)
+
+
+def _known_holders(
+    reader: Reader, namespace: str, view: InstanceView, sessions: list[Session]
+) -> list[Session]:
+    """`sessions`, plus any live Session the instance references that the read missed.
+
+    A lagging cache may hold an object's reference to a Session it has not seen created
+    (the claim was decided elsewhere). Taken as stale, that reference would be stripped and
+    the claim undone; so a reference to an unknown Session is checked by name first.
+    """
+    known = {s.uid for s in sessions}
+    found = list(sessions)
+    for _, obj in view.existing():
+        for ref in refs(obj):
+            if not is_session_ref(ref) or ref.get("uid") in known:
+                continue
+            known.add(ref.get("uid"))
+            session = reader.session(namespace, str(ref.get("name")), fresh=True)
+            if session is not None and session.uid == ref.get("uid"):
+                found.append(session)
+    return found
 
 
 def reconcile_instance(
-    kube: Kube, key: InstanceKey, guard: Guard, settings: PoolSettings
+    reader: Reader, kube: Kube, key: InstanceKey, guard: Guard, settings: PoolSettings
 ) -> InstanceResult:
     """Converge instance `key` to its desired state (pool-spec §4), including a release."""
+    ns = key.namespace
+    written: Writes = []
+    fresh = False
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        appdef = observe.read_appdef(kube, key.namespace, key.appdef)
+        appdef = reader.appdef(ns, key.appdef)
         if isinstance(appdef, Invalid):
             # Bad input never deletes anything: leave the instance exactly as it is.
-            return InstanceResult(Plan("invalid", None), 0, attempt)
-        sessions = observe.list_sessions(kube, key.namespace, key.appdef)
-        if appdef is not None:
-            view = observe.observe_instance(kube, appdef, key.id)
-        else:
-            pool = observe.observe_pool(kube, key.namespace, key.appdef, None, sessions)
-            view = pool.get(key.id, InstanceView(key.id, {}))
+            return InstanceResult(Plan("invalid", None), 0, attempt, written=written)
+        sessions = reader.sessions(ns, key.appdef)
+        view = reader.instance(ns, key.appdef, appdef, key.id, sessions, fresh=fresh)
+        if fresh:
+            for s in holders(view, key.appdef, sessions):
+                reader.session(ns, s.name, fresh=True)
+            sessions = reader.sessions(ns, key.appdef)
+        sessions = _known_holders(reader, ns, view, sessions)
         check_fence(view, guard)
-        template = observe.proxy_template(kube, key.namespace) if appdef is not None else None
+        template = reader.proxy_template(ns) if appdef is not None else None
         plan = decide_instance(view, key.appdef, appdef, sessions, proxy_template=template,
                                settings=settings)
+        executor = Executor(kube, ns, guard, sink=reader)
         try:
-            writes = Executor(kube, key.namespace, guard).apply(plan.actions)
+            writes = executor.apply(plan.actions)
         except Conflict as exc:
-            log.info("instance %s: conflict (%s), observing again", key, exc)
+            log.info("instance %s: conflict (%s), reading it again", key, exc)
+            written += executor.written
+            fresh = True
             continue
-        follow_ups: list[Key] = []
+        written += executor.written
+        follow_ups: list[FollowUp] = []
         if plan.state in ("free", "outdated") and appdef is not None:
-            follow_ups = [SessionKey(key.namespace, s.name)
-                          for s in waiting_sessions({}, HolderIndex(key.appdef, sessions))
-                          if s.instance_id is None]
-        return InstanceResult(plan, writes, attempt, follow_ups)
+            follow_ups = _wake_waiting(reader, ns, appdef, sessions, dict(written))
+        return InstanceResult(plan, writes, attempt, follow_ups, written)
     raise Conflict(f"instance {key}: still conflicting after {MAX_ATTEMPTS} attempts")
+
+
+def _wake_waiting(
+    reader: Reader, namespace: str, appdef: AppDefinition, sessions: list[Session],
+    triggers: dict[str, str],
+) -> list[FollowUp]:
+    """Claims for the oldest waiting Sessions, one per free instance (not every waiter).
+
+    Each carries this job's writes as versions to see first, so a worker whose cache has
+    not yet seen the instance freed waits for it instead of finding nothing free.
+    """
+    index = HolderIndex(appdef.name, sessions)
+    waiting = [s for s in waiting_sessions({}, index) if s.instance_id is None]
+    if not waiting:
+        return []
+    ids = range(1, appdef.min_instances + 1)
+    pool = reader.instances(namespace, appdef.name, appdef, ids, sessions)
+    free = sum(1 for view in pool.values() if is_free(view, appdef, index))
+    return [(SessionKey(namespace, s.name), triggers) for s in waiting[:free]]
 
 
 @dataclass
@@ -96,6 +160,9 @@ class ClaimResult:
     # The Session's metadata.creationTimestamp, for "Session created -> HANDLED" latency.
     session_created: str = ""
     appdef: str = ""
+    # Guarded writes by the key they were made under (the instance keys whose leases the
+    # claim took, and the claim's own key).
+    written: dict[str, Writes] = field(default_factory=dict)
 
 
 def _set_status(kube: Kube, session: Session, status: str, message: str) -> None:
@@ -108,15 +175,17 @@ def _set_status(kube: Kube, session: Session, status: str, message: str) -> None
 
 
 def _deciding_write(
-    kube: Kube, appdef: AppDefinition, k: int, session: Session, sessions: list[Session],
-    guard: Guard,
+    reader: Reader, kube: Kube, appdef: AppDefinition, k: int, session: Session,
+    sessions: list[Session], guard: Guard, written: Writes,
 ) -> bool:
     """Under k's lease: put the Session's reference on k's external Service if k is still free.
 
-    The write carries the Service's resourceVersion, so if anything touched the Service since we
-    read it (another claim, a release, a person) the server refuses it and we try the next id.
+    Safe on a stale read: the write carries the Service's resourceVersion as read, so if
+    anything touched the Service since (another claim, a release, a retirement deleting it
+    first, a person) the server refuses it; the Service is then read again and we try the
+    next id.
     """
-    view = observe.observe_instance(kube, appdef, k)
+    view = reader.instance(appdef.namespace, appdef.name, appdef, k, sessions)
     if not is_free(view, appdef, HolderIndex(appdef.name, sessions)):
         return False
     check_fence(view, guard)
@@ -128,28 +197,43 @@ def _deciding_write(
                           "labels": builders.session_labels(appdef, session),
                           "annotations": {v.ANNOTATION_FENCE: str(guard.fence)}}}
     try:
-        kube.merge_patch("v1", "Service", appdef.namespace, meta["name"], patch,
-                         resource_version=meta["resourceVersion"])
-    except Conflict:
+        updated = kube.merge_patch("v1", "Service", appdef.namespace, meta["name"], patch,
+                                   resource_version=meta["resourceVersion"])
+    except (Conflict, KubeError) as exc:
+        if isinstance(exc, KubeError) and exc.status != 404:
+            raise
+        reader.instance(appdef.namespace, appdef.name, appdef, k, sessions, fresh=True)
         return False
+    updated.setdefault("kind", "Service")
+    reader.wrote(updated)
+    written.append((f"Service/{meta['name']}", str(updated["metadata"]["resourceVersion"])))
     log.info("Session %s claimed instance %s of %s", session.name, k, appdef.name)
     return True
 
 
 def claim_session(
-    kube: Kube, key: SessionKey, leases: Leases, settings: PoolSettings
+    reader: Reader, kube: Kube, key: SessionKey, leases: Leases, settings: PoolSettings
 ) -> ClaimResult:
-    """Give Session `key` the lowest free instance, or say why it waits or fails."""
+    """Give Session `key` the lowest free instance, or say why it waits or fails.
+
+    Reads come from `reader` (for a worker, its cache: no request); the requests a claim
+    makes are its writes: the deciding write, the instance's reconcile, the Session's
+    annotation and status.
+    """
+    ns = key.namespace
     for _ in range(MAX_ATTEMPTS):
-        session = observe.read_session(kube, key.namespace, key.session)
+        session = reader.session(ns, key.session)
         if session is None:
             return ClaimResult("gone")
-        appdef = (observe.read_appdef(kube, key.namespace, session.appdef)
-                  if session.appdef else None)
-        sessions = observe.list_sessions(kube, key.namespace, session.appdef)
-        pool = observe.observe_pool(kube, key.namespace, session.appdef,
-                                    appdef if isinstance(appdef, AppDefinition) else None,
-                                    sessions)
+        appdef = reader.appdef(ns, session.appdef) if session.appdef else None
+        sessions = reader.sessions(ns, session.appdef)
+        if all(s.uid != session.uid for s in sessions):
+            sessions = [*sessions, session]  # read directly: the cache has not seen it yet
+        pool_appdef = appdef if isinstance(appdef, AppDefinition) else None
+        ids = reader.held_ids(ns, session.appdef, sessions)
+        if pool_appdef is not None:
+            ids |= set(range(1, pool_appdef.min_instances + 1))
+        pool = reader.instances(ns, session.appdef, pool_appdef, ids, sessions)
         decision = decide_claim(session, appdef, pool, sessions)
         match decision:
             case ClaimSkip(reason=reason):
@@ -157,7 +241,7 @@ def claim_session(
             case ClaimError(message=message):
                 if session.status != v.STATUS_ERROR:
                     _set_status(kube, session, v.STATUS_ERROR, message)
-                    Executor(kube, key.namespace, Unguarded()).apply([Report(
+                    Executor(kube, ns, Unguarded()).apply([Report(
                         "InvalidSession", f"Session {session.name}: {message}",
                         regarding={"kind": v.SESSION_KIND, "name": session.name,
                                    "apiVersion": v.SESSION_API_VERSION})])
@@ -166,18 +250,18 @@ def claim_session(
                 _set_status(kube, session, v.STATUS_HANDLING, message)
                 return ClaimResult("waiting", message=message, appdef=session.appdef)
             case ClaimHeld(instance_id=k):
-                with leases.try_lease(str(InstanceKey(key.namespace, session.appdef, k))) as g:
+                ikey = InstanceKey(ns, session.appdef, k)
+                with leases.try_lease(str(ikey)) as g:
                     if g is None:
                         raise Deferred(f"instance {k} is busy")
-                    reconcile_instance(kube, InstanceKey(key.namespace, session.appdef, k), g,
-                                       settings)
+                    result = reconcile_instance(reader, kube, ikey, g, settings)
                 return ClaimResult("held", k, session_created=session.created,
-                                   appdef=session.appdef)
+                                   appdef=session.appdef, written={str(ikey): result.written})
             case ClaimTry(candidates=candidates):
                 assert isinstance(appdef, AppDefinition)
                 busy = False
                 for i, k in enumerate(candidates):
-                    ikey = InstanceKey(key.namespace, appdef.name, k)
+                    ikey = InstanceKey(ns, appdef.name, k)
                     with leases.try_lease(str(ikey)) as g:
                         if g is None and i == 0:
                             # Our target is being reconciled (or claimed): wait for it rather
@@ -186,19 +270,22 @@ def claim_session(
                         if g is None:
                             busy = True
                             continue
-                        if _deciding_write(kube, appdef, k, session, sessions, g):
-                            reconcile_instance(kube, ikey, g, settings)
+                        written: Writes = []
+                        if _deciding_write(reader, kube, appdef, k, session, sessions, g,
+                                           written):
+                            result = reconcile_instance(reader, kube, ikey, g, settings)
                             return ClaimResult("claimed", k, session_created=session.created,
-                                               appdef=session.appdef)
+                                               appdef=session.appdef,
+                                               written={str(ikey): written + result.written})
                 if busy:
                     raise Deferred("every free instance was busy")
                 # Every candidate was taken under our feet: look again.
     raise Deferred("the pool kept changing under the claim", after=0.2)
 
 
-def resync_pool(kube: Kube, key: PoolKey) -> list[Key]:
+def resync_pool(reader: Reader, kube: Kube, key: PoolKey) -> list[Key]:
     """Every key of one pool: each id that exists, is held or should exist; each waiting claim."""
-    appdef = observe.read_appdef(kube, key.namespace, key.appdef)
+    appdef = reader.appdef(key.namespace, key.appdef)
     if isinstance(appdef, Invalid):
         Executor(kube, key.namespace, Unguarded()).apply([Report(
             "InvalidAppDefinition", f"AppDefinition {key.appdef} is left as it is: "
@@ -206,9 +293,8 @@ def resync_pool(kube: Kube, key: PoolKey) -> list[Key]:
             regarding={"kind": v.APPDEF_KIND, "name": key.appdef,
                        "apiVersion": v.APPDEF_API_VERSION})])
         return []
-    sessions = observe.list_sessions(kube, key.namespace, key.appdef)
-    pool = observe.observe_pool(kube, key.namespace, key.appdef,
-                                appdef if isinstance(appdef, AppDefinition) else None, sessions)
+    sessions = reader.sessions(key.namespace, key.appdef)
+    pool = reader.pool(key.namespace, key.appdef, appdef, sessions)
     ids = set(pool) | {s.instance_id for s in sessions if s.instance_id}
     if appdef is not None:
         ids |= set(range(1, appdef.min_instances + 1))

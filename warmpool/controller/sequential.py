@@ -19,6 +19,7 @@ from warmpool.controller.reconcile import (
 )
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Kube
+from warmpool.kube.reader import LiveReader
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
 
@@ -53,6 +54,7 @@ def run_until_quiet(
     """
     settings = settings or PoolSettings()
     leases = LocalLeases()
+    reader = LiveReader(kube)  # the Java operator's model: every read asks the API server
     before = _fingerprint(kube, namespace)
     for round_no in range(1, max_rounds + 1):
         queue: deque[Key] = deque(pool_keys(kube, namespace))
@@ -65,13 +67,14 @@ def run_until_quiet(
             try:
                 match key:
                     case PoolKey():
-                        queue.extend(resync_pool(kube, key))
+                        queue.extend(resync_pool(reader, kube, key))
                     case InstanceKey():
                         with leases.try_lease(str(key)) as guard:
                             assert guard is not None
-                            queue.extend(reconcile_instance(kube, key, guard, settings).follow_ups)
+                            result = reconcile_instance(reader, kube, key, guard, settings)
+                            queue.extend(k for k, _ in result.follow_ups)
                     case SessionKey():
-                        claim_session(kube, key, leases, settings)
+                        claim_session(reader, kube, key, leases, settings)
             except Deferred as exc:  # single-threaded: nothing else can hold a lease
                 raise RuntimeError(f"{key} deferred in a sequential run: {exc}") from exc
         after = _fingerprint(kube, namespace)

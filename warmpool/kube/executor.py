@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from warmpool.controller.guard import Guard
 from warmpool.kube.api import Conflict, Kube, KubeError
@@ -63,11 +63,40 @@ def check_fence(view: InstanceView, guard: Guard) -> None:
                     view.id, seen, guard.fence)
 
 
+class WriteSink(Protocol):
+    """Who hears of each write: the reader, so the job's next reads see its own writes."""
+
+    def wrote(self, obj: dict[str, Any]) -> None: ...
+
+    def deleted(self, kind: str, namespace: str, name: str, uid: str) -> None: ...
+
+
 class Executor:
-    def __init__(self, kube: Kube, namespace: str, guard: Guard) -> None:
+    """Applies actions; `written` collects the job's guarded writes as (field, version) pairs,
+    `"<Kind>/<name>" -> resourceVersion` or `"<Kind>/<name>#gone" -> uid`, so the queue can tell
+    the watch events they cause from anyone else's (a job's own writes do not re-run it)."""
+
+    def __init__(
+        self, kube: Kube, namespace: str, guard: Guard, sink: WriteSink | None = None
+    ) -> None:
         self.kube = kube
         self.namespace = namespace
         self.guard = guard
+        self.sink = sink
+        self.written: list[tuple[str, str]] = []
+
+    def _wrote(self, kind: str, obj: dict[str, Any]) -> None:
+        obj.setdefault("kind", kind)
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if rv:
+            self.written.append((f"{kind}/{obj['metadata']['name']}", str(rv)))
+        if self.sink is not None:
+            self.sink.wrote(obj)
+
+    def _deleted(self, kind: str, name: str, uid: str) -> None:
+        self.written.append((f"{kind}/{name}#gone", uid))
+        if self.sink is not None:
+            self.sink.deleted(kind, self.namespace, name, uid)
 
     def _fenced(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
         annotations = dict(metadata.get("annotations") or {})
@@ -91,21 +120,27 @@ class Executor:
         ns = self.namespace
         match action:
             case Create(part=part, body=body):
-                self.kube.create({**body, "metadata": self._fenced(body["metadata"])})
+                # Safe on a stale read: the server refuses a create whose name exists (409).
+                created = self.kube.create({**body, "metadata": self._fenced(body["metadata"])})
+                self._wrote(part.kind, created)
                 log.info("created %s %s", part.kind, body["metadata"]["name"])
             case Patch(part=part, name=name, resource_version=rv, patch=patch, why=why):
                 body = {**patch, "metadata": self._fenced(patch.get("metadata", {}))}
+                # Safe on a stale read: the resourceVersion we decided on is the precondition.
                 try:
-                    self.kube.merge_patch(part.api_version, part.kind, ns, name, body,
-                                          resource_version=rv)
+                    patched = self.kube.merge_patch(part.api_version, part.kind, ns, name, body,
+                                                    resource_version=rv)
                 except KubeError as exc:
                     if exc.status == 404:
                         raise Conflict(f"{part.kind} {name} vanished") from exc
                     raise
+                self._wrote(part.kind, patched)
                 log.info("patched %s %s (%s)", part.kind, name, why)
             case Delete(part=part, name=name, uid=uid, resource_version=rv, why=why):
+                # Safe on a stale read: uid and resourceVersion are both preconditions.
                 self.kube.delete(part.api_version, part.kind, ns, name, uid=uid,
                                  resource_version=rv)
+                self._deleted(part.kind, name, uid)
                 log.info("deleted %s %s (%s)", part.kind, name, why)
             case ResetPods(app_selector=selector):
                 pods = self._pods(selector)
@@ -126,10 +161,13 @@ class Executor:
                         if exc.status != 404:
                             raise
                 return len(pods)
-            case AnnotateSession(session=name, annotations=annotations):
+            case AnnotateSession(session=name, annotations=annotations, resource_version=rv):
+                # Safe on a stale read: the Session's resourceVersion is the precondition (a
+                # Session changed since, or re-created under the same name, gets a 409).
+                patch: dict[str, Any] = {"metadata": {"annotations": annotations}}
                 try:
-                    self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name,
-                                          {"metadata": {"annotations": annotations}})
+                    annotated = self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns,
+                                                      name, patch, resource_version=rv or None)
                 except KubeError as exc:
                     # A Session deleted during its claim: its instance is released by the
                     # next reconcile of that instance, which its deletion queues.
@@ -137,14 +175,23 @@ class Executor:
                         raise
                     log.info("Session %s went away before its annotation", name)
                     return 0
+                if rv:
+                    self._wrote(v.SESSION_KIND, annotated)
+                elif self.sink is not None:
+                    self.sink.wrote(annotated)
                 log.info("annotated Session %s with %s", name, annotations)
             case SetSessionStatus(session=name, status=status):
+                # A status write decides nothing that a stale read could make wrong: it reports
+                # the decision of this run, and the next run rewrites it if it has changed.
                 try:
-                    self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name,
-                                          {"status": status}, status=True)
+                    updated = self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns,
+                                                    name, {"status": status}, status=True)
                 except KubeError as exc:
                     if exc.status != 404:  # a Session deleted meanwhile needs no status
                         raise
+                else:
+                    if self.sink is not None:
+                        self.sink.wrote(updated)
                 log.info("Session %s is %s: %s", name, status.get("operatorStatus"),
                          status.get("operatorMessage"))
             case Report(reason=reason, message=message, warning=warning, regarding=regarding):

@@ -103,6 +103,16 @@ def _rv(obj: dict[str, Any] | None) -> str | None:
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
+def _uid(obj: dict[str, Any] | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("uid")
+
+
+def rv_int(obj: dict[str, Any] | None) -> int:
+    """An object's resourceVersion as a number (0 when missing or not a number)."""
+    raw = _rv(obj)
+    return int(raw) if raw and raw.isdigit() else 0
+
+
 @dataclass
 class ReflectorStats:
     lists: int = 0
@@ -191,6 +201,35 @@ class Reflector:
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
             return self.cache.get((namespace, name))
+
+    def offer(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """Keep `obj` (a write's response, or a direct read) if it is newer than the cached
+        version; returns its summary then, else None.
+
+        client-go's mutation cache does the same for a controller that must read its own
+        writes before the watch delivers them. When the watch then brings that version it
+        finds it already cached and reports nothing; anything newer replaces it as usual.
+        resourceVersions are compared as integers, as that cache does: etcd's revisions.
+        """
+        obj.setdefault("kind", self.watched.kind)
+        obj.setdefault("apiVersion", self.watched.api_version)
+        key = _cache_key(obj)
+        with self._lock:
+            old = self.cache.get(key)
+            if old is not None and rv_int(old) >= rv_int(obj):
+                return None
+            summary = self.summarize(self.watched.kind, obj)
+            self.cache[key] = summary
+        return summary
+
+    def offer_gone(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
+        """Forget the object `uid` at (namespace, name) that a delete (or a 404) says is gone;
+        returns the summary dropped. Another uid under that name is a newer object: kept."""
+        with self._lock:
+            old = self.cache.get((namespace, name))
+            if old is None or (uid and (old.get("metadata") or {}).get("uid") != uid):
+                return None
+            return self.cache.pop((namespace, name))
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -306,6 +345,12 @@ class Reflector:
         key = _cache_key(obj)
         with self._lock:
             old = self.cache.get(key)
+            if (etype != DELETED and old is not None and rv_int(old) > rv_int(obj)
+                    and _uid(old) == _uid(obj)):
+                # An offered write is newer than this event: the watch brings it later.
+                if rv:
+                    self.last_rv = rv
+                return
             if etype == DELETED:
                 self.cache.pop(key, None)
             else:

@@ -58,6 +58,8 @@ class RefreshPods:
 class AnnotateSession:
     session: str
     annotations: dict[str, str]
+    # The Session's version the decision read: the write is refused if it changed since.
+    resource_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -258,7 +258,7 @@ def _claimed(
         actions.append(AnnotateSession(holder.name, {
             v.ANNOTATION_INSTANCE_ID: str(instance.id),
             v.ANNOTATION_START_STRATEGY: v.START_STRATEGY_EAGER,
-        }))
+        }, resource_version=holder.resource_version))
     if holder.status != v.STATUS_HANDLED:
         ext_name = builders.object_name(appdef, Part.EXTERNAL_SERVICE, instance.id)
         actions.append(SetSessionStatus(holder.name, {
@@ -282,7 +282,12 @@ def _free(
     releasing = release_markers(instance)
     actions: list[Action] = []
     if not keep:
-        for part, obj in instance.existing():
+        # The external Service goes first: it is the object a claim's deciding write touches,
+        # so this delete (resourceVersion-guarded) and a claim of the same instance cannot
+        # both succeed, however stale the read behind either was. Once it is gone the
+        # instance is incomplete, never free, so deleting the rest can race no claim.
+        for part, obj in sorted(instance.existing(),
+                                key=lambda po: po[0] is not Part.EXTERNAL_SERVICE):
             foreign = [r for r in refs(obj) if is_foreign_ref(r, appdef_name)]
             if not foreign:
                 actions.append(_delete(part, obj, "free and above minInstances"
@@ -336,7 +341,29 @@ def _free(
             # resourceVersion, which a write after this would then find changed, every time.
             # Before the external Service is freed, which is what lets the next claim in.
             actions.append(ResetPods(naming.app_selector(appdef.spec_name, instance.id)))
-    return Plan("outdated" if outdated else "free", None, actions)
+    return Plan("outdated" if outdated else "free", None, _claim_guard_first(instance, actions))
+
+
+def _claim_guard_first(instance: InstanceView, actions: list[Action]) -> list[Action]:
+    """Put a write to the external Service before any delete of a free instance's objects.
+
+    A claim's deciding write is a resourceVersion-guarded patch of the external Service, so
+    whichever of that claim and this plan writes the Service second is refused: a plan read
+    before the claim cannot go on to delete a part of the now claimed instance. The plan's own
+    write to the Service moves to the front; without one, an empty patch (the executor stamps
+    its fence on it) guards the plan.
+    """
+    if not any(isinstance(a, Delete) for a in actions):
+        return actions
+    ext = instance.get(Part.EXTERNAL_SERVICE)
+    first = next((a for a in actions if isinstance(a, Patch | Delete)
+                  and a.part is Part.EXTERNAL_SERVICE), None)
+    if first is None:
+        if ext is None:
+            return actions
+        first = _patch(Part.EXTERNAL_SERVICE, ext, {}, "guard against a claim meanwhile")
+        return [first, *actions]
+    return [first, *(a for a in actions if a is not first)]
 
 
 def _free_patch(

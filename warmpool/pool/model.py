@@ -70,6 +70,7 @@ class Session:
     status: str
     message: str = ""
     annotations: Mapping[str, str] = field(default_factory=dict)
+    resource_version: str = ""
 
     @property
     def live(self) -> bool:
@@ -181,6 +182,7 @@ def parse_session(obj: Mapping[str, Any]) -> Session:
         status=status,
         message=str(status_obj.get("operatorMessage") or ""),
         annotations=dict(annotations),
+        resource_version=str(meta.get("resourceVersion") or ""),
     )
 
 

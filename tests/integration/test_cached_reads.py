@@ -1,0 +1,172 @@
+"""Jobs that read from a worker's watch-fed cache, on the real control plane.
+
+The cache may be behind the API server; these tests freeze it on purpose (a stopped cache
+applies no more events) and check that a decision taken on what it holds is refused by the
+server instead of applied, and that a claim read from it makes no read request at all.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.pool_world import (
+    USERS,
+    assert_invariants,
+    create_appdef,
+    create_session,
+    instance_objects,
+    patch_appdef_spec,
+)
+from tests.waiting import wait_for
+from warmpool.controller.guard import LocalLeases, Unguarded
+from warmpool.controller.reconcile import claim_session, reconcile_instance
+from warmpool.controller.sequential import run_until_quiet
+from warmpool.keys import InstanceKey, SessionKey
+from warmpool.kube.api import Kube
+from warmpool.kube.cache import ClusterCache
+from warmpool.kube.reader import CachedReader
+from warmpool.pool import builders
+from warmpool.pool import vocabulary as v
+from warmpool.pool.builders import PoolSettings
+from warmpool.pool.model import parse_appdefinition
+from warmpool.pool.parts import Part
+
+
+class CountingKube(Kube):
+    """Counts the requests the controller makes, by verb."""
+
+    def __init__(self, api_client: Any) -> None:
+        super().__init__(api_client)
+        self.calls: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+
+    def _n(self, verb: str) -> None:
+        with self._count_lock:
+            self.calls[verb] += 1
+
+    def get(self, *a: Any, **kw: Any) -> Any:
+        self._n("get")
+        return super().get(*a, **kw)
+
+    def list(self, *a: Any, **kw: Any) -> Any:
+        self._n(f"list {a[1]}")
+        return super().list(*a, **kw)
+
+    def create(self, *a: Any, **kw: Any) -> Any:
+        self._n("create")
+        return super().create(*a, **kw)
+
+    def merge_patch(self, *a: Any, **kw: Any) -> Any:
+        self._n("patch")
+        return super().merge_patch(*a, **kw)
+
+    def delete(self, *a: Any, **kw: Any) -> Any:
+        self._n("delete")
+        return super().delete(*a, **kw)
+
+
+@pytest.fixture
+def cache(kube: Kube, namespace: str):
+    c = ClusterCache(lambda: kube, [namespace], timeout_range=(60.0, 90.0)).start()
+    assert c.wait_synced(30)
+    yield c
+    c.stop()
+
+
+def _appdef(kube: Kube, ns: str):
+    parsed = parse_appdefinition(kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, "java"))
+    assert not isinstance(parsed, str)
+    return parsed
+
+
+def _claim_behind_the_caches_back(kube: Kube, ns: str, k: int, session: dict[str, Any]) -> None:
+    """What a claim's deciding write does to instance k (and nothing more: its job died)."""
+    appdef = _appdef(kube, ns)
+    name = builders.object_name(appdef, Part.EXTERNAL_SERVICE, k)
+    ext = kube.get("v1", "Service", ns, name)
+    assert ext is not None
+    meta = session["metadata"]
+    ref = {"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
+           "name": meta["name"], "uid": meta["uid"]}
+    kube.merge_patch("v1", "Service", ns, name,
+                     {"metadata": {"ownerReferences": [*ext["metadata"]["ownerReferences"], ref]}},
+                     resource_version=ext["metadata"]["resourceVersion"])
+
+
+def _wait_caught_up(kube: Kube, ns: str, cache: ClusterCache) -> None:
+    """Until the cache holds every pool object of `ns` at the server's current version."""
+    def caught_up() -> bool:
+        for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment"),
+                                  ("v1", "ConfigMap")):
+            items, _ = kube.list(api_version, kind, ns, label_selector=v.LABEL_GENERATION)
+            for item in items:
+                meta = item["metadata"]
+                cached = cache.get(kind, ns, meta["name"])
+                if cached is None or (cached["metadata"]["resourceVersion"]
+                                      != meta["resourceVersion"]):
+                    return False
+        return len(cache.pool_objects(ns)) == 15
+    wait_for(caught_up, timeout=30, message="the cache to hold the pool as the server has it")
+
+
+def test_a_scale_down_decided_on_a_stale_cache_deletes_nothing_of_a_claimed_instance(
+    kube: Kube, namespace: str, cache: ClusterCache
+) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=3)
+    run_until_quiet(kube, ns)
+    _wait_caught_up(kube, ns, cache)
+    cache.stop()  # frozen from here: it never sees the claim below
+    session = create_session(kube, ns, "s1", USERS[1])
+    _claim_behind_the_caches_back(kube, ns, 3, session)
+    uids = {name: obj["metadata"]["uid"]
+            for name, obj in instance_objects(kube, ns, "java", 3).items()}
+    # The AppDefinition watch is current (the scale-down is what caused the job), the
+    # Service watch is behind: it still shows instance 3 free.
+    cache.offer(patch_appdef_spec(kube, ns, "java", minInstances=1))
+
+    reader = CachedReader(cache, kube)
+    guard = Unguarded()
+    guard.fence = 1_000_000  # newer than any fence the sequential runs wrote
+    result = reconcile_instance(reader, kube, InstanceKey(ns, "java", 3), guard,
+                                PoolSettings())
+
+    assert result.attempts >= 2, "the stale decision must have been refused once"
+    assert result.plan.state == "claimed"
+    # Not one object of the claimed instance was deleted (and recreated): the holder keeps
+    # its pod and its allow-list.
+    after = {name: obj["metadata"]["uid"]
+             for name, obj in instance_objects(kube, ns, "java", 3).items()}
+    assert after == uids
+    run_until_quiet(kube, ns)
+    assert_invariants(kube, ns)
+
+
+def test_a_claim_read_from_the_cache_makes_no_read_requests(
+    kube: Kube, kube_api: Any, namespace: str, cache: ClusterCache
+) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=20, max_instances=30)
+    run_until_quiet(kube, ns)
+    created = create_session(kube, ns, "s1", USERS[1])
+    trigger = {f"{v.SESSION_KIND}/s1": created["metadata"]["resourceVersion"]}
+    assert cache.wait_fresh(ns, trigger, 30)
+    wait_for(lambda: len(cache.pool_objects(ns)) == 100, timeout=30,
+             message="the cache to see the pool")
+    counting = CountingKube(kube_api)
+
+    result = claim_session(CachedReader(cache, counting), counting, SessionKey(ns, "s1"),
+                           LocalLeases(), PoolSettings())
+
+    assert result.outcome == "claimed" and result.instance_id == 1
+    reads = {verb: n for verb, n in counting.calls.items()
+             if verb == "get" or verb.startswith("list")}
+    # Only the pod list of the instance's refresh (one pod, by its selector) is a read.
+    assert reads == {"list Pod": 1}, counting.calls
+    assert sum(counting.calls.values()) <= 12, counting.calls
+    run_until_quiet(kube, ns)
+    assert_invariants(kube, ns)

@@ -1,0 +1,324 @@
+"""A worker process's watch-fed copy of what the pool's decisions read.
+
+controller-runtime's default client reads from shared informer caches and writes to the API
+server; this is that cache for warmpool. One per worker process, shared by its threads: the
+AppDefinitions, the Sessions, the pool's Services, Deployments and ConfigMaps, and the
+namespace's oauth2-proxy template, each kept by a `Reflector` (list in pages, watch with
+bookmarks, relist on 410) and stripped on arrival to the fields the decisions read (an
+informer's transform), so a pool of thousands costs megabytes, not hundreds.
+
+Indexes, kept up to date by every change:
+- (namespace, AppDefinition name) -> its Sessions, parsed once per version;
+- Session uid -> the external Services that reference it (the deciding write of a claim), so
+  a claim finds what a Session holds without looking at every instance;
+- (kind, namespace, name) -> the resourceVersion and uid of the last deletion seen
+  (tombstones), so a job can tell that its cache has seen a deletion.
+
+Why reading from here is safe although it may lag behind the API server: every write the
+controller makes carries a precondition (resourceVersion, uid, or "must not exist"), so a
+decision taken on a stale copy is refused by the server (409) instead of applied; the caller
+then reads the objects concerned directly (`offer` puts what it read here) and decides again.
+Lagging can still delay work, never misapply it; and a job waits until the cache has seen the
+versions that caused it (`wait_fresh`), so it cannot miss them either.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from warmpool.kube.api import Kube
+from warmpool.kube.observe import POOL_SELECTOR, classify
+from warmpool.kube.reflector import DELETED, Backoff, Reflector, Watched, rv_int
+from warmpool.pool import vocabulary as v
+from warmpool.pool.decide import is_session_ref
+from warmpool.pool.model import Session, parse_session
+from warmpool.pool.parts import Part
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+APPDEFS = Watched(v.APPDEF_KIND, v.APPDEF_API_VERSION)
+SESSIONS = Watched(v.SESSION_KIND, v.SESSION_API_VERSION)
+SERVICES = Watched("Service", "v1", POOL_SELECTOR)
+DEPLOYMENTS = Watched("Deployment", "apps/v1", POOL_SELECTOR)
+CONFIGMAPS = Watched("ConfigMap", "v1", POOL_SELECTOR)
+PROXY_TEMPLATE = Watched("ConfigMap", "v1", None,
+                         f"metadata.name={v.NAMESPACE_PROXY_TEMPLATE}")
+WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, SERVICES, DEPLOYMENTS, CONFIGMAPS,
+                                PROXY_TEMPLATE)
+
+#: Deletions remembered per cache, for freshness checks (the oldest are forgotten first).
+TOMBSTONES = 20_000
+
+_META_DROP = ("managedFields",)
+
+
+def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: val for k, val in (obj.get("metadata") or {}).items() if k not in _META_DROP}
+
+
+def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
+    """What the decisions read of `obj`; everything else is dropped as it arrives.
+
+    Pool objects: their metadata (identity, labels, annotations with the shape hash and the
+    fence, owner references) and the allow-list of an e-mail ConfigMap; a Deployment's spec
+    and status are never read (its shape annotation says whether it is current).
+    AppDefinitions and Sessions: metadata and spec (and a Session's status). The proxy
+    template: its data.
+    """
+    out: Obj = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind") or kind,
+                "metadata": _meta(obj)}
+    if kind in (v.APPDEF_KIND, v.SESSION_KIND):
+        out["spec"] = obj.get("spec")
+        if kind == v.SESSION_KIND and obj.get("status") is not None:
+            out["status"] = obj.get("status")
+    elif kind == "ConfigMap":
+        data = obj.get("data") or {}
+        name = out["metadata"].get("name")
+        if name == v.NAMESPACE_PROXY_TEMPLATE:
+            out["data"] = dict(data)
+        elif classify(obj) is Part.EMAIL_CONFIGMAP:
+            out["data"] = {v.EMAILS_KEY: data.get(v.EMAILS_KEY)} if v.EMAILS_KEY in data else {}
+    return out
+
+
+def _is_ext_service(obj: Mapping[str, Any]) -> bool:
+    return obj.get("kind") == "Service" and classify(obj) is Part.EXTERNAL_SERVICE
+
+
+class ClusterCache:
+    """Watch-fed caches of one worker process for `namespaces` (None: all namespaces)."""
+
+    def __init__(
+        self,
+        kube_factory: Callable[[], Kube],
+        namespaces: Sequence[str] | None = None,
+        *,
+        timeout_range: tuple[float, float] = (300.0, 600.0),
+    ) -> None:
+        self.namespaces = list(namespaces) if namespaces else None
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._sessions: dict[tuple[str, str], Session] = {}
+        self._by_appdef: dict[tuple[str, str], set[str]] = {}
+        self._holders: dict[str, set[tuple[str, str]]] = {}
+        self._tombstones: OrderedDict[tuple[str, str, str], tuple[int, str]] = OrderedDict()
+        self._stop = threading.Event()
+        self.reflectors: dict[tuple[str | None, Watched], Reflector] = {}
+        for ns in self.namespaces or [None]:
+            kube = kube_factory()  # one client per namespace: its watches hold connections
+            for watched in WATCHES:
+                self.reflectors[(ns, watched)] = Reflector(
+                    kube, watched, ns, self._handler(watched), summarize=strip,
+                    timeout_range=timeout_range, backoff=Backoff(), report_first_list=True)
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> ClusterCache:
+        for r in self.reflectors.values():
+            r.start(self._stop)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors.values())
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(r.synced.wait(max(0.0, deadline - time.monotonic()))
+                   for r in self.reflectors.values())
+
+    def healthy(self) -> bool:
+        return all(r.alive() and not r.stuck() for r in self.reflectors.values())
+
+    def serves(self, namespace: str) -> bool:
+        return self.namespaces is None or namespace in self.namespaces
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def _reflector(self, watched: Watched, namespace: str) -> Reflector:
+        return self.reflectors[(None if self.namespaces is None else namespace, watched)]
+
+    def _watched(self, kind: str, name: str) -> Watched:
+        if kind == v.APPDEF_KIND:
+            return APPDEFS
+        if kind == v.SESSION_KIND:
+            return SESSIONS
+        if kind == "Service":
+            return SERVICES
+        if kind == "Deployment":
+            return DEPLOYMENTS
+        if kind == "ConfigMap":
+            return PROXY_TEMPLATE if name == v.NAMESPACE_PROXY_TEMPLATE else CONFIGMAPS
+        raise KeyError(f"no cache of {kind}")
+
+    def get(self, kind: str, namespace: str, name: str) -> Obj | None:
+        """The cached (stripped) object, or None. Callers must not modify it."""
+        return self._reflector(self._watched(kind, name), namespace).get(namespace, name)
+
+    def session(self, namespace: str, name: str) -> Session | None:
+        with self._lock:
+            return self._sessions.get((namespace, name))
+
+    def sessions_of(self, namespace: str, appdef: str) -> list[Session]:
+        with self._lock:
+            names = self._by_appdef.get((namespace, appdef), ())
+            return [self._sessions[(namespace, n)] for n in names
+                    if (namespace, n) in self._sessions]
+
+    def referenced_by(self, session_uid: str) -> list[tuple[str, str]]:
+        """(namespace, name) of the external Services that reference the Session `uid`."""
+        with self._lock:
+            return sorted(self._holders.get(session_uid, ()))
+
+    def pool_objects(self, namespace: str) -> list[Obj]:
+        """Every cached pool object of `namespace` (a scan: for resyncs and rare paths)."""
+        out: list[Obj] = []
+        for watched in (SERVICES, DEPLOYMENTS, CONFIGMAPS):
+            out += [o for o in self._reflector(watched, namespace).items()
+                    if (o.get("metadata") or {}).get("namespace") == namespace]
+        return out
+
+    def deleted(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether the last this cache saw of that name was its deletion."""
+        with self._lock:
+            return (kind, namespace, name) in self._tombstones and self.get(
+                kind, namespace, name) is None
+
+    # --- freshness --------------------------------------------------------------------------
+
+    def fresh(self, namespace: str, triggers: Mapping[str, str]) -> bool:
+        """Whether this cache has seen every version in `triggers`.
+
+        A trigger is `"<Kind>/<name>" -> resourceVersion` (the event or write that caused the
+        job: seen once the cached object, or its deletion, is at least that new) or
+        `"<Kind>/<name>#gone" -> uid` (a deletion: seen once that uid is not cached).
+        """
+        for field, value in triggers.items():
+            ident, _, gone = field.partition("#")
+            kind, _, name = ident.partition("/")
+            try:
+                watched = self._watched(kind, name)
+            except KeyError:
+                continue  # not a kind this cache keeps: nothing to wait for
+            obj = self._reflector(watched, namespace).get(namespace, name)
+            if gone:
+                if obj is not None and (obj.get("metadata") or {}).get("uid") == value:
+                    return False
+                continue
+            want = int(value) if value.isdigit() else 0
+            with self._lock:
+                tomb = self._tombstones.get((kind, namespace, name))
+            if max(rv_int(obj), tomb[0] if tomb else 0) < want:
+                return False
+        return True
+
+    def wait_fresh(self, namespace: str, triggers: Mapping[str, str], timeout: float) -> bool:
+        """Wait (at most `timeout` s) until `fresh`; every change the watches bring wakes it."""
+        if not triggers:
+            return True
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not self.fresh(namespace, triggers):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
+
+    # --- read-your-writes -------------------------------------------------------------------
+
+    def offer(self, obj: Obj) -> None:
+        """A version of an object read or written directly: kept if newer than the cache's."""
+        meta = obj.get("metadata") or {}
+        kind, ns, name = str(obj.get("kind") or ""), meta.get("namespace"), meta.get("name")
+        if not ns or not name:
+            return
+        try:
+            reflector = self._reflector(self._watched(kind, name), ns)
+        except KeyError:
+            return
+        old = reflector.get(ns, name)
+        summary = reflector.offer(obj)
+        if summary is not None:
+            self._index(reflector.watched, "MODIFIED", summary, old)
+
+    def offer_gone(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        """A delete this process made (or a 404 it got): drop that uid from the cache."""
+        try:
+            reflector = self._reflector(self._watched(kind, name), namespace)
+        except KeyError:
+            return
+        dropped = reflector.offer_gone(namespace, name, uid)
+        if dropped is not None:
+            self._index(reflector.watched, DELETED, dropped, dropped)
+
+    # --- indexes ----------------------------------------------------------------------------
+
+    def _handler(self, watched: Watched) -> Callable[[str, Obj, Obj | None], None]:
+        def handle(event_type: str, obj: Obj, old: Obj | None) -> None:
+            meta = obj.get("metadata") or {}
+            current = obj if event_type == DELETED else self._reflector(
+                watched, str(meta.get("namespace") or "")).get(
+                    str(meta.get("namespace") or ""), str(meta.get("name") or "")) or obj
+            self._index(watched, event_type, current, old)
+        return handle
+
+    def _index(self, watched: Watched, event_type: str, obj: Obj, old: Obj | None) -> None:
+        meta = obj.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        with self._changed:
+            if event_type == DELETED:
+                key = (watched.kind, ns, name)
+                self._tombstones[key] = (rv_int(obj), str(meta.get("uid") or ""))
+                self._tombstones.move_to_end(key)
+                while len(self._tombstones) > TOMBSTONES:
+                    self._tombstones.popitem(last=False)
+            if watched is SESSIONS:
+                self._index_session(event_type, ns, name, obj)
+            elif watched is SERVICES:
+                self._index_holders(event_type, ns, name, obj, old)
+            self._changed.notify_all()
+
+    def _index_session(self, event_type: str, ns: str, name: str, obj: Obj) -> None:
+        previous = self._sessions.pop((ns, name), None)
+        if previous is not None:
+            names = self._by_appdef.get((ns, previous.appdef))
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self._by_appdef[(ns, previous.appdef)]
+        if event_type == DELETED:
+            return
+        session = parse_session(obj)
+        self._sessions[(ns, name)] = session
+        self._by_appdef.setdefault((ns, session.appdef), set()).add(name)
+
+    def _index_holders(
+        self, event_type: str, ns: str, name: str, obj: Obj, old: Obj | None
+    ) -> None:
+        for o in (old, obj):
+            for ref in _session_refs(o):
+                held = self._holders.get(ref)
+                if held is not None:
+                    held.discard((ns, name))
+                    if not held:
+                        del self._holders[ref]
+        if event_type == DELETED or not _is_ext_service(obj):
+            return
+        for ref in _session_refs(obj):
+            self._holders.setdefault(ref, set()).add((ns, name))
+
+
+def _session_refs(obj: Mapping[str, Any] | None) -> Iterable[str]:
+    for ref in ((obj or {}).get("metadata") or {}).get("ownerReferences") or ():
+        if is_session_ref(ref) and ref.get("uid"):
+            yield str(ref["uid"])

@@ -1,0 +1,268 @@
+"""Where a job's reads come from: the API server itself, or this process's watch-fed cache.
+
+The controller's jobs read through a `Reader` and write through the executor, like a
+controller-runtime reconciler with its (cached) client. `LiveReader` asks the API server on
+every read (the sequential driver, the CLI, tools); `CachedReader` answers from a
+`ClusterCache` and makes no request at all on the common path, which is what makes a claim
+cost the same at a thousand instances as at ten.
+
+Both return the same parsed model, so a decision cannot tell them apart; what differs is how
+stale a read may be, and that is made harmless by the writes (see `warmpool.kube.cache`):
+after a conflict a job calls `instance(..., fresh=True)`, which reads the instance's objects
+directly and, for the cache, keeps what it read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from warmpool.kube import observe
+from warmpool.kube.api import Kube
+from warmpool.kube.cache import ClusterCache
+from warmpool.pool import builders, naming
+from warmpool.pool import vocabulary as v
+from warmpool.pool.decide import HolderIndex, InstanceView
+from warmpool.pool.model import (
+    AppDefinition,
+    Invalid,
+    Session,
+    parse_appdefinition,
+    parse_session,
+)
+from warmpool.pool.parts import PARTS
+
+Obj = dict[str, Any]
+
+
+class Reader(Protocol):
+    def appdef(self, namespace: str, name: str) -> AppDefinition | Invalid | None: ...
+
+    def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
+        """A Session by name; `fresh`: straight from the API server."""
+        ...
+
+    def sessions(self, namespace: str, appdef_name: str) -> list[Session]: ...
+
+    def instance(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
+        sessions: Sequence[Session], *, fresh: bool = False,
+    ) -> InstanceView:
+        """Instance k's five objects; `fresh`: straight from the API server (after a 409)."""
+        ...
+
+    def instances(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
+        ids: Iterable[int], sessions: Sequence[Session],
+    ) -> dict[int, InstanceView]:
+        """The instances with these ids that have any object (a claim's view of its pool)."""
+        ...
+
+    def held_ids(self, namespace: str, appdef_name: str, sessions: Sequence[Session]) -> set[int]:
+        """Ids that live Sessions of the pool hold, by annotation or by the deciding write."""
+        ...
+
+    def pool(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
+        sessions: Sequence[Session],
+    ) -> dict[int, InstanceView]:
+        """Every instance of the pool that has any object (a scan: resyncs, status)."""
+        ...
+
+    def proxy_template(self, namespace: str) -> str | None: ...
+
+    def wrote(self, obj: Obj) -> None:
+        """A write's response: later reads of this job must see at least this version."""
+        ...
+
+    def deleted(self, kind: str, namespace: str, name: str, uid: str) -> None: ...
+
+
+class LiveReader:
+    """Every read is a request to the API server (always current, cost grows with the pool)."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    def appdef(self, namespace: str, name: str) -> AppDefinition | Invalid | None:
+        return observe.read_appdef(self.kube, namespace, name)
+
+    def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
+        return observe.read_session(self.kube, namespace, name)
+
+    def sessions(self, namespace: str, appdef_name: str) -> list[Session]:
+        return observe.list_sessions(self.kube, namespace, appdef_name)
+
+    def instance(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
+        sessions: Sequence[Session], *, fresh: bool = False,
+    ) -> InstanceView:
+        if appdef is not None:
+            return observe.observe_instance(self.kube, appdef, k)
+        pool = observe.observe_pool(self.kube, namespace, appdef_name, None, sessions)
+        return pool.get(k, InstanceView(k, {}))
+
+    def instances(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
+        ids: Iterable[int], sessions: Sequence[Session],
+    ) -> dict[int, InstanceView]:
+        wanted = set(ids)
+        pool = observe.observe_pool(self.kube, namespace, appdef_name, appdef, sessions)
+        return {k: view for k, view in pool.items() if k in wanted}
+
+    def held_ids(self, namespace: str, appdef_name: str, sessions: Sequence[Session]) -> set[int]:
+        pool = observe.observe_pool(self.kube, namespace, appdef_name, None, sessions)
+        return _held(pool, sessions)
+
+    def pool(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
+        sessions: Sequence[Session],
+    ) -> dict[int, InstanceView]:
+        return observe.observe_pool(self.kube, namespace, appdef_name, appdef, sessions)
+
+    def proxy_template(self, namespace: str) -> str | None:
+        return observe.proxy_template(self.kube, namespace)
+
+    def wrote(self, obj: Obj) -> None:
+        return None
+
+    def deleted(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        return None
+
+
+def _held(pool: dict[int, InstanceView], sessions: Sequence[Session]) -> set[int]:
+    live = [s for s in sessions if s.live]
+    if not live:
+        return set()
+    index = HolderIndex(live[0].appdef, live)
+    return {k for k, view in pool.items() if index.of(view)} | {
+        s.instance_id for s in live if s.instance_id is not None}
+
+
+class CachedReader:
+    """Reads from a `ClusterCache`; only `fresh` reads and cache misses reach the API server.
+
+    A miss is read directly once: a Session or AppDefinition the cache does not know yet (the
+    job may have been caused by the event that creates it) is asked for by name, so that a
+    lagging watch delays nothing it was asked to do.
+    """
+
+    def __init__(self, cache: ClusterCache, kube: Kube) -> None:
+        self.cache = cache
+        self.kube = kube
+
+    def appdef(self, namespace: str, name: str) -> AppDefinition | Invalid | None:
+        obj = self.cache.get(v.APPDEF_KIND, namespace, name)
+        if obj is None:
+            if self.cache.deleted(v.APPDEF_KIND, namespace, name):
+                return None  # seen deleted (and not since re-created): no need to ask
+            obj = self.kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace, name)
+            if obj is None:
+                return None
+            obj.setdefault("kind", v.APPDEF_KIND)
+            self.cache.offer(obj)
+        return parse_appdefinition(obj)
+
+    def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
+        cached = self.cache.session(namespace, name)
+        if not fresh and (cached is not None
+                          or self.cache.deleted(v.SESSION_KIND, namespace, name)):
+            return cached
+        obj = self.kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, namespace, name)
+        if obj is None:
+            if cached is not None:
+                self.cache.offer_gone(v.SESSION_KIND, namespace, name, cached.uid)
+            return None
+        obj.setdefault("kind", v.SESSION_KIND)
+        self.cache.offer(obj)
+        return parse_session(obj)
+
+    def sessions(self, namespace: str, appdef_name: str) -> list[Session]:
+        return self.cache.sessions_of(namespace, appdef_name)
+
+    def instance(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
+        sessions: Sequence[Session], *, fresh: bool = False,
+    ) -> InstanceView:
+        if appdef is None:
+            found = observe.group_pool(self.cache.pool_objects(namespace), appdef_name, None,
+                                       sessions)
+            view = found.get(k, InstanceView(k, {}))
+            if not fresh:
+                return view
+            return self._refresh(namespace, view)
+        if fresh:
+            view = observe.observe_instance(self.kube, appdef, k)
+            for part, obj in view.objects.items():
+                if obj is not None:
+                    self.cache.offer({**obj, "kind": part.kind})
+                else:
+                    cached = self.cache.get(part.kind, namespace,
+                                            builders.object_name(appdef, part, k))
+                    if cached is not None:
+                        self.cache.offer_gone(part.kind, namespace,
+                                              cached["metadata"]["name"],
+                                              str(cached["metadata"].get("uid") or ""))
+            return view
+        return InstanceView(k, {
+            part: self.cache.get(part.kind, namespace, builders.object_name(appdef, part, k))
+            for part in PARTS})
+
+    def _refresh(self, namespace: str, view: InstanceView) -> InstanceView:
+        """The objects of `view` (found without their AppDefinition), read again by name."""
+        objects: dict[Any, Obj | None] = {}
+        for part, obj in view.existing():
+            name = obj["metadata"]["name"]
+            current = self.kube.get(part.api_version, part.kind, namespace, name)
+            if current is None:
+                self.cache.offer_gone(part.kind, namespace, name,
+                                      str(obj["metadata"].get("uid") or ""))
+            else:
+                self.cache.offer({**current, "kind": part.kind})
+            objects[part] = current
+        return InstanceView(view.id, {p: objects.get(p) for p in PARTS})
+
+    def instances(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
+        ids: Iterable[int], sessions: Sequence[Session],
+    ) -> dict[int, InstanceView]:
+        if appdef is None:
+            wanted = set(ids)
+            return {k: view for k, view in self.pool(namespace, appdef_name, None,
+                                                     sessions).items() if k in wanted}
+        out: dict[int, InstanceView] = {}
+        for k in ids:
+            view = self.instance(namespace, appdef_name, appdef, k, sessions)
+            if view.existing():
+                out[k] = view
+        return out
+
+    def held_ids(self, namespace: str, appdef_name: str, sessions: Sequence[Session]) -> set[int]:
+        held: set[int] = set()
+        for s in sessions:
+            if not s.live or s.appdef != appdef_name:
+                continue
+            if s.instance_id is not None:
+                held.add(s.instance_id)
+            for ns, name in self.cache.referenced_by(s.uid):
+                k = naming.instance_id_from_name(name)
+                if ns == namespace and k is not None:
+                    held.add(k)
+        return held
+
+    def pool(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
+        sessions: Sequence[Session],
+    ) -> dict[int, InstanceView]:
+        return observe.group_pool(self.cache.pool_objects(namespace), appdef_name, appdef,
+                                  sessions)
+
+    def proxy_template(self, namespace: str) -> str | None:
+        cm = self.cache.get("ConfigMap", namespace, v.NAMESPACE_PROXY_TEMPLATE)
+        return None if cm is None else (cm.get("data") or {}).get(v.PROXY_CONFIG_KEY)
+
+    def wrote(self, obj: Obj) -> None:
+        self.cache.offer(obj)
+
+    def deleted(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        self.cache.offer_gone(kind, namespace, name, uid)
