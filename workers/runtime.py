@@ -19,8 +19,13 @@ from dramatiq.brokers.redis import RedisBroker
 from warmpool.queue.broker import build_broker, keyed_middleware
 from warmpool.queue.jobs import JobContext, Jobs, current_job
 from warmpool.queue.observer import QueueObserver
-from warmpool.queue.routing import ACTOR_FOR_KIND
+from warmpool.queue.routing import ACTOR_FOR_KIND, CLAIM_KIND
 from warmpool.queue.settings import QueueSettings
+
+#: dramatiq priorities (lower runs first: a worker's prefetched messages wait in one
+#: PriorityQueue by actor priority): a claim is a user waiting, bulk work is not.
+CLAIM_PRIORITY = 0
+BULK_PRIORITY = 10
 
 Handler = Callable[[JobContext], None]
 BrokerHook = Callable[[RedisBroker, QueueSettings], None]
@@ -88,12 +93,15 @@ def _actor_fn(kind: str, actor_name: str) -> Callable[[str], None]:
 
 
 def declare_actors(broker: RedisBroker, settings: QueueSettings) -> dict[str, dramatiq.Actor]:
-    """One keyed actor per kind, named as in `warmpool.queue.routing.ACTOR_FOR_KIND`."""
+    """One keyed actor per kind, named as in `warmpool.queue.routing.ACTOR_FOR_KIND`: the
+    claim actor on the claims queue at `CLAIM_PRIORITY`, the others on the main queue at
+    `BULK_PRIORITY`, so a claim neither queues behind nor waits in a worker behind bulk work."""
     return {
         kind: dramatiq.actor(
             _actor_fn(kind, name),
             actor_name=name,
-            queue_name=settings.queue_name,
+            queue_name=settings.claims_queue_name if kind == CLAIM_KIND else settings.queue_name,
+            priority=CLAIM_PRIORITY if kind == CLAIM_KIND else BULK_PRIORITY,
             broker=broker,
             keyed=True,
         )
@@ -137,12 +145,12 @@ def start_worker(
     client: redis.Redis | None = None,
     observer: QueueObserver | None = None,
 ) -> RunningWorker:
-    """Start consuming `settings.queue_name` with `threads` worker threads in this process.
-    dramatiq allows one Worker per process; stop it before starting another."""
+    """Start consuming `settings.queue_name` and its claims queue with `threads` worker threads
+    in this process. dramatiq allows one Worker per process; stop it before starting another."""
     broker = build_worker_broker(settings, client=client, observer=observer)
     worker = dramatiq.Worker(
         broker,
-        queues={settings.queue_name},
+        queues={settings.queue_name, settings.claims_queue_name},
         worker_threads=threads,
         worker_timeout=max(1, int(settings.poll_timeout * 1000)),
     )

@@ -75,7 +75,9 @@ def test_queue_lists_pending_keys_oldest_first_and_delayed_ones(settings, queue)
         3, 0, 1, 0, 0)
     assert row["oldest_age_seconds"] is not None and row["oldest_age_seconds"] >= 0
     assert doc["workers_alive"] == 0
-    assert [p["key"] for p in doc["pending"]] == ["pool/ns/a", "pool/ns/b", "session/ns/s1"]
+    # in the order they run: the claim first (its own queue, ahead of bulk work)
+    assert [p["key"] for p in doc["pending"]] == ["session/ns/s1", "pool/ns/a", "pool/ns/b"]
+    assert (row["messages"], row["claim_messages"]) == (3, 1)
     assert [d["key"] for d in doc["delayed"]] == ["instance/ns/a/1"]
     assert 0 < doc["delayed"][0]["due_in_seconds"] <= 300
 

@@ -302,6 +302,33 @@ def test_dedup_10000_adds_over_100_keys_run_100_times(
     assert runs_per_key(read_log(redis_client, queue_settings)) == {k: 1 for k in keys}
 
 
+def test_claim_overtakes_a_backlog_of_instance_keys(
+    pools: list[WorkerPool], queue_settings: QueueSettings, redis_client: redis.Redis
+) -> None:
+    """A scale-down's hundreds of instance keys are queued and being worked off; a claim
+    added behind them starts while most of them have yet to: it has its own dramatiq queue,
+    and its actor's priority puts it ahead of instance messages a worker already fetched."""
+    settings = queue_settings
+    redis_client.set(probe.probe_key(settings, "sleep"), 0.02)
+    make_pool(pools, settings, processes=2, threads=2).start()
+    q = KeyedQueue(redis_client, settings)
+    backlog = [key(i) for i in range(1, 301)]
+    assert set(q.add_many(backlog)) == {AddResult.ENQUEUED}
+    log = probe.probe_key(settings, "log")
+    wait_for(lambda: redis_client.llen(log) > 0, timeout=30, interval=0.01,
+             message="the workers to start on the backlog")
+    claim = "session/qt/s1"
+    assert q.add(claim) == AddResult.ENQUEUED
+    wait_quiescent(redis_client, settings, timeout=120)
+    records = read_log(redis_client, settings)
+    assert runs_per_key(records) == {k: 1 for k in [*backlog, claim]}
+    started = {r[0]: r[2] for r in records}
+    behind = [k for k in backlog if started[k] > started[claim]]
+    print(f"\nclaim added behind {len(backlog)} instance keys started before {len(behind)} "
+          "of them")
+    assert len(behind) >= len(backlog) // 2
+
+
 def test_sigkilled_holder_key_reruns_within_lease_ttl(
     pools: list[WorkerPool],
     queue_settings: QueueSettings,

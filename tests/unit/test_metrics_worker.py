@@ -211,8 +211,9 @@ def run(jobs: Jobs) -> Iterator:  # type: ignore[type-arg]
     def start(key: str) -> JobContext:
         jobs.queue.add(key)
         lo = jobs.queue.layout
-        rid = jobs.client.lpop(lo.messages_list)
-        msg = Message.decode(jobs.client.hget(lo.messages, rid))
+        queue = lo.queue_of(key)  # claims have their own dramatiq queue
+        rid = jobs.client.lpop(lo.messages_list_of(queue))
+        msg = Message.decode(jobs.client.hget(lo.messages_of(queue), rid))
         ctx = jobs.begin(msg.args[0], msg.message_id, ("", rid.decode()))
         assert isinstance(ctx, JobContext)
         held.append(ctx)

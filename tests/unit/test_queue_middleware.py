@@ -148,3 +148,69 @@ def test_dead_workers_messages_requeued_with_short_heartbeat_timeout(
     assert client.lrange(lo.messages_list, 0, -1) == [rid]
     assert client.scard(lo.acks("dead-worker")) == 0
     assert client.zscore(lo.heartbeats, "dead-worker") is None
+
+
+CLAIM = "session/ns/s1"
+
+
+def fetch_from(broker: RedisBroker, queue: str) -> MessageProxy:
+    (data,) = broker.do_fetch(queue, 1)
+    return MessageProxy(Message.decode(data))
+
+
+def test_claim_delivery_is_acked_on_the_claims_queue(
+    broker: RedisBroker, mw: KeyedMiddleware, client: redis.Redis
+) -> None:
+    lo = mw.jobs.queue.layout
+    mw.jobs.queue.add(CLAIM)
+    assert client.llen(lo.messages_list) == 0
+    msg = fetch_from(broker, lo.claims_queue)
+    assert (msg.actor_name, msg.queue_name) == ("claim_session", lo.claims_queue)
+    mw.before_process_message(broker, msg)
+    mw.after_process_message(broker, msg)
+    assert is_acked(msg)
+    assert client.scard(lo.acks(broker.broker_id, lo.claims_queue)) == 0
+    assert client.hlen(lo.claims_messages) == 0 and client.scard(lo.dirty) == 0
+
+
+def test_shutdown_gives_back_prefetched_messages_of_both_queues(
+    broker: RedisBroker, mw: KeyedMiddleware, client: redis.Redis
+) -> None:
+    lo = mw.jobs.queue.layout
+    mw.jobs.queue.add_many([KEY, CLAIM])
+    fetch(broker)
+    fetch_from(broker, lo.claims_queue)
+    assert client.llen(lo.messages_list) == client.llen(lo.claims_messages_list) == 0
+    mw.after_worker_shutdown(broker, None)  # type: ignore[arg-type]
+    assert client.llen(lo.messages_list) == client.llen(lo.claims_messages_list) == 1
+    for queue in lo.queues:
+        assert client.scard(lo.acks(broker.broker_id, queue)) == 0
+
+
+def test_dead_workers_claims_are_requeued_too(
+    broker: RedisBroker, mw: KeyedMiddleware, client: redis.Redis
+) -> None:
+    lo = mw.jobs.queue.layout
+    mw.jobs.queue.add(CLAIM)
+    rid = client.lpop(lo.claims_messages_list)
+    client.sadd(lo.acks("dead-worker", lo.claims_queue), rid)
+    client.zadd(lo.heartbeats, {"dead-worker": current_millis() - broker.heartbeat_timeout - 1})
+    Maintenance(mw.jobs, broker).requeue_dead_workers()
+    assert client.lrange(lo.claims_messages_list, 0, -1) == [rid]
+
+
+def test_rejected_claims_message_is_dead_lettered_in_the_main_queue(
+    broker: RedisBroker, mw: KeyedMiddleware, client: redis.Redis
+) -> None:
+    lo = mw.jobs.queue.layout
+    mw.jobs.queue.add(CLAIM)
+    consumer = broker.consume(lo.claims_queue, prefetch=1, timeout=100)
+    msg = next(consumer)
+    assert msg is not None and msg.args == (CLAIM,)
+    consumer.nack(msg)  # what dramatiq does with a message it failed (e.g. unknown actor)
+    assert client.zcard(lo.xq) == 1 and client.hexists(lo.xq_messages, msg.options[
+        "redis_message_id"])
+    assert client.hlen(lo.claims_messages) == 0
+    assert client.scard(lo.acks(broker.broker_id, lo.claims_queue)) == 0
+    (dead,) = mw.jobs.queue.list_dead()
+    assert dead.key == CLAIM

@@ -91,13 +91,17 @@ def queued_keys(jobs: Jobs) -> list[str]:
 
 
 def deliver(jobs: Jobs) -> JobContext | str | None:
-    """Fetch the next message the way dramatiq's consumer does (LPOP) and begin it."""
+    """Fetch the next message the way dramatiq's consumer does (LPOP) and begin it: from the
+    claims queue first, as a worker's priority queue would."""
     lo = jobs.queue.layout
-    rid = jobs.client.lpop(lo.messages_list)
-    if rid is None:
+    for queue in lo.queues:
+        rid = jobs.client.lpop(lo.messages_list_of(queue))
+        if rid is not None:
+            break
+    else:
         return None
-    body = jobs.client.hget(lo.messages, rid)
-    jobs.client.hdel(lo.messages, rid)  # the ack
+    body = jobs.client.hget(lo.messages_of(queue), rid)
+    jobs.client.hdel(lo.messages_of(queue), rid)  # the ack
     msg = Message.decode(body)
     assert msg.options["redis_message_id"] == rid.decode()
     return jobs.begin(msg.args[0], msg.message_id, ("", rid.decode()))

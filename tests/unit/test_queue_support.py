@@ -49,6 +49,12 @@ def test_layout_keeps_dramatiq_names() -> None:
     assert lo.acks("w1") == "dramatiq:__acks__.w1.warmpool"
     assert lo.heartbeats == "dramatiq:__heartbeats__"
     assert lo.lease("instance/ns/app/3") == "warmpool:lease:instance/ns/app/3"
+    assert lo.claims_queue == "warmpool-claims" == QueueSettings().claims_queue_name
+    assert lo.claims_messages_list == "dramatiq:warmpool-claims"
+    assert lo.queue_of("session/ns/s") == "warmpool-claims"
+    assert lo.queue_of("instance/ns/app/3") == lo.queue_of("pool/ns/app") == "warmpool"
+    assert lo.triggers("instance/ns/app/3") == "warmpool:trig:instance/ns/app/3"
+    assert lo.own("instance/ns/app/3") == "warmpool:own:instance/ns/app/3"
 
 
 def test_routing_by_key_kind() -> None:
@@ -139,7 +145,12 @@ def test_worker_broker_declares_keyed_actors() -> None:
     broker = build_worker_broker(QueueSettings(redis_url="redis://x"), client=client)
     for name in ("reconcile_instance", "claim_session", "resync_pool"):
         actor = broker.get_actor(name)
-        assert actor.options["keyed"] is True and actor.queue_name == "warmpool"
+        assert actor.options["keyed"] is True
+    claim = broker.get_actor("claim_session")
+    assert claim.queue_name == "warmpool-claims"
+    for name in ("reconcile_instance", "resync_pool"):
+        bulk = broker.get_actor(name)
+        assert bulk.queue_name == "warmpool" and bulk.priority > claim.priority
     assert not any(isinstance(m, Retries) for m in broker.middleware)
     assert broker.middleware[0] is keyed_middleware(broker)
     assert broker.heartbeat_timeout == 5000

@@ -65,11 +65,14 @@ def _process_of(holder: str) -> str:
 def _pending(client: redis.Redis, lo: Layout, running: set[str], limit: int, now: int
              ) -> list[dict[str, Any]]:
     """Up to `limit` waiting keys in the order they will run: the order of their messages in
-    dramatiq's list, then (fetched by a worker but not started, or being repaired) by age."""
+    dramatiq's lists (the claims queue's first: workers take claims ahead of bulk work), then
+    (fetched by a worker but not started, or being repaired) by age."""
     from dramatiq.message import Message
 
-    ids = client.lrange(lo.messages_list, 0, 4 * limit - 1)
-    bodies = client.hmget(lo.messages, ids) if ids else []
+    bodies = []
+    for queue in lo.queues:
+        ids = client.lrange(lo.messages_list_of(queue), 0, 4 * limit - 1)
+        bodies += client.hmget(lo.messages_of(queue), ids) if ids else []
     in_list = []
     for body in bodies:
         if body is None:
@@ -110,7 +113,8 @@ def overview_view(client: redis.Redis, settings: QueueSettings, limit: int) -> d
         "in_flight": stats.running,
         "dead": stats.dead,
         "failing": stats.failing,
-        "messages": stats.messages,
+        "messages": stats.messages,  # both dramatiq queues: claims and bulk work
+        "claim_messages": stats.claim_messages,
         "oldest_age_seconds": rounded(stats.oldest_wait_seconds),
     }
     return {
@@ -236,7 +240,7 @@ def queue(ctx: click.Context, redis_config: RedisConfig, limit: int, as_json: bo
     \b
     JSON (--json): {"redis", "prefix", "namespace", "queues": [{"name",
       "ready", "rerun", "delayed", "in_flight", "dead", "failing", "messages",
-      "oldest_age_seconds"}], "workers_alive",
+      "claim_messages", "oldest_age_seconds"}], "workers_alive",
       "pending": [{"key", "waiting_seconds"}], "rerun": [{"key", "holder"}],
       "delayed": [{"key", "due_in_seconds"}]}
     """

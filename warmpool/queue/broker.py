@@ -6,7 +6,8 @@ Differences from dramatiq's defaults, and why:
     keyed protocol (dramatiq's would wait >= 15 s and retry the message, not the key);
   * `heartbeat_timeout` from our settings (5 s instead of 60 s), used when maintenance
     requeues dead workers' messages;
-  * KeyedMiddleware first (see its docstring).
+  * KeyedMiddleware first (see its docstring);
+  * a rejected (nacked) claims message is dead-lettered in the main queue's `.XQ`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import logging
 import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.common import q_name
+from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, ShutdownNotifications, TimeLimit
 
 from warmpool.queue.jobs import Jobs
@@ -44,13 +47,34 @@ def _quiet_skips() -> None:
 
 class _Consumer(_RedisConsumer):
     """dramatiq's Redis consumer, minus the ack round trip for deliveries already acked by
-    the keyed `done` script (which performs exactly dispatch.lua's ack writes)."""
+    the keyed `done` script (which performs exactly dispatch.lua's ack writes), and with the
+    claims queue's rejected messages dead-lettered where the main queue's go (one place)."""
 
     def ack(self, message: MessageProxy) -> None:
         if is_acked(message):
             self.queued_message_ids.discard(message.message_id)
             return
         super().ack(message)
+
+    def nack(self, message: MessageProxy) -> None:
+        if is_acked(message):
+            self.queued_message_ids.discard(message.message_id)
+            return
+        jobs = keyed_middleware(self.broker).jobs
+        layout = jobs.queue.layout
+        if q_name(self.queue_name) != layout.claims_queue:
+            super().nack(message)
+            return
+        try:
+            jobs.scripts.nack(
+                layout.acks(self.broker.broker_id, self.queue_name),
+                message.options["redis_message_id"],
+                layout.messages_of(self.queue_name),
+            )
+        except redis.ConnectionError as e:
+            raise ConnectionClosed(e) from None
+        finally:
+            self.queued_message_ids.discard(message.message_id)
 
 
 class KeyedRedisBroker(RedisBroker):

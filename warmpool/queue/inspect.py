@@ -18,13 +18,14 @@ from warmpool.queue.settings import QueueSettings
 @dataclass(frozen=True, slots=True)
 class QueueStats:
     waiting: int  # keys in dirty
-    messages: int  # message ids in dramatiq's list (>= waiting keys not yet fetched)
+    messages: int  # message ids in both dramatiq lists (>= waiting keys not yet fetched)
     running: int  # keys whose lease is held (inflight entries)
     delayed: int
     dead: int
     failing: int  # keys with at least one consecutive failure
     oldest_wait_seconds: float | None
     workers_alive: int
+    claim_messages: int = 0  # of `messages`, those on the claims queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +69,18 @@ class Inspector:
         with self.client.pipeline(transaction=False) as p:
             p.scard(lo.dirty)
             p.llen(lo.messages_list)
+            p.llen(lo.claims_messages_list)
             p.zcard(lo.inflight)
             p.zcard(lo.delayed)
             p.zcard(lo.xq)
             p.hlen(lo.failures)
             p.hvals(lo.added_at)
             p.zcount(lo.heartbeats, now - int(self.settings.heartbeat_timeout * 1000), "+inf")
-            waiting, messages, running, delayed, dead, failing, added, alive = p.execute()
+            (waiting, messages, claims, running, delayed, dead, failing, added,
+             alive) = p.execute()
         oldest = (now - min(int(a) for a in added)) / 1000 if added else None
-        return QueueStats(waiting, messages, running, delayed, dead, failing, oldest, int(alive))
+        return QueueStats(waiting, messages + claims, running, delayed, dead, failing, oldest,
+                          int(alive), claims)
 
     def key(self, key: str) -> KeyState:
         lo = self.layout
@@ -138,7 +142,10 @@ class Inspector:
         for wid, seen in self.client.zrange(lo.heartbeats, 0, -1, withscores=True):
             worker_id = wid.decode()
             age = max(0.0, (now - seen) / 1000)
-            unacked = self.client.scard(lo.acks(worker_id))
+            with self.client.pipeline(transaction=False) as p:
+                for queue in lo.queues:
+                    p.scard(lo.acks(worker_id, queue))
+                unacked = sum(p.execute())
             process = self.client.get(lo.worker(worker_id))
             out.append(WorkerInfo(worker_id, age, age < timeout, int(unacked),
                                   process.decode() if process else None))

@@ -4,6 +4,12 @@
 `Jobs.finish` releases the lease, accounts success or failure and re-enqueues the key if it
 was added meanwhile. The dramatiq middleware is a thin shell around these two, and unit
 tests drive them directly.
+
+Freshness: a job gets the triggers its key's adds recorded (`ctx.triggers`: the object
+versions it must see before it acts on cached state) and reports the versions its own
+guarded writes produced (`ctx.note_write`). When the watch events of those writes come back
+as adds, the rerun they cause would only read back what the job wrote: the start script
+skips it (reason "own") instead of running it.
 """
 
 from __future__ import annotations
@@ -19,7 +25,15 @@ from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.lease import Lease, LeaseBook, fence_of, holder_of
 from warmpool.queue.observer import QueueObserver
 from warmpool.queue.routing import Router, actor_for_key
-from warmpool.queue.scripts import STALE, Busy, Done, Started
+from warmpool.queue.scripts import (
+    OWN,
+    STALE,
+    UNTRIGGERED,
+    Busy,
+    Done,
+    Started,
+    merge_trigger,
+)
 from warmpool.queue.settings import QueueSettings
 
 log = logging.getLogger(__name__)
@@ -65,6 +79,7 @@ class JobContext:
         attempt: int,
         queued_seconds: float | None,
         message_id: str = "",
+        triggers: dict[str, str] | None = None,
     ) -> None:
         self.jobs = jobs
         self.key = key
@@ -74,6 +89,15 @@ class JobContext:
         self.message_id = message_id
         self.started = time.monotonic()
         self.secondary: dict[str, Lease] = {}
+        # As recorded by the adds, `*` included: what a defer or a give-back puts back.
+        self._recorded: dict[str, str] = dict(triggers or {})
+        self.triggers: dict[str, str] = {
+            k: v for k, v in self._recorded.items() if k != UNTRIGGERED
+        }
+        #: Some add named no version (resync, manual add, retry, recovery, ...), or the
+        #: record was lost: reconcile fully rather than just to the triggers' versions.
+        self.untriggered = UNTRIGGERED in self._recorded or not self._recorded
+        self.writes: dict[str, dict[str, str]] = {}  # key -> own writes made under it
 
     @property
     def fence(self) -> int:
@@ -107,11 +131,26 @@ class JobContext:
         if lease is self.lease:
             raise ValueError("the job's own lease is released when the job ends")
         if self.secondary.pop(lease.key, None) is lease:
-            self.jobs.release(lease)
+            self.jobs.release(lease, self.writes.pop(lease.key, None))
+
+    def note_write(self, field: str, value: str, key: str | None = None) -> None:
+        """Record a write this job made under a precondition: `"Kind/name"` -> the
+        resourceVersion the write returned, `"Kind/name#gone"` -> the uid of a delete.
+        Stored for this key when the job ends (or for `key`, a secondary lease this job
+        holds, when that is released), so the watch events of these very writes do not
+        rerun the key. Only note guarded writes: the version must be one this job's own
+        logic produced from what it read."""
+        target = self.key if key is None else key
+        if target != self.key:
+            held = self.secondary.get(target)
+            if held is None or held.released:
+                raise ValueError(f"{target!r} is not leased by this job")
+        merge_trigger(self.writes.setdefault(target, {}), field, str(value))
 
     def defer(self, seconds: float) -> str:
-        """Run this key again in `seconds` (or sooner if it is added meanwhile)."""
-        return self.jobs.queue.add_after(self.key, seconds)
+        """Run this key again in `seconds` (or sooner if it is added meanwhile), still
+        waiting for the versions this run was triggered by."""
+        return self.jobs.queue.add_after(self.key, seconds, self._recorded or None)
 
     def requeue(self) -> str:
         """Run this key again right after this run."""
@@ -143,17 +182,18 @@ class Jobs:
     def begin(
         self, key: str, message_id: str = "", ack: tuple[str, str] = ("", "")
     ) -> JobContext | str:
-        """Take `key` for a delivered message: a JobContext, or "busy" / "stale" to skip.
-        `ack` = (dramatiq acks key or "", redis message id of the delivery); a skipped
+        """Take `key` for a delivered message: a JobContext, or "busy" / "stale" / "own" to
+        skip. `ack` = (dramatiq acks key or "", redis message id of the delivery); a skipped
         delivery is acked (when an acks key is given) in the same step."""
         token = self.book.new_token()
         sent_at = time.monotonic()
         r = self.scripts.start(key, token, self.settings.lease_ttl_ms, ack)
         if isinstance(r, Busy) and holder_of(r.holder) == token:
-            # Our own start went through but its reply was lost and the call retried.
+            # Our own start went through but its reply was lost and the call retried (its
+            # triggers went with the lost reply: run untriggered, i.e. fully).
             r = Started(r.holder, fence_of(r.holder), None, 0)
         if not isinstance(r, Started):
-            reason = "busy" if isinstance(r, Busy) else STALE
+            reason = "busy" if isinstance(r, Busy) else OWN if r == OWN else STALE
             self.observer.on_skip(key, reason)
             return reason
         lease = self.book.track(Lease(key, r.value, r.fence, self.book.valid_until(sent_at)))
@@ -166,6 +206,7 @@ class Jobs:
             attempt=r.failures + 1,
             queued_seconds=queued,
             message_id=message_id,
+            triggers=r.triggers,
         )
 
     def finish(
@@ -177,39 +218,43 @@ class Jobs:
         """Release everything the job holds; account success or failure; rerun if re-added.
         `ack` = (dramatiq acks key, redis message id): ack the delivery in the same step."""
         for lease in list(ctx.secondary.values()):
-            self._safe_release(lease)
+            self._safe_release(lease, ctx.writes.get(lease.key))
         ctx.secondary.clear()
         s = self.settings
         key = ctx.key
+        writes = ctx.writes.get(key)
         # Untrack first: the renewal thread must not see the release as a lost lease, and if
         # Redis fails us the lease simply lapses and maintenance reruns the key.
         self.book.untrack(ctx.lease)
         if error is None:
-            done = self.scripts.done(key, ctx.lease.value, "ok", self.messages.body(key), ack=ack)
+            done = self.scripts.done(key, ctx.lease.value, "ok", ack=ack, writes=writes)
         else:
             text = format_error(error)
             done = self.scripts.done(
                 key,
                 ctx.lease.value,
                 "fail",
-                self.messages.body(key),
                 ack=ack,
+                writes=writes,
                 error=text,
                 base_ms=max(1, int(s.backoff_base * 1000)),
                 cap_ms=int(s.backoff_cap * 1000),
                 max_failures=s.max_failures,
                 dead=self.messages.dead_body(key, text, s.max_failures),
             )
+        self._requeue(key, done)
         self._report(key, done, time.monotonic() - ctx.started, error)
         return done
 
     def abandon(self, ctx: JobContext) -> Done:
         """The job was skipped after taking its key (another middleware said no): give the
-        key back and make it wait again, with no failure counted."""
+        key back, with the triggers it came with, and make it wait again, with no failure
+        counted."""
         for lease in list(ctx.secondary.values()):
             self._safe_release(lease)
         ctx.secondary.clear()
-        self.queue.add(ctx.key)  # dirty while we hold it: "rerun" on release
+        # dirty while we hold it: "rerun" on release
+        self.queue.add(ctx.key, ctx._recorded or None)
         return self.release(ctx.lease)
 
     def acquire(self, key: str) -> Lease | None:
@@ -224,17 +269,29 @@ class Jobs:
         value, fence = r
         return self.book.track(Lease(key, value, fence, self.book.valid_until(sent_at), False))
 
-    def release(self, lease: Lease) -> Done:
-        """Give a lease back without success/failure accounting (secondary leases)."""
+    def release(self, lease: Lease, writes: dict[str, str] | None = None) -> Done:
+        """Give a lease back without success/failure accounting (secondary leases); `writes`
+        made under it are merged into that key's own-write record."""
         self.book.untrack(lease)
-        done = self.scripts.done(lease.key, lease.value, "release", self.messages.body(lease.key))
+        done = self.scripts.done(lease.key, lease.value, "release", writes=writes)
+        self._requeue(lease.key, done)
         if done.outcome == "lost":
             self.observer.on_lease_lost(lease.key)
         return done
 
-    def _safe_release(self, lease: Lease) -> None:
+    def _requeue(self, key: str, done: Done) -> None:
+        """The key was added while held and has no message on its way: queue one. The only
+        place a body is built after a run, so a run that was not re-added builds none."""
+        if not done.message_needed:
+            return
         try:
-            self.release(lease)
+            self.scripts.requeue([(key, *self.messages.body(key))])
+        except redis.RedisError:
+            log.exception("re-enqueueing %s failed; the audit will", key)
+
+    def _safe_release(self, lease: Lease, writes: dict[str, str] | None = None) -> None:
+        try:
+            self.release(lease, writes)
         except redis.RedisError:
             log.exception("releasing %s failed; it expires in %.1fs", lease.key, lease.ttl_left())
 

@@ -3,12 +3,20 @@
 `add` is the only way keyed work enters the queue (never dramatiq's `send`): one script marks
 the key dirty and, unless it already waits or runs, writes its dramatiq message in the same
 step, so there is no moment where a key is waiting without a message.
+
+An add may carry *triggers*, `field -> value`, naming the object versions the job must see
+(its worker reads Kubernetes from a watch cache that may lag the event that caused the add):
+  "<Kind>/<name>"       -> a resourceVersion (decimal); merged over adds by numeric max;
+  "<Kind>/<name>#gone"  -> the uid of an object seen deleted; the last add wins.
+An add without triggers (a resync, a manual add) stands for "run, whatever the versions" and
+is recorded as the field `*`. The job gets the merged map (`JobContext.triggers`), and a run
+whose every trigger is a version the key's own last run wrote is skipped (see `jobs`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import redis
 
@@ -21,6 +29,10 @@ from warmpool.queue.redis_conn import connect
 from warmpool.queue.routing import Router, actor_for_key
 from warmpool.queue.scripts import Scripts
 from warmpool.queue.settings import QueueSettings
+
+Triggers = Mapping[str, str]
+#: What `add_many` takes: a key, or (key, triggers).
+AddItem = str | tuple[str, Triggers | None]
 
 
 class AddResult(enum.StrEnum):
@@ -45,7 +57,7 @@ class KeyedQueue:
         self.settings = settings
         self.layout = Layout.of(settings)
         self.scripts = Scripts(client, self.layout)
-        self.messages = MessageFactory(settings.queue_name, router)
+        self.messages = MessageFactory(settings.queue_name, router, settings.claims_queue_name)
         self._observer = observer
 
     @classmethod
@@ -68,40 +80,46 @@ class KeyedQueue:
     def observer(self) -> QueueObserver:
         return self._observer or get_observer()
 
-    def add(self, key: str) -> AddResult:
+    def add(self, key: str, triggers: Triggers | None = None) -> AddResult:
         """Make `key` run: once, however often it is added before a worker takes it; once
-        more after the current run if it is running; never two at once."""
+        more after the current run if it is running; never two at once. `triggers`: the
+        versions that run must see (see the module docstring); none means "run anyway"."""
         rid, body = self.messages.body(key)
-        result = AddResult(self.scripts.add([(key, rid, body)])[0])
+        result = AddResult(self.scripts.add([(key, rid, body, triggers)])[0])
         self.observer.on_add(key, result)
         return result
 
-    def add_many(self, keys: Iterable[str], chunk: int = 500) -> list[AddResult]:
-        """`add` for many keys, in few round trips (a resync fanning out to its instances)."""
+    def add_many(self, items: Iterable[AddItem], chunk: int = 500) -> list[AddResult]:
+        """`add` for many keys (each a key, or (key, triggers)), in few round trips (a resync
+        fanning out to its instances)."""
         results: list[AddResult] = []
-        batch: list[tuple[str, str, bytes]] = []
+        batch: list[tuple[str, str, bytes, Triggers | None]] = []
 
         def flush() -> None:
-            for (key, _, _), r in zip(batch, self.scripts.add(batch), strict=True):
+            for item, r in zip(batch, self.scripts.add(batch), strict=True):
                 results.append(AddResult(r))
-                self.observer.on_add(key, r)
+                self.observer.on_add(item[0], r)
             batch.clear()
 
-        for key in keys:
-            batch.append((key, *self.messages.body(key)))
+        for item in items:
+            key, triggers = (item, None) if isinstance(item, str) else item
+            batch.append((key, *self.messages.body(key), triggers))
             if len(batch) >= chunk:
                 flush()
         if batch:
             flush()
         return results
 
-    def add_after(self, key: str, delay: float) -> AddResult:
+    def add_after(
+        self, key: str, delay: float, triggers: Triggers | None = None
+    ) -> AddResult:
         """Make `key` run no earlier than `delay` seconds from now -- or earlier, if it is
-        added again meanwhile (re-adding a waiting key only ever moves it earlier)."""
+        added again meanwhile (re-adding a waiting key only ever moves it earlier). The
+        `triggers` are recorded at once; a delayed run itself always runs (`*`)."""
         delay_ms = int(delay * 1000)
         if delay_ms <= 0:
-            return self.add(key)
-        result = AddResult(self.scripts.add_after(key, delay_ms))
+            return self.add(key, triggers)
+        result = AddResult(self.scripts.add_after(key, delay_ms, triggers))
         self.observer.on_add(key, result)
         return result
 

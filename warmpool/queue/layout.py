@@ -11,17 +11,26 @@ Project keys (prefix `warmpool:` by default):
   added_at   hash  k -> first-add time (ms) of the current wait, for queue-duration metrics
   pending    hash  k -> dramatiq message id of k's queued message, for the orphan audit
   dead       hash  k -> dramatiq message id of k's dead letter in `.XQ`
+  trig:<k>   hash  what k's next run must see, merged over its adds: "Kind/name" -> highest
+                   resourceVersion, "Kind/name#gone" -> uid of a seen deletion, "*" -> an
+                   add that names no version (resync, delay, retry, recovery, repair);
+                   handed to the job and deleted when it starts
+  own:<k>    hash  the same fields for the writes k's last run made itself (PX 300 s): a
+                   start whose every trigger is in here is skipped ("own")
   maintenance:<task>  str  short NX lock: one process at a time runs recovery / audit
 
 dramatiq keys (namespace `dramatiq`): `<ns>:<queue>` (list of message ids), `<queue>.msgs`,
-`<queue>.XQ` / `.XQ.msgs` (dead letters), `__acks__.<worker>.<queue>`, `__heartbeats__`.
+`<queue>.XQ` / `.XQ.msgs` (dead letters), `__acks__.<worker>.<queue>`, `__heartbeats__`; the
+same for the claims queue `<queue>-claims` (session keys, consumed first), except dead letters:
+both queues' go to the main queue's `.XQ`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from warmpool.queue.settings import QueueSettings
+from warmpool.queue.routing import is_claim_key
+from warmpool.queue.settings import QueueSettings, claims_queue_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,12 @@ class Layout:
     def fence(self) -> str:
         return self._p("fence")
 
+    def triggers(self, key: str) -> str:
+        return self._p(f"trig:{key}")
+
+    def own(self, key: str) -> str:
+        return self._p(f"own:{key}")
+
     def worker(self, worker_id: str) -> str:
         """`host:pid` of a dramatiq worker id, refreshed with its heartbeat, expiring after."""
         return self._p(f"worker:{worker_id}")
@@ -98,6 +113,34 @@ class Layout:
     @property
     def messages(self) -> str:
         return self._d(self.queue + ".msgs")
+
+    @property
+    def claims_queue(self) -> str:
+        """The dramatiq queue of session keys (claims), so they never wait behind bulk work."""
+        return claims_queue_name(self.queue)
+
+    @property
+    def claims_messages_list(self) -> str:
+        return self._d(self.claims_queue)
+
+    @property
+    def claims_messages(self) -> str:
+        return self._d(self.claims_queue + ".msgs")
+
+    @property
+    def queues(self) -> tuple[str, str]:
+        """Both dramatiq queue names, claims first (the order work is taken in)."""
+        return (self.claims_queue, self.queue)
+
+    def queue_of(self, key: str) -> str:
+        """The dramatiq queue `key`'s messages go to (the scripts' `queue_of`)."""
+        return self.claims_queue if is_claim_key(key) else self.queue
+
+    def messages_list_of(self, queue: str) -> str:
+        return self._d(queue)
+
+    def messages_of(self, queue: str) -> str:
+        return self._d(queue + ".msgs")
 
     @property
     def xq(self) -> str:

@@ -9,7 +9,8 @@ Every `recovery_period`, in one process at a time (a short SET NX PX lock):
     counted, key dirty again and a fresh message queued, so it reruns within the lease TTL;
   * messages fetched by dead workers: dramatiq's own maintenance (requeue the unacked
     messages of workers whose heartbeat is older than `heartbeat_timeout`), invoked directly
-    instead of on dramatiq's 0.1 % of calls with a 60 s timeout.
+    instead of on dramatiq's 0.1 % of calls with a 60 s timeout, for both queues (claims and
+    bulk) and their delay queues.
 
 Every `audit_period`, likewise once: dirty keys with no lease and no queued message (the
 message was purged, dead-lettered by dramatiq, or lost in a failover) get a new one.
@@ -83,8 +84,8 @@ class Maintenance:
         if broker is None:
             return
         dispatch = broker.scripts["dispatch"]
-        q = self.settings.queue_name
-        for name in (q, dq_name(q)):
+        queues = self.jobs.queue.layout.queues
+        for name in (q for queue in queues for q in (queue, dq_name(queue))):
             args = [
                 "qsize",  # a read-only command; maintenance runs before any command
                 current_millis(),

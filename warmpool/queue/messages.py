@@ -17,7 +17,7 @@ from typing import Any
 from dramatiq.encoder import JSONEncoder
 from dramatiq.message import Message, get_encoder
 
-from warmpool.queue.routing import Router
+from warmpool.queue.routing import Router, is_claim_key
 
 # Message ids only need to be unique, not unpredictable: draw them from a PRNG seeded from
 # the OS (and reseeded in forked children) instead of a getrandom() syscall per id.
@@ -31,14 +31,23 @@ def new_id() -> str:
 
 
 class MessageFactory:
-    def __init__(self, queue_name: str, router: Router) -> None:
+    """Messages for keys, on the queue the scripts put them on: claims (session keys) on
+    `claims_queue` when given, everything else on `queue_name`."""
+
+    def __init__(self, queue_name: str, router: Router, claims_queue: str | None = None) -> None:
         self.queue_name = queue_name
+        self.claims_queue = claims_queue
         self.router = router
+
+    def queue_of(self, key: str) -> str:
+        if self.claims_queue is not None and is_claim_key(key):
+            return self.claims_queue
+        return self.queue_name
 
     def message(self, key: str, **options: Any) -> tuple[str, Message]:
         rid = new_id()
         msg: Message = Message(
-            queue_name=self.queue_name,
+            queue_name=self.queue_of(key),
             actor_name=self.router(key),
             args=(key,),
             kwargs={},
@@ -56,11 +65,11 @@ class MessageFactory:
         if type(get_encoder()) is not JSONEncoder:
             rid, msg = self.message(key, **options)
             return rid, msg.encode()
-        # Hot path (every release builds one, in case the key was re-added): exactly
-        # JSONEncoder.encode(Message(...).asdict()), without the dataclass round trip.
+        # Hot path (every add builds one): exactly JSONEncoder.encode(Message(...).asdict()),
+        # without the dataclass round trip.
         rid = new_id()
         data = {
-            "queue_name": self.queue_name,
+            "queue_name": self.queue_of(key),
             "actor_name": self.router(key),
             "args": [key],
             "kwargs": {},

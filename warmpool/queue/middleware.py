@@ -3,8 +3,8 @@
 Only actors declared with the `keyed=True` option are touched; other actors on the same
 broker behave as plain dramatiq. A keyed delivery is acked by the same script that releases
 its lease (one round trip instead of two); the broker's consumer then skips its own ack.
-Skipped deliveries (busy, stale) are acked by the start script, likewise: the key's state
-in Redis, not the message, says whether work is owed.
+Skipped deliveries (busy, stale, own) are acked by the start script, likewise: the key's
+state in Redis, not the message, says whether work is owed.
 
 This middleware goes first in the broker's list, so its `before_process_message` runs first
 and its `after_*` hooks run last -- after TimeLimit has disarmed its timer, so no
@@ -44,6 +44,7 @@ class KeyedMiddleware(Middleware):
     def __init__(self, jobs: Jobs) -> None:
         self.jobs = jobs
         self.maintenance: Maintenance | None = None
+        self._acks: dict[tuple[str, str], str] = {}  # (worker id, queue) -> acks key
 
     @property
     def actor_options(self) -> set[str]:
@@ -77,7 +78,11 @@ class KeyedMiddleware(Middleware):
         rid = message.options.get("redis_message_id") or ""
         if worker_id is None or not rid:
             return ("", rid)
-        return (self.jobs.queue.layout.acks(worker_id, message.queue_name), rid)
+        name = (worker_id, message.queue_name)
+        acks = self._acks.get(name)
+        if acks is None:
+            acks = self._acks[name] = self.jobs.queue.layout.acks(worker_id, message.queue_name)
+        return (acks, rid)
 
     def after_process_message(
         self,
@@ -122,7 +127,7 @@ class KeyedMiddleware(Middleware):
             self.maintenance.stop()
         try:
             layout = self.jobs.queue.layout
-            for name in (layout.queue, dq_name(layout.queue)):
+            for name in (q for queue in layout.queues for q in (queue, dq_name(queue))):
                 ids = self.jobs.client.smembers(layout.acks(broker.broker_id, name))
                 if ids:
                     broker.do_requeue(name, *ids)

@@ -18,6 +18,15 @@ ACTOR_FOR_KIND: dict[str, str] = {
 
 Router = Callable[[str], str]
 
+#: Keys of this kind (claims) go to the claims queue, ahead of bulk work; the Lua scripts
+#: test the same prefix (`queue_of` in `warmpool.queue.scripts.LIB`).
+CLAIM_KIND = "session"
+CLAIM_PREFIX = CLAIM_KIND + "/"
+
+
+def is_claim_key(key: str) -> bool:
+    return key.startswith(CLAIM_PREFIX)
+
 
 def actor_for_key(key: str) -> str:
     """The actor of a work key's kind; ValueError for text that is not a work key."""

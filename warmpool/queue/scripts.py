@@ -1,59 +1,95 @@
 """Every state change of a key, as one Lua script each, so no step is ever half done.
 
-All scripts share `LIB`: KEYS are the project prefix and dramatiq's queue key, from which
-every other key name is derived (as dramatiq's own dispatch.lua derives its keys), and NOW
-is read from the server's clock, so lease TTLs (PX), deadlines and ready times all use one
-clock whatever host calls.
+All scripts share `LIB`: KEYS are the project prefix, dramatiq's main queue key and the
+claims queue key, from which every other key name is derived (as dramatiq's own
+dispatch.lua derives its keys), and NOW is read from the server's clock, so lease TTLs
+(PX), deadlines and ready times all use one clock whatever host calls.
+
+Two dramatiq queues: session keys (claims, `CLAIM_PREFIX`) go to `<queue>-claims`, every
+other key to `<queue>`, so a claim never waits behind a bulk fan-out; `queue_of` in LIB is
+the only place that chooses, and everything that reads or repairs a key's message asks it.
+Dead letters of both live in the main queue's `.XQ`: one place for the tools.
 
 Invariants the scripts keep:
   * a key in `dirty` is waiting; it has a queued message unless its lease is held (the
-    holder's `done` enqueues it) -- the audit repairs any other case;
-  * a key is never both dirty and delayed (an immediate add supersedes a delayed one);
+    holder queues it right after `done`: `done` reports that one is needed and `requeue`
+    writes it, so no body is built unless it is) -- the audit repairs any other case,
+    including a holder that died between the two;
+  * a key is never both dirty and delayed (an immediate add supersedes a delayed one, and
+    inherits its "run whatever" obligation as the `*` trigger);
   * the lease is released only by the token that took it (compare-and-delete), and a
-    release that finds another token touches nothing of the new holder's.
+    release that finds another token touches nothing of the new holder's;
+  * every add records why in `trig:<k>` (what the run must see; `*` for "no particular
+    version": resync, delay, retry, recovery, repair, redrive), even a deduplicated or
+    rerun add; `start` hands the hash to the job and deletes it in the step that takes the
+    lease, so adds during a run accumulate for the next one;
+  * a delivery is skipped as "own" only if its key's triggers are non-empty, hold no `*`,
+    and each is covered by `own:<k>` (versions the key's own guarded writes produced):
+    missing data never skips a run.
 
 Message bodies are built in Python (dramatiq's encoder) and passed in, because Lua cannot
 encode with whatever encoder dramatiq is configured with; scripts that may need a body for a
-key not known in advance (promotion, recovery, repair) come as a cheap "which keys?" read
-followed by a script that re-checks each key atomically.
+key not known in advance (promotion, recovery, repair, the rerun after `done`) come as a
+cheap "which keys?" step followed by a script that re-checks each key atomically.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from warmpool.queue.layout import Layout
+from warmpool.queue.routing import CLAIM_PREFIX
+
+OWN_TTL_MS = 300_000  # how long a run's own-write record can still match a late trigger
+UNTRIGGERED = "*"
+GONE = "#gone"
 
 LIB = r"""
-local P, QUEUE = KEYS[1], KEYS[2]
+local P, QUEUE, CLAIMS = KEYS[1], KEYS[2], KEYS[3]
 local DIRTY, INFLIGHT, FAILURES = P .. "dirty", P .. "inflight", P .. "failures"
 local DELAYED, ERRORS, ADDED_AT = P .. "delayed", P .. "errors", P .. "added_at"
 local PENDING, DEAD, FENCE, LEASE = P .. "pending", P .. "dead", P .. "fence", P .. "lease:"
-local MSGS, XQ = QUEUE .. ".msgs", QUEUE .. ".XQ"
+local TRIG, OWN = P .. "trig:", P .. "own:"
+local XQ = QUEUE .. ".XQ"
 local XQ_MSGS = XQ .. ".msgs"
+local CLAIM_PREFIX, OWN_TTL = "@CLAIM_PREFIX@", @OWN_TTL@
 local clock = redis.call("TIME")
 local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
+-- The dramatiq queue a key's messages go to: claims ahead of bulk work.
+local function queue_of(key)
+  if string.sub(key, 1, #CLAIM_PREFIX) == CLAIM_PREFIX then return CLAIMS end
+  return QUEUE
+end
+
 -- Exactly what dramatiq's dispatch.lua "enqueue" writes, plus our pending pointer.
 local function enqueue(key, rid, body)
-  redis.call("HSET", MSGS, rid, body)
-  redis.call("RPUSH", QUEUE, rid)
+  local q = queue_of(key)
+  redis.call("HSET", q .. ".msgs", rid, body)
+  redis.call("RPUSH", q, rid)
   redis.call("HSET", PENDING, key, rid)
 end
 
--- What dispatch.lua's "ack" writes: forget the delivery and its body.
-local function ack(acks, rid)
-  if acks ~= "" and redis.call("SREM", acks, rid) > 0 then redis.call("HDEL", MSGS, rid) end
+-- What dispatch.lua's "ack" writes: forget the delivery and its body (in the key's queue;
+-- the other one too, for a message queued before its key's kind moved queues).
+local function ack(key, acks, rid)
+  if acks ~= "" and redis.call("SREM", acks, rid) > 0 then
+    local q = queue_of(key)
+    if redis.call("HDEL", q .. ".msgs", rid) == 0 then
+      if q == QUEUE then q = CLAIMS else q = QUEUE end
+      redis.call("HDEL", q .. ".msgs", rid)
+    end
+  end
 end
 
 local function has_message(key)
   local rid = redis.call("HGET", PENDING, key)
-  return rid and redis.call("HEXISTS", MSGS, rid) == 1
+  return rid and redis.call("HEXISTS", queue_of(key) .. ".msgs", rid) == 1
 end
 
 local function is_dirty(key)
@@ -64,9 +100,45 @@ local function leased(key)
   return redis.call("EXISTS", LEASE .. key) == 1
 end
 
--- Returns true if the key was not dirty before.
+-- a >= b for resourceVersions (decimal strings of any length); other text only if equal.
+local function rv_ge(a, b)
+  local x, y = string.match(a, "^0*(%d+)$"), string.match(b, "^0*(%d+)$")
+  if not (x and y) then return a == b end
+  if #x ~= #y then return #x > #y end
+  return x >= y
+end
+
+-- Merge one trigger (or own write) into a hash: "Kind/name" keeps the highest version,
+-- "Kind/name#gone" (a uid) and "*" the last written.
+local function note(hash, field, value)
+  if field ~= "*" and string.sub(field, -5) ~= "#gone" then
+    local old = redis.call("HGET", hash, field)
+    if old and rv_ge(old, value) then return end
+  end
+  redis.call("HSET", hash, field, value)
+end
+
+local function untriggered(key)
+  redis.call("HSET", TRIG .. key, "*", "1")
+end
+
+-- ARGV[i] = n, then n (field, value) pairs: the add's triggers; n = 0 records "*".
+-- Returns the index after them.
+local function record(key, i)
+  local n = tonumber(ARGV[i])
+  if n == 0 then
+    untriggered(key)
+  else
+    local hash = TRIG .. key
+    for j = i + 1, i + 2 * n, 2 do note(hash, ARGV[j], ARGV[j + 1]) end
+  end
+  return i + 1 + 2 * n
+end
+
+-- Returns true if the key was not dirty before. A delayed run it supersedes was owed
+-- whatever the versions (a retry, a defer): it carries over as "*".
 local function mark_dirty(key)
-  redis.call("ZREM", DELAYED, key)
+  if redis.call("ZREM", DELAYED, key) == 1 then untriggered(key) end
   if redis.call("SADD", DIRTY, key) == 0 then return false end
   redis.call("HSETNX", ADDED_AT, key, NOW)
   return true
@@ -77,6 +149,25 @@ local function add(key, rid, body)
   if leased(key) then return "rerun" end
   enqueue(key, rid, body)
   return "enqueued"
+end
+
+-- Every trigger ({field, value, ...}) matched by the key's own writes, and no "*"?
+local function own_covers(key, trig)
+  for i = 1, #trig, 2 do
+    if trig[i] == "*" then return false end
+  end
+  local own = OWN .. key
+  for i = 1, #trig, 2 do
+    local field, want = trig[i], trig[i + 1]
+    local mine = redis.call("HGET", own, field)
+    if not mine then return false end
+    if string.sub(field, -5) == "#gone" then
+      if mine ~= want then return false end
+    elseif not rv_ge(mine, want) then
+      return false
+    end
+  end
+  return true
 end
 
 local function acquire(key, token, ttl)
@@ -96,7 +187,7 @@ local function clear_dead(key)
   end
 end
 
--- One dead letter per key, in dramatiq's own dead-letter queue.
+-- One dead letter per key, in dramatiq's own dead-letter queue (the main queue's).
 local function dead_letter(key, rid, body)
   clear_dead(key)
   redis.call("ZADD", XQ, NOW, rid)
@@ -116,22 +207,32 @@ local function fail(key, err, max, dead_rid, dead_body)
   end
   return n, false
 end
+
+local function orphaned(key)
+  return is_dirty(key) and not leased(key) and not has_message(key)
+end
 """
 
-# ARGV: (key, rid, body) triples -> one result per key.
+# ARGV: per key: key, rid, body, n, n x (trigger field, value) -> one result per key.
+# The triggers are recorded whatever the result: a deduplicated add still names versions the
+# coming run must see, and a rerun add those the run after the current one must.
 ADD = r"""
 local out = {}
-for i = 1, #ARGV, 3 do
-  out[#out + 1] = add(ARGV[i], ARGV[i + 1], ARGV[i + 2])
+local i = 1
+while i <= #ARGV do
+  local key, rid, body = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  i = record(key, i + 3)
+  out[#out + 1] = add(key, rid, body)
 end
 return out
 """
 
-# ARGV: key, delay_ms. A dirty key already runs as soon as it can: moving it later would
-# break "re-adding only moves the ready time earlier", so that is a no-op, as is a later
-# time for a key already delayed (ZADD LT).
+# ARGV: key, delay_ms, n, n x (field, value). A dirty key already runs as soon as it can:
+# moving it later would break "re-adding only moves the ready time earlier", so that is a
+# no-op (the triggers still count), as is a later time for a key already delayed (ZADD LT).
 ADD_AFTER = r"""
 local key = ARGV[1]
+record(key, 3)
 if is_dirty(key) then return "deduplicated" end
 local changed = redis.call("ZADD", DELAYED, "LT", "CH", NOW + tonumber(ARGV[2]), key)
 if changed == 1 then return "delayed" end
@@ -139,35 +240,46 @@ return "deduplicated"
 """
 
 # ARGV: key, token, ttl_ms, acks key, delivered rid -> {"busy", holder} | {"stale"} |
-#   {"started", lease value, fence, queued ms or -1, failures so far}
-# A skipped delivery (busy, stale) is acked here; a busy one also stops counting as the key's
-# queued message, so the holder's `done` queues a fresh one.
+#   {"own"} | {"started", lease value, fence, queued ms or -1, failures so far, triggers}
+# A skipped delivery (busy, stale, own) is acked here; a busy one also stops counting as the
+# key's queued message, so the holder's `done` queues a fresh one. The triggers (a flat
+# field/value list) are handed over and deleted with the lease taken: adds from now on are
+# the next run's. "own": every trigger is a version this key's own runs wrote, so the run
+# would only read back its own writes: the key is done waiting without running.
 START = r"""
 local key, token, ttl, acks, rid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local holder = redis.call("GET", LEASE .. key)
 if holder then
   if rid ~= "" and redis.call("HGET", PENDING, key) == rid then redis.call("HDEL", PENDING, key) end
-  ack(acks, rid)
+  ack(key, acks, rid)
   return {"busy", holder}
 end
 if not is_dirty(key) then
-  ack(acks, rid)
+  ack(key, acks, rid)
   return {"stale"}
 end
 redis.call("SREM", DIRTY, key)
 redis.call("HDEL", PENDING, key)
 local added = redis.call("HGET", ADDED_AT, key)
 redis.call("HDEL", ADDED_AT, key)
+local trig = redis.call("HGETALL", TRIG .. key)
+if #trig > 0 then
+  redis.call("DEL", TRIG .. key)
+  if own_covers(key, trig) then
+    ack(key, acks, rid)
+    return {"own"}
+  end
+end
 local value, fence = acquire(key, token, ttl)
 local queued = -1
 if added then queued = NOW - tonumber(added) end
 local failures = tonumber(redis.call("HGET", FAILURES, key) or "0")
-return {"started", value, fence, queued, failures}
+return {"started", value, fence, queued, failures, trig}
 """
 
 # ARGV: key, token, ttl_ms -> {"busy", holder} | {"acquired", value, fence}.
 # A secondary lease: the key's dirty state is left alone, so work waiting for it still runs
-# (its `done` re-enqueues it).
+# (its release re-enqueues it).
 ACQUIRE = r"""
 local key, token, ttl = ARGV[1], ARGV[2], ARGV[3]
 local holder = redis.call("GET", LEASE .. key)
@@ -193,17 +305,28 @@ end
 return out
 """
 
-# ARGV: key, value, mode (ok|fail|release), rerun rid, rerun body, acks key, acked rid
-#   [, error, base_ms, cap_ms, max_failures, dead_rid, dead_body  -- mode "fail" only]
-#   -> {outcome, rerun 0/1, retry delay ms or -1, failures}
+# ARGV: key, value, mode (ok|fail|release), acks key, acked rid, n, n x (field, value) own
+#   writes [, error, base_ms, cap_ms, max_failures, dead_rid, dead_body  -- mode "fail" only]
+#   -> {outcome, rerun 0/1, retry delay ms or -1, failures, message needed 0/1}
 # With an acks key, the delivered message is acked here exactly as dispatch.lua's "ack" does
-# it, which saves the worker a round trip per job.
+# it, which saves the worker a round trip per job. A run (ok, fail) replaces the key's own
+# writes record; a release (a secondary lease) only merges what was written under it. No
+# body comes in: when the key was re-added and has no message on its way, "message needed"
+# says so, and the caller builds one and calls `requeue` -- on reruns only.
 DONE = r"""
 local key, value, mode = ARGV[1], ARGV[2], ARGV[3]
-ack(ARGV[6], ARGV[7])
-if redis.call("GET", LEASE .. key) ~= value then return {"lost", 0, -1, 0} end
+ack(key, ARGV[4], ARGV[5])
+if redis.call("GET", LEASE .. key) ~= value then return {"lost", 0, -1, 0, 0} end
 redis.call("DEL", LEASE .. key)
 redis.call("ZREM", INFLIGHT, key)
+local n = tonumber(ARGV[6])
+local x = 7 + 2 * n
+local own = OWN .. key
+if mode ~= "release" then redis.call("DEL", own) end
+if n > 0 then
+  for j = 7, x - 1, 2 do note(own, ARGV[j], ARGV[j + 1]) end
+  redis.call("PEXPIRE", own, OWN_TTL)
+end
 local outcome, delay, failures = "released", -1, 0
 if mode == "ok" then
   redis.call("HDEL", FAILURES, key)
@@ -212,28 +335,45 @@ if mode == "ok" then
   outcome = "success"
 elseif mode == "fail" then
   local dead
-  failures, dead = fail(key, ARGV[8], ARGV[11], ARGV[12], ARGV[13])
+  failures, dead = fail(key, ARGV[x], ARGV[x + 3], ARGV[x + 4], ARGV[x + 5])
   if dead then
     outcome = "dead"
   else
     outcome = "retry"
     if is_dirty(key) then
       delay = 0
+      untriggered(key)  -- the retry is owed whatever the triggers say
     else
-      local backoff = tonumber(ARGV[9]) * 2 ^ (failures - 1)
-      delay = math.floor(math.min(backoff, tonumber(ARGV[10])))
+      local backoff = tonumber(ARGV[x + 1]) * 2 ^ (failures - 1)
+      delay = math.floor(math.min(backoff, tonumber(ARGV[x + 2])))
       redis.call("ZADD", DELAYED, "LT", NOW + delay, key)
     end
   end
 end
-local rerun = 0
+local rerun, needed = 0, 0
 if is_dirty(key) then
   rerun = 1
   -- A message may still be on its way (delivered while we held the key, not yet skipped):
-  -- it will find the key free. Otherwise queue one.
-  if not has_message(key) then enqueue(key, ARGV[4], ARGV[5]) end
+  -- it will find the key free. Otherwise the caller queues one.
+  if not has_message(key) then needed = 1 end
 end
-return {outcome, rerun, delay, failures}
+return {outcome, rerun, delay, failures, needed}
+"""
+
+# ARGV: (key, rid, body) -> "enqueued" | "ok", per key: the message a `done` said was needed,
+# if it still is (the key may have been taken, run or repaired meanwhile).
+REQUEUE = r"""
+local out = {}
+for i = 1, #ARGV, 3 do
+  local key = ARGV[i]
+  if orphaned(key) then
+    enqueue(key, ARGV[i + 1], ARGV[i + 2])
+    out[#out + 1] = "enqueued"
+  else
+    out[#out + 1] = "ok"
+  end
+end
+return out
 """
 
 # ARGV: which ("delayed" | "inflight"), limit -> keys that are due.
@@ -257,6 +397,7 @@ for i = 1, #ARGV, 3 do
   local key = ARGV[i]
   local ready = redis.call("ZSCORE", DELAYED, key)
   if ready and tonumber(ready) <= NOW then
+    untriggered(key)
     out[#out + 1] = add(key, ARGV[i + 1], ARGV[i + 2])
   else
     out[#out + 1] = "skip"
@@ -267,7 +408,8 @@ return out
 
 # ARGV: error text, max_failures, then (key, rid, body, dead_rid, dead_body) ->
 #   "recovered" | "dead" | "skip", per key. A holder that died mid-run counts as a failure
-# (so a key that kills its workers ends up dead-lettered) but reruns at once, no backoff.
+# (so a key that kills its workers ends up dead-lettered) but reruns at once, no backoff,
+# untriggered: what the dead run wrote is unknown.
 RECOVER = r"""
 local err, max = ARGV[1], ARGV[2]
 local out = {}
@@ -277,7 +419,10 @@ for i = 3, #ARGV, 5 do
   if deadline and tonumber(deadline) <= NOW and not leased(key) then
     redis.call("ZREM", INFLIGHT, key)
     local _, dead = fail(key, err, max, ARGV[i + 3], ARGV[i + 4])
-    if not dead then mark_dirty(key) end
+    if not dead then
+      untriggered(key)
+      mark_dirty(key)
+    end
     if is_dirty(key) and not has_message(key) then enqueue(key, rid, body) end
     if dead then out[#out + 1] = "dead" else out[#out + 1] = "recovered" end
   else
@@ -291,18 +436,19 @@ return out
 ORPHANS = r"""
 local out = {}
 for i = 1, #ARGV do
-  local key = ARGV[i]
-  if is_dirty(key) and not leased(key) and not has_message(key) then out[#out + 1] = key end
+  if orphaned(ARGV[i]) then out[#out + 1] = ARGV[i] end
 end
 return out
 """
 
-# ARGV: (key, rid, body) -> "repaired" | "ok"
+# ARGV: (key, rid, body) -> "repaired" | "ok". A repaired key runs untriggered: whatever
+# lost its message may have lost its triggers too.
 REPAIR = r"""
 local out = {}
 for i = 1, #ARGV, 3 do
   local key = ARGV[i]
-  if is_dirty(key) and not leased(key) and not has_message(key) then
+  if orphaned(key) then
+    untriggered(key)
     enqueue(key, ARGV[i + 1], ARGV[i + 2])
     out[#out + 1] = "repaired"
   else
@@ -320,13 +466,29 @@ if not redis.call("ZSCORE", XQ, drid) then return "missing" end
 redis.call("ZREM", XQ, drid)
 redis.call("HDEL", XQ_MSGS, drid)
 if key == "" then
-  redis.call("HSET", MSGS, rid, body)
+  redis.call("HSET", QUEUE .. ".msgs", rid, body)
   redis.call("RPUSH", QUEUE, rid)
   return "enqueued"
 end
 if redis.call("HGET", DEAD, key) == drid then redis.call("HDEL", DEAD, key) end
 redis.call("HDEL", FAILURES, key)
+untriggered(key)
 return add(key, rid, body)
+"""
+
+# ARGV: acks key, rid, the delivering queue's messages hash -> 1 moved | 0.
+# dispatch.lua's "nack", except that the dead letter goes to the main queue's `.XQ` whatever
+# queue the message came from: one dead-letter place (for dramatiq's own rejections of
+# claims messages, e.g. an unknown actor).
+NACK = r"""
+local acks, rid, msgs = ARGV[1], ARGV[2], ARGV[3]
+if redis.call("SREM", acks, rid) == 0 then return 0 end
+local body = redis.call("HGET", msgs, rid)
+if not body then return 0 end
+redis.call("ZADD", XQ, NOW, rid)
+redis.call("HSET", XQ_MSGS, rid, body)
+redis.call("HDEL", msgs, rid)
+return 1
 """
 
 _BODIES = {
@@ -336,17 +498,51 @@ _BODIES = {
     "acquire": ACQUIRE,
     "renew": RENEW,
     "done": DONE,
+    "requeue": REQUEUE,
     "due": DUE,
     "promote": PROMOTE,
     "recover": RECOVER,
     "orphans": ORPHANS,
     "repair": REPAIR,
     "redrive": REDRIVE,
+    "nack": NACK,
 }
+
+_LIB = LIB.replace("@CLAIM_PREFIX@", CLAIM_PREFIX).replace("@OWN_TTL@", str(OWN_TTL_MS))
+
+Triggers = Mapping[str, str]
 
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def flat_triggers(triggers: Triggers | None) -> list[str]:
+    """[n, field, value, ...] as the scripts take a trigger (or own-write) map; n = 0 (no
+    triggers) records `*` on an add."""
+    if not triggers:
+        return ["0"]
+    out = [str(len(triggers))]
+    for name, value in triggers.items():
+        out += (name, str(value))
+    return out
+
+
+def merge_trigger(into: dict[str, str], name: str, value: str) -> None:
+    """The scripts' merge rule, in Python: a version keeps the highest (numerically), a
+    `#gone` uid or `*` the last."""
+    old = into.get(name)
+    if old is not None and name != UNTRIGGERED and not name.endswith(GONE):
+        try:
+            if int(old) >= int(value):
+                return
+        except ValueError:
+            pass
+    into[name] = value
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +551,7 @@ class Started:
     fence: int
     queued_ms: int | None
     failures: int
+    triggers: dict[str, str] = field(default_factory=dict)  # as recorded, `*` included
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,9 +565,11 @@ class Done:
     rerun: bool
     delay_ms: int | None
     failures: int
+    message_needed: bool = False  # re-added with no message on its way: call `requeue`
 
 
 STALE = "stale"
+OWN = "own"
 
 
 class Scripts:
@@ -385,8 +584,10 @@ class Scripts:
     def __init__(self, client: redis.Redis, layout: Layout) -> None:
         self.client = client
         self.layout = layout
-        self._keys = [layout.prefix, layout.messages_list]
-        self._scripts = {name: client.register_script(LIB + body) for name, body in _BODIES.items()}
+        self._keys = [layout.prefix, layout.messages_list, layout.claims_messages_list]
+        self._scripts = {
+            name: client.register_script(_LIB + body) for name, body in _BODIES.items()
+        }
         self._local = threading.local()
 
     def _thread_client(self) -> redis.Redis:
@@ -404,27 +605,35 @@ class Scripts:
             client=self._thread_client() if client is None else client,
         )
 
-    def add(self, triples: Sequence[tuple[str, str, bytes]], client: Any = None) -> list[str]:
-        flat = [x for t in triples for x in t]
+    def add(
+        self,
+        items: Sequence[tuple[str, str, bytes] | tuple[str, str, bytes, Triggers | None]],
+        client: Any = None,
+    ) -> list[str]:
+        """(key, rid, body[, triggers]) per key; no triggers records `*`."""
+        flat: list[Any] = []
+        for item in items:
+            flat += (item[0], item[1], item[2], *flat_triggers(item[3] if len(item) > 3 else None))
         result = self._call("add", *flat, client=client)
         return result if client is not None else [_s(r) for r in result]
 
-    def add_after(self, key: str, delay_ms: int) -> str:
-        return _s(self._call("add_after", key, delay_ms))
+    def add_after(self, key: str, delay_ms: int, triggers: Triggers | None = None) -> str:
+        return _s(self._call("add_after", key, delay_ms, *flat_triggers(triggers)))
 
     def start(
         self, key: str, token: str, ttl_ms: int, ack: tuple[str, str] = ("", "")
     ) -> Started | Busy | str:
         """`ack`: (dramatiq acks key or "", redis message id) of the delivery: acked here if
-        it is skipped."""
+        it is skipped. A str is the reason of a skip: STALE or OWN."""
         r = self._call("start", key, token, ttl_ms, *ack)
         tag = _s(r[0])
         if tag == "busy":
             return Busy(_s(r[1]))
-        if tag == STALE:
-            return STALE
+        if tag != "started":
+            return tag
         queued = int(r[3])
-        return Started(_s(r[1]), int(r[2]), None if queued < 0 else queued, int(r[4]))
+        trig = _pairs(r[5]) if r[5] else {}
+        return Started(_s(r[1]), int(r[2]), None if queued < 0 else queued, int(r[4]), trig)
 
     def acquire(self, key: str, token: str, ttl_ms: int) -> tuple[str, int] | Busy:
         r = self._call("acquire", key, token, ttl_ms)
@@ -443,23 +652,32 @@ class Scripts:
         key: str,
         value: str,
         mode: str,
-        rerun: tuple[str, bytes],
         *,
         ack: tuple[str, str] = ("", ""),
+        writes: Triggers | None = None,
         error: str = "",
         base_ms: int = 5,
         cap_ms: int = 60_000,
         max_failures: int = 8,
         dead: tuple[str, bytes] = ("", b""),
     ) -> Done:
-        """`ack`: (dramatiq acks key, redis message id) of the delivered message to ack."""
+        """`ack`: (dramatiq acks key, redis message id) of the delivered message to ack;
+        `writes`: the own-write record (field -> version or uid) of this run (ok, fail) or
+        of what was written under this secondary lease (release)."""
         if mode == "fail":
             extra: tuple[Any, ...] = (error, base_ms, cap_ms, max_failures, *dead)
         else:
             extra = ()
-        r = self._call("done", key, value, mode, *rerun, *ack, *extra)
+        own = flat_triggers(writes)
+        r = self._call("done", key, value, mode, *ack, *own, *extra)
         delay = int(r[2])
-        return Done(_s(r[0]), bool(int(r[1])), None if delay < 0 else delay, int(r[3]))
+        return Done(
+            _s(r[0]), bool(int(r[1])), None if delay < 0 else delay, int(r[3]), bool(int(r[4]))
+        )
+
+    def requeue(self, triples: Sequence[tuple[str, str, bytes]]) -> list[str]:
+        flat = [x for t in triples for x in t]
+        return [_s(r) for r in self._call("requeue", *flat)]
 
     def due(self, which: str, limit: int) -> list[str]:
         return [_s(k) for k in self._call("due", which, limit)]
@@ -485,3 +703,7 @@ class Scripts:
 
     def redrive(self, dead_rid: str, key: str | None, rid: str, body: bytes) -> str:
         return _s(self._call("redrive", dead_rid, key or "", rid, body))
+
+    def nack(self, acks: str, rid: str, messages: str) -> bool:
+        """Dead-letter a delivery dramatiq rejected, into the main queue's `.XQ`."""
+        return bool(self._call("nack", acks, rid, messages))

@@ -15,6 +15,12 @@ from typing import Any
 
 ENV_URL = "WARMPOOL_REDIS_URL"
 ENV_PREFIX = "WARMPOOL_QUEUE_"
+CLAIMS_SUFFIX = "-claims"
+
+
+def claims_queue_name(queue_name: str) -> str:
+    """The dramatiq queue claims (session keys) go to, next to `queue_name`."""
+    return queue_name + CLAIMS_SUFFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +28,7 @@ class QueueSettings:
     """Numbers are seconds unless the name says otherwise.
 
     redis_url: None means "resolve one" (see `warmpool.queue.embedded.resolve_redis_url`).
+    queue_name: dramatiq's queue for bulk work; claims go to `<queue_name>-claims`.
     prefix: prefix of the project's own keys (`warmpool:dirty`, `warmpool:lease:<key>`, ...).
     namespace: dramatiq's key namespace; keep `dramatiq` so dramatiq's tools read the queue.
     lease_ttl: a held key whose holder stops renewing is free again after this long.
@@ -75,6 +82,10 @@ class QueueSettings:
             raise ValueError("queue settings max_failures and batch must be >= 1")
         if not self.queue_name or self.queue_name.endswith((".DQ", ".XQ")):
             raise ValueError(f"bad queue name {self.queue_name!r}")
+
+    @property
+    def claims_queue_name(self) -> str:
+        return claims_queue_name(self.queue_name)
 
     @property
     def lease_ttl_ms(self) -> int:
