@@ -145,6 +145,19 @@ def test_free_instance_above_min_is_deleted_with_preconditions() -> None:
     deletes = of(p.actions, Delete)
     assert len(deletes) == 5
     assert all(d.uid and d.resource_version for d in deletes)
+    # The object a claim's deciding write touches goes first: a claim that got in since the
+    # read makes this first delete fail, before anything of the claimed instance is gone.
+    assert deletes[0].part is Part.EXTERNAL_SERVICE
+
+
+def test_outdated_free_instance_writes_its_external_service_before_any_delete() -> None:
+    view = instance(appdef(generation=1), 1)
+    p = plan(view, appdef(generation=2, image="img:2"))
+    first = p.actions[0]
+    assert isinstance(first, Patch) and first.part is Part.EXTERNAL_SERVICE
+    assert first.resource_version == view.get(Part.EXTERNAL_SERVICE)["metadata"][
+        "resourceVersion"]
+    assert len(of(p.actions, Patch)) == len({x.part for x in of(p.actions, Patch)})
 
 
 def test_object_with_a_foreign_owner_is_reported_not_deleted() -> None:

@@ -1,0 +1,158 @@
+"""`warmpool.kube.cache.ClusterCache`: indexes, freshness and read-your-writes, on scripted
+watches (no server)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import pytest
+
+from tests.waiting import wait_for
+from warmpool.kube.cache import ClusterCache, strip
+from warmpool.pool import vocabulary as v
+
+NS = "ns1"
+
+
+def obj(kind: str, name: str, rv: int, uid: str | None = None, **extra: Any) -> dict[str, Any]:
+    meta = {"name": name, "namespace": NS, "resourceVersion": str(rv), "uid": uid or f"u-{name}",
+            "managedFields": [{"manager": "kubectl"}], **extra.pop("meta", {})}
+    return {"kind": kind, "metadata": meta, **extra}
+
+
+def session(name: str, rv: int, appdef: str = "java", **meta: Any) -> dict[str, Any]:
+    return obj(v.SESSION_KIND, name, rv, spec={"appDefinition": appdef, "user": "a@b.c"},
+               meta=meta)
+
+
+def ext_service(k: int, rv: int, session_uid: str | None = None) -> dict[str, Any]:
+    refs = [{"apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND, "name": "java",
+             "uid": "ad"}]
+    if session_uid:
+        refs.append({"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND, "name": "s",
+                     "uid": session_uid})
+    return obj("Service", f"ws-java-{k}", rv, spec={"ports": []}, status={"x": 1},
+               meta={"ownerReferences": refs,
+                     "labels": {v.LABEL_GENERATION: "1", v.LABEL_APP: f"java-{k}"}})
+
+
+class Scripted:
+    """Lists what `initial` holds per kind; watches play what `push` adds, in order."""
+
+    def __init__(self, initial: dict[str, list[dict[str, Any]]]) -> None:
+        self.initial = initial
+        self.events: dict[str, deque[dict[str, Any]]] = {}
+        self.lock = threading.Lock()
+
+    def list_pages(self, api_version: str, kind: str, namespace: str | None,
+                   **kw: Any) -> Any:
+        yield [dict(o) for o in self.initial.get(kind, [])
+               if kw.get("field_selector") is None], "1"
+
+    def push(self, kind: str, etype: str, o: dict[str, Any]) -> None:
+        with self.lock:
+            self.events.setdefault(kind, deque()).append({"type": etype, "object": o})
+
+    def watch(self, api_version: str, kind: str, namespace: str | None, **kw: Any) -> Any:
+        if kw.get("field_selector"):
+            time.sleep(0.01)
+            return
+        end = time.monotonic() + 0.05
+        while time.monotonic() < end:
+            with self.lock:
+                q = self.events.get(kind)
+                item = q.popleft() if q else None
+            if item is not None:
+                yield item
+            else:
+                time.sleep(0.002)
+
+
+@pytest.fixture
+def make_cache():
+    made: list[ClusterCache] = []
+
+    def make(kube: Scripted) -> ClusterCache:
+        c = ClusterCache(lambda: kube, [NS], timeout_range=(1.0, 2.0)).start()  # type: ignore
+        assert c.wait_synced(5)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def test_strip_keeps_what_decisions_read_and_drops_the_rest() -> None:
+    svc = strip("Service", ext_service(1, 5))
+    assert "spec" not in svc and "status" not in svc
+    assert "managedFields" not in svc["metadata"]
+    assert svc["metadata"]["labels"][v.LABEL_APP] == "java-1"
+    cm = strip("ConfigMap", obj("ConfigMap", "e", 1, data={v.EMAILS_KEY: "a@b.c", "x": "y"},
+                                meta={"labels": {v.LABEL_TEMPLATE_PURPOSE: v.PURPOSE_EMAILS}}))
+    assert cm["data"] == {v.EMAILS_KEY: "a@b.c"}
+    proxy = strip("ConfigMap", obj("ConfigMap", "p", 1, data={"cfg": "big"},
+                                   meta={"labels": {v.LABEL_TEMPLATE_PURPOSE: v.PURPOSE_PROXY}}))
+    assert "data" not in proxy
+
+
+def test_sessions_are_indexed_by_appdefinition_and_follow_changes(make_cache) -> None:
+    kube = Scripted({v.SESSION_KIND: [session("a", 5), session("b", 6, appdef="other")]})
+    c = make_cache(kube)
+    assert [s.name for s in c.sessions_of(NS, "java")] == ["a"]
+    kube.push(v.SESSION_KIND, "MODIFIED", session("b", 7, appdef="java"))
+    wait_for(lambda: len(c.sessions_of(NS, "java")) == 2, timeout=5)
+    assert c.sessions_of(NS, "other") == []
+    kube.push(v.SESSION_KIND, "DELETED", session("a", 8))
+    wait_for(lambda: [s.name for s in c.sessions_of(NS, "java")] == ["b"], timeout=5)
+    assert c.deleted(v.SESSION_KIND, NS, "a") and not c.deleted(v.SESSION_KIND, NS, "b")
+
+
+def test_holder_index_follows_the_external_services_session_references(make_cache) -> None:
+    kube = Scripted({"Service": [ext_service(1, 5, session_uid="S1"), ext_service(2, 6)]})
+    c = make_cache(kube)
+    assert c.referenced_by("S1") == [(NS, "ws-java-1")]
+    kube.push("Service", "MODIFIED", ext_service(1, 7))  # released
+    kube.push("Service", "MODIFIED", ext_service(2, 8, session_uid="S1"))
+    wait_for(lambda: c.referenced_by("S1") == [(NS, "ws-java-2")], timeout=5)
+
+
+def test_freshness_waits_for_the_version_or_the_deletion_that_caused_a_job(make_cache) -> None:
+    kube = Scripted({"Service": [ext_service(1, 5)]})
+    c = make_cache(kube)
+    assert c.fresh(NS, {"Service/ws-java-1": "5"})
+    assert not c.fresh(NS, {"Service/ws-java-1": "9"})
+    assert not c.fresh(NS, {"Service/ws-java-1#gone": "u-ws-java-1"})
+    assert not c.wait_fresh(NS, {"Service/ws-java-1": "9"}, timeout=0.05)
+    kube.push("Service", "MODIFIED", ext_service(1, 9))
+    assert c.wait_fresh(NS, {"Service/ws-java-1": "9"}, timeout=5)
+    kube.push("Service", "DELETED", ext_service(1, 12))
+    assert c.wait_fresh(NS, {"Service/ws-java-1#gone": "u-ws-java-1"}, timeout=5)
+    # A tombstone is at least as new as the deletion's version.
+    assert c.fresh(NS, {"Service/ws-java-1": "12"})
+    # An object never seen, of a kind the cache keeps, is not fresh until it is.
+    assert not c.fresh(NS, {f"{v.SESSION_KIND}/new": "3"})
+    # Kinds the cache does not keep are nothing to wait for.
+    assert c.fresh(NS, {"Pod/p": "100"})
+
+
+def test_an_offered_write_is_read_back_until_the_watch_brings_it(make_cache) -> None:
+    kube = Scripted({"Service": [ext_service(1, 5)]})
+    c = make_cache(kube)
+    c.offer(ext_service(1, 9, session_uid="S1"))
+    assert c.get("Service", NS, "ws-java-1")["metadata"]["resourceVersion"] == "9"
+    assert c.referenced_by("S1") == [(NS, "ws-java-1")]
+    c.offer(ext_service(1, 7))  # older than what is cached: ignored
+    assert c.get("Service", NS, "ws-java-1")["metadata"]["resourceVersion"] == "9"
+    kube.push("Service", "MODIFIED", ext_service(1, 8))  # the watch is behind: kept
+    kube.push("Service", "MODIFIED", ext_service(1, 11))
+    wait_for(lambda: c.get("Service", NS, "ws-java-1")["metadata"]["resourceVersion"] == "11",
+             timeout=5)
+    assert c.referenced_by("S1") == []
+    c.offer_gone("Service", NS, "ws-java-1", "someone-else")  # another uid: kept
+    assert c.get("Service", NS, "ws-java-1") is not None
+    c.offer_gone("Service", NS, "ws-java-1", "u-ws-java-1")
+    assert c.get("Service", NS, "ws-java-1") is None
