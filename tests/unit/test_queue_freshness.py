@@ -223,6 +223,19 @@ def test_writes_under_a_secondary_lease_go_to_that_key(jobs: Jobs) -> None:
     assert deliver(jobs) == "own"
 
 
+def test_writes_noted_after_a_secondary_release_are_stored_at_finish(jobs: Jobs) -> None:
+    jobs.queue.add("s")
+    ctx = start(jobs)
+    lease = ctx.try_lease("i")
+    assert lease is not None
+    ctx.note_write(SVC, "1", key="i")
+    ctx.release(lease)  # stores what was noted so far
+    assert own(jobs, "i") == {SVC: "1"}
+    ctx.note_write(POD, "7", key="i")  # noted after the release (the lease's block ended)
+    jobs.finish(ctx)
+    assert own(jobs, "i") == {SVC: "1", POD: "7"} and own(jobs, "s") == {}
+
+
 def test_release_of_a_secondary_lease_keeps_that_keys_own_record(jobs: Jobs) -> None:
     run_writing(jobs, "i", {SVC: "4"})
     jobs.queue.add("s")

@@ -98,6 +98,7 @@ class JobContext:
         #: record was lost: reconcile fully rather than just to the triggers' versions.
         self.untriggered = UNTRIGGERED in self._recorded or not self._recorded
         self.writes: dict[str, dict[str, str]] = {}  # key -> own writes made under it
+        self._leased: set[str] = set()  # every key this job held a secondary lease on
 
     @property
     def fence(self) -> int:
@@ -125,6 +126,7 @@ class JobContext:
         lease = self.jobs.acquire(key)
         if lease is not None:
             self.secondary[key] = lease
+            self._leased.add(key)
         return lease
 
     def release(self, lease: Lease) -> None:
@@ -136,15 +138,14 @@ class JobContext:
     def note_write(self, field: str, value: str, key: str | None = None) -> None:
         """Record a write this job made under a precondition: `"Kind/name"` -> the
         resourceVersion the write returned, `"Kind/name#gone"` -> the uid of a delete.
-        Stored for this key when the job ends (or for `key`, a secondary lease this job
-        holds, when that is released), so the watch events of these very writes do not
-        rerun the key. Only note guarded writes: the version must be one this job's own
-        logic produced from what it read."""
+        Stored for this key when the job ends, so the watch events of these very writes do
+        not rerun the key. `key`: a key this job holds or held a secondary lease on (the
+        write was made under it): stored for that key when its lease is released, or, if
+        noted after that, when the job ends. Only note guarded writes: the version must be
+        one this job's own logic produced from what it read."""
         target = self.key if key is None else key
-        if target != self.key:
-            held = self.secondary.get(target)
-            if held is None or held.released:
-                raise ValueError(f"{target!r} is not leased by this job")
+        if target != self.key and target not in self._leased:
+            raise ValueError(f"{target!r} was not leased by this job")
         merge_trigger(self.writes.setdefault(target, {}), field, str(value))
 
     def defer(self, seconds: float) -> str:
@@ -218,11 +219,12 @@ class Jobs:
         """Release everything the job holds; account success or failure; rerun if re-added.
         `ack` = (dramatiq acks key, redis message id): ack the delivery in the same step."""
         for lease in list(ctx.secondary.values()):
-            self._safe_release(lease, ctx.writes.get(lease.key))
+            self._safe_release(lease, ctx.writes.pop(lease.key, None))
         ctx.secondary.clear()
         s = self.settings
         key = ctx.key
-        writes = ctx.writes.get(key)
+        # This key's record, and what was noted for secondary keys after their release.
+        writes = ctx.writes
         # Untrack first: the renewal thread must not see the release as a lost lease, and if
         # Redis fails us the lease simply lapses and maintenance reruns the key.
         self.book.untrack(ctx.lease)
@@ -273,7 +275,8 @@ class Jobs:
         """Give a lease back without success/failure accounting (secondary leases); `writes`
         made under it are merged into that key's own-write record."""
         self.book.untrack(lease)
-        done = self.scripts.done(lease.key, lease.value, "release", writes=writes)
+        own = {lease.key: writes} if writes else None
+        done = self.scripts.done(lease.key, lease.value, "release", writes=own)
         self._requeue(lease.key, done)
         if done.outcome == "lost":
             self.observer.on_lease_lost(lease.key)

@@ -305,27 +305,29 @@ end
 return out
 """
 
-# ARGV: key, value, mode (ok|fail|release), acks key, acked rid, n, n x (field, value) own
-#   writes [, error, base_ms, cap_ms, max_failures, dead_rid, dead_body  -- mode "fail" only]
+# ARGV: key, value, mode (ok|fail|release), acks key, acked rid, g, g x own-write groups
+#   (target key, n, n x (field, value))
+#   [, error, base_ms, cap_ms, max_failures, dead_rid, dead_body  -- mode "fail" only]
 #   -> {outcome, rerun 0/1, retry delay ms or -1, failures, message needed 0/1}
 # With an acks key, the delivered message is acked here exactly as dispatch.lua's "ack" does
 # it, which saves the worker a round trip per job. A run (ok, fail) replaces the key's own
-# writes record; a release (a secondary lease) only merges what was written under it. No
-# body comes in: when the key was re-added and has no message on its way, "message needed"
-# says so, and the caller builds one and calls `requeue` -- on reruns only.
+# writes record; every group is merged into its target's (a secondary lease's key: written
+# under that lease). No body comes in: when the key was re-added and has no message on its
+# way, "message needed" says so, and the caller builds one and calls `requeue` -- on reruns
+# only.
 DONE = r"""
 local key, value, mode = ARGV[1], ARGV[2], ARGV[3]
 ack(key, ARGV[4], ARGV[5])
 if redis.call("GET", LEASE .. key) ~= value then return {"lost", 0, -1, 0, 0} end
 redis.call("DEL", LEASE .. key)
 redis.call("ZREM", INFLIGHT, key)
-local n = tonumber(ARGV[6])
-local x = 7 + 2 * n
-local own = OWN .. key
-if mode ~= "release" then redis.call("DEL", own) end
-if n > 0 then
-  for j = 7, x - 1, 2 do note(own, ARGV[j], ARGV[j + 1]) end
+if mode ~= "release" then redis.call("DEL", OWN .. key) end
+local x = 7
+for _ = 1, tonumber(ARGV[6]) do
+  local own, n = OWN .. ARGV[x], tonumber(ARGV[x + 1])
+  for j = x + 2, x + 1 + 2 * n, 2 do note(own, ARGV[j], ARGV[j + 1]) end
   redis.call("PEXPIRE", own, OWN_TTL)
+  x = x + 2 + 2 * n
 end
 local outcome, delay, failures = "released", -1, 0
 if mode == "ok" then
@@ -654,7 +656,7 @@ class Scripts:
         mode: str,
         *,
         ack: tuple[str, str] = ("", ""),
-        writes: Triggers | None = None,
+        writes: Mapping[str, Triggers] | None = None,
         error: str = "",
         base_ms: int = 5,
         cap_ms: int = 60_000,
@@ -662,13 +664,16 @@ class Scripts:
         dead: tuple[str, bytes] = ("", b""),
     ) -> Done:
         """`ack`: (dramatiq acks key, redis message id) of the delivered message to ack;
-        `writes`: the own-write record (field -> version or uid) of this run (ok, fail) or
-        of what was written under this secondary lease (release)."""
+        `writes`: key -> own writes (field -> version or uid): this run's record for `key`
+        (replaced on ok/fail, merged on release), merged for other keys."""
         if mode == "fail":
             extra: tuple[Any, ...] = (error, base_ms, cap_ms, max_failures, *dead)
         else:
             extra = ()
-        own = flat_triggers(writes)
+        groups = [(k, w) for k, w in (writes or {}).items() if w]
+        own: list[Any] = [len(groups)]
+        for target, fields in groups:
+            own += (target, *flat_triggers(fields))
         r = self._call("done", key, value, mode, *ack, *own, *extra)
         delay = int(r[2])
         return Done(
