@@ -3,18 +3,22 @@
   python -m bench all [--instances N] [--small n] [--out docs/benchmarks.md]
       [--profile DIR] [--only convergence,claim,...] [--crash-cap 300]
 
-Each row carries its goal and the baseline measured in this same run. A benchmark that
-fails puts a row saying so (and why) and the others still run. The machine's load average
-is sampled throughout and written down: on a shared machine, the ratios within one run are
-what count.
+Each row carries its goal and the baseline measured in this same run, and beside its result
+the result of the same (benchmark, case) in the table this run replaces (read from --out
+before it is overwritten; "-" for a case that table did not have), so one command publishes
+the new figures with the previous ones. A benchmark that fails puts a row saying so (and why)
+and the others still run. The machine's load average is sampled throughout and written down:
+on a shared machine, the ratios within one run are what count.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,7 +31,6 @@ from bench.common import (
     print_rows,
     quiet_warnings,
     say,
-    table,
     verdict,
 )
 
@@ -53,12 +56,20 @@ METHOD = {
                    "rounds in one thread. Converged = 5 x target pool objects, all at the "
                    "current generation (a minInstances change bumps it: free instances below "
                    "the target are replaced too), seen by watches. Clock: AppDefinition "
-                   "create/patch -> converged.",
+                   "create/patch -> converged. API cost (rows `1 convergence API cost`): the "
+                   "proxy's requests and response bytes by verb over the three steps, and the "
+                   "instance runs, per instance change (2 x N + n), watch streams apart.",
     "claim": "`bench.claim_latency`: Sessions created at 20/s (client clock at send) and "
              "deleted 2 s after HANDLED is seen on a watch (client clock), while minInstances "
              "drops; baseline: the sequential driver under the same churn, on a second pool "
              "of the same size in the same control plane. creationTimestamp is not used (1 s "
-             "resolution).",
+             "resolution). API cost (rows `3 claim API cost`): the latency proxy's counters "
+             "(requests and response body bytes by verb; a GET of a collection is a LIST; "
+             "watch streams apart) over 20 claims made one at a time on the quiet pool just "
+             "built and again on the quiet scaled-down pool, each window from the Session's "
+             "create to HANDLED and on until the queue is idle 1 s, its release (Session "
+             "deleted) counted apart; the churn rows' notes divide the whole churn window's "
+             "traffic by the Sessions served.",
     "coalescing": "`bench.coalescing`: real watch events (annotation patches on the email "
                   "ConfigMaps), mapped to keys by the real scheduler; runs counted by the "
                   "workers' `bench.counting` wrapper.",
@@ -68,6 +79,84 @@ METHOD = {
     "memory": "`bench.memory`: VmHWM from /proc of fresh worker and scheduler processes after "
               "the same load (startup resync, 16 simultaneous claims, resyncs, releases).",
 }
+
+
+HEADER = ("benchmark", "case", "result", "previous run's result", "goal",
+          "baseline (same run)", "verdict", "notes")
+
+
+@dataclass
+class Previous:
+    """The table a run replaces: result by (benchmark, case), and when it was made."""
+
+    results: dict[tuple[str, str], str] = field(default_factory=dict)
+    date: str = ""
+    commit: str = ""
+    quick: bool = False
+
+    def of(self, row: Row) -> str:
+        return self.results.get((row.bench, row.case), "-")
+
+    def describe(self) -> str:
+        if not self.results:
+            return "none (no earlier table at this path)"
+        return (f"the run of {self.date or 'an unknown date'}, commit "
+                f"{self.commit or 'unknown'}" + (" (a --quick run)" if self.quick else "")
+                + "; \"-\" where it had no such (benchmark, case)")
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of one Markdown table line (`\\|` is a literal bar inside a cell)."""
+    inner = line.strip()
+    inner = inner[1:] if inner.startswith("|") else inner
+    inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", inner)]
+
+
+def read_previous(path: Path) -> Previous:
+    """The results table of an earlier `python -m bench all` at `path` (nothing if none).
+
+    Matched by the header's column names, so a table with or without a previous column
+    reads the same; rows are keyed by (benchmark, case) as written."""
+    prev = Previous()
+    try:
+        text = path.read_text()
+    except OSError:
+        return prev
+    prev.quick = "QUICK RUN" in text
+    columns: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("- date: "):
+            prev.date = line.removeprefix("- date: ").split(" (")[0].strip()
+        elif line.startswith("- commit: "):
+            prev.commit = line.removeprefix("- commit: ").split(" ")[0].strip()
+        elif line.startswith("|"):
+            cells = _cells(line)
+            if columns is None:
+                if cells[:2] == ["benchmark", "case"] and "result" in cells:
+                    columns = cells
+                continue
+            if set(line.replace("|", "").strip()) <= set("-: "):
+                continue  # the separator line
+            row = dict(zip(columns, cells, strict=False))
+            prev.results.setdefault((row.get("benchmark", ""), row.get("case", "")),
+                                    row.get("result", ""))
+        elif columns is not None:
+            break  # the first table is the results table
+    return prev
+
+
+def table(rows: Sequence[Row], previous: Previous) -> list[str]:
+    """The results table, each result beside the previous run's for the same case."""
+    def cell(s: str) -> str:
+        return s.replace("|", "\\|").replace("\n", " ")
+
+    out = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(cell(x) for x in (
+            r.bench, r.case, r.result, previous.of(r), r.goal, r.baseline, r.verdict,
+            r.note)) + " |")
+    return out
 
 
 def _pipeline_rows(extra: list[str], quick: bool = False) -> list[Row]:
@@ -111,6 +200,7 @@ def main(argv: list[str]) -> int:
     if args.quick:
         args.instances, args.small, args.crash_cap = 30, 10, 20.0
     quiet_warnings()
+    previous = read_previous(args.out)  # before anything is written there
     chosen = [b for b in ORDER if b in args.only.split(",")]
     started = datetime.now(UTC)
     info = machine()  # the commit under test: the one checked out when the run starts
@@ -154,7 +244,8 @@ def main(argv: list[str]) -> int:
         from bench import claim_latency
 
         got, out = claim_latency.run(args.instances, args.small, profile_dir=args.profile,
-                                     **({"window": 10.0, "grace": 5.0} if args.quick else {}))
+                                     **({"window": 10.0, "grace": 5.0, "claims": 3}
+                                        if args.quick else {}))
         if args.instances < 1000:
             for r in got[:1]:
                 r.note += f"; {args.instances}, not 1,000: see sizes above the table"
@@ -204,8 +295,9 @@ def main(argv: list[str]) -> int:
             "other work, so absolute times vary; the baselines were measured in the same run.",
             f"- sizes: convergence and claim latency with {args.instances} → {args.small} "
             "instances" + (f" ({SIZING})" if args.instances < 1000 and not args.quick else ""),
+            f"- previous run's result column: {previous.describe()}",
             "",
-            *table(rows),
+            *table(rows, previous),
             "",
             "Verdict: `met` or `MISSED` against the goal; empty where a row is information "
             "(the baseline itself, or configurations without a goal).",

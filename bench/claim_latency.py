@@ -15,8 +15,16 @@ Sessions are created for `--window` s (the scale-down starts 3 s in), then the r
 `--grace` s more for the last ones. Then, on the scaled-down pool, a low-rate run with no
 scale-down shows the claim path's own latency (information).
 
+API cost of a claim (the latency proxy's counters, `bench.traffic`): on the quiet pool just
+built (`--instances`) and again on the quiet scaled-down pool (`--small`), `--claims` Sessions
+are created one at a time. A claim's window runs from its create to HANDLED and on until the
+queue is idle again (the runs its own writes cause are its cost too); its release (the
+Session deleted, the instance reset) is counted apart, after, in a window of its own. A
+window in which a resync ran is not counted (and another claim is made). The churn rows say
+what passed through the proxy during the churn per Session served (scale-down included).
+
   python -m bench claim [--instances 1000] [--small 100] [--rate 20] [--hold 2]
-      [--window 60] [--grace 30] [--steady-rate 2] [--no-baseline]
+      [--window 60] [--grace 30] [--steady-rate 2] [--claims 20] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -25,12 +33,14 @@ import argparse
 import heapq
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import traffic as tr
 from bench.common import (
     LoadSampler,
     PoolCounter,
@@ -56,9 +66,12 @@ from warmpool.kube.api import Kube, connect
 from warmpool.kube.reflector import Reflector, Watched
 from warmpool.pool import vocabulary as v
 from warmpool.queue.embedded import resolve_redis_url
+from warmpool.testing.apiproxy import ApiProxy, Traffic
 
 APPDEF = "java"
 GOAL_P99 = 1.0
+GOAL_REQUESTS = 12.0  # per claim: the writes a claim must make, and no reads it need not
+GOAL_BYTES_RATIO = 1.2  # bytes per claim, large pool / small pool
 
 
 def _session_stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +95,7 @@ class ChurnResult:
     session_runs: int = 0  # claim jobs started (workers only)
     instance_runs: int = 0
     job_times: str = ""
+    traffic: Traffic = field(default_factory=Traffic)  # through the proxy, churn window
 
     def percentile(self, q: float) -> tuple[float, bool]:
         """(value, exact): with unserved Sessions counted as +inf, the q-quantile is either a
@@ -217,12 +231,14 @@ class Churn:
 
 def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, rate: float,
               hold: float, window: float, grace: float, label: str,
-              settle: Callable[[], object]) -> ChurnResult:
+              settle: Callable[[], object], proxy: ApiProxy | None = None) -> ChurnResult:
     """Churn for `window` s, lowering minInstances to `small` 3 s in (None: no scale-down),
     then wait up to `grace` s for the Sessions not yet served; then delete them all and,
-    after `settle()`, check the invariants that hold at all times."""
+    after `settle()`, check the invariants that hold at all times. With `proxy`, what passed
+    through it from the first create to the end of the grace is `traffic`."""
     res = ChurnResult(rate=rate, window=window)
     churn = Churn(direct, ns, rate, hold, prefix=label).start()
+    before = proxy.traffic() if proxy is not None else Traffic()
     t0 = time.monotonic()
     gen: int | None = None
     t_patch = 0.0
@@ -251,6 +267,8 @@ def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, ra
                 break
             time.sleep(0.1)
         res.created, res.served, res.unserved = churn.latencies()
+        if proxy is not None:
+            res.traffic = proxy.traffic() - before
         res.errors = churn.errors
         res.duration = time.monotonic() - t0
         say(f"claim {label}: {res.describe()}")
@@ -262,10 +280,103 @@ def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, ra
 
 
 @dataclass
+class IsolatedClaims:
+    """Claims one at a time on a quiet pool of `instances`: their API cost, and their
+    releases' apart."""
+
+    instances: int
+    served: int = 0
+    unserved: int = 0  # not HANDLED within the timeout (their window is not counted)
+    excluded: int = 0  # windows a resync ran in (not counted)
+    traffic: Traffic = field(default_factory=Traffic)
+    jobs: Counter[str] = field(default_factory=Counter)  # job starts by key kind
+    latencies: list[float] = field(default_factory=list)
+    released: int = 0
+    releases: Traffic = field(default_factory=Traffic)
+    release_jobs: Counter[str] = field(default_factory=Counter)
+
+    def requests(self) -> float:
+        return tr.requests_per(self.traffic, self.served)
+
+    def bytes(self) -> float:
+        return tr.bytes_per(self.traffic, self.served)
+
+
+def _new_starts(stack: Stack, since: int) -> tuple[Counter[str], int]:
+    """Job starts logged since index `since`, by key kind; and the new index."""
+    raw = stack.client.lrange(stack.starts_key, since, -1)
+    return Counter(r.decode().partition(" ")[2].split("/", 1)[0] for r in raw), since + len(raw)
+
+
+def _wait_handled(kube: Kube, ns: str, name: str, timeout: float) -> bool:
+    """Polls the direct connection (not the proxy: the bench's reads are not counted)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        obj = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+        if ((obj or {}).get("status") or {}).get("operatorStatus") == v.STATUS_HANDLED:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def isolated_claims(direct: Kube, ns: str, stack: Stack, proxy: ApiProxy, claims: int,
+                    instances: int, label: str, timeout: float = 60.0,
+                    settle: float = 1.0) -> IsolatedClaims:
+    """`claims` Sessions, one at a time, each counted from its create to HANDLED and on until
+    the queue has been idle `settle` s (its own writes' events run the instance again: part of
+    what a claim costs); then its Session is deleted and the release counted apart."""
+    res = IsolatedClaims(instances)
+    stack.wait_idle(120, settle=settle)
+    since = int(stack.client.llen(stack.starts_key))
+    attempt = 0
+    while res.served < claims and attempt < 2 * claims:
+        attempt += 1
+        name = f"{label}-{attempt}"
+        before = proxy.traffic()
+        t0 = time.monotonic()
+        create_session(direct, ns, name, f"iso{attempt}@example.com", APPDEF)
+        handled = _wait_handled(direct, ns, name, timeout)
+        took = time.monotonic() - t0
+        stack.wait_idle(120, settle=settle)
+        window = proxy.traffic() - before
+        kinds, since = _new_starts(stack, since)
+        if kinds["pool"]:
+            res.excluded += 1
+        elif not handled:
+            res.unserved += 1
+        else:
+            res.served += 1
+            res.traffic += window
+            res.jobs += kinds
+            res.latencies.append(took)
+        before = proxy.traffic()
+        direct.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+        stack.wait_idle(120, settle=settle)
+        kinds, since = _new_starts(stack, since)
+        if not kinds["pool"]:
+            res.released += 1
+            res.releases += proxy.traffic() - before
+            res.release_jobs += kinds
+    say(f"claim cost at {instances}: {tr.describe(res.traffic, res.served, 'claim')} "
+        f"({res.served} claims, {res.excluded} windows with a resync left out)")
+    return res
+
+
+def wait_quiet_pool(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, target: int,
+                    timeout: float) -> float | None:
+    """The pool converged at `target` at the AppDefinition's current generation, queue idle
+    (after a churn the scale-down may still be finishing)."""
+    appdef = direct.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, APPDEF) or {}
+    gen = int((appdef.get("metadata") or {}).get("generation") or 0)
+    return counter.wait(target, gen, timeout, idle=lambda: stack.wait_idle(60))
+
+
+@dataclass
 class ClaimBench:
     workers: ChurnResult | None = None
     steady: ChurnResult | None = None
     baseline: ChurnResult | None = None
+    isolated: list[IsolatedClaims] = field(default_factory=list)
     build: list[str] = field(default_factory=list)
     profile: list[str] = field(default_factory=list)
 
@@ -279,7 +390,7 @@ def build_pool(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, instan
 def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float = 2.0,
         window: float = 60.0, grace: float = 30.0, baseline: bool = True,
         steady_rate: float = 2.0, timeout: float = 900.0, url: str | None = None,
-        profile_dir: Path | None = None) -> tuple[list[Row], ClaimBench]:
+        profile_dir: Path | None = None, claims: int = 20) -> tuple[list[Row], ClaimBench]:
     url = url or resolve_redis_url()
     out = ClaimBench()
     with private_cluster("claim") as info, latency_proxy(info) as proxy:
@@ -298,6 +409,9 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                 if built is None:
                     raise RuntimeError(f"the {instances}-instance pool did not converge")
                 if case == "workers":
+                    if claims:
+                        out.isolated.append(isolated_claims(direct, ns, stack, proxy, claims,
+                                                            instances, "iso-large"))
                     profiler = None
                     if profile_dir is not None:
                         from bench.profiling import Profiler
@@ -309,7 +423,8 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                         stack.clear_starts()
                         try:
                             res = churn_run(direct, ns, counter, small, rate, hold, window,
-                                            grace, "w", lambda s=stack: s.wait_idle(180))
+                                            grace, "w", lambda s=stack: s.wait_idle(180),
+                                            proxy)
                         finally:
                             if profiler is not None:
                                 from bench.profiling import summarize
@@ -328,7 +443,7 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                             stack.clear_starts()
                             st = churn_run(direct, ns, counter, None, steady_rate, hold,
                                            min(window, 30.0), grace, "q",
-                                           lambda s=stack: s.wait_idle(180))
+                                           lambda s=stack: s.wait_idle(180), proxy)
                             kinds = [k.split("/", 1)[0] for _, k in stack.starts()]
                             st.session_runs = kinds.count("session")
                             st.instance_runs = kinds.count("instance")
@@ -337,13 +452,19 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                                 dur_summary("instance jobs", stack.durations("instance"))))
                         st.load = load.summary()
                         out.steady = st
+                    if claims:
+                        quiet = wait_quiet_pool(direct, ns, stack, counter, small, timeout)
+                        if quiet is None:
+                            say(f"claim: the pool did not settle at {small}; measuring anyway")
+                        out.isolated.append(isolated_claims(direct, ns, stack, proxy, claims,
+                                                            small, "iso-small"))
                 else:
                     stack.close()  # no scheduler, no workers: the driver alone
                     with LoadSampler() as load:
                         driver = SequentialDriver(Kube(connect(str(proxy.kubeconfig_path))),
                                                   ns).start()
                         res = churn_run(direct, ns, counter, small, rate, hold, window, grace,
-                                        "s", lambda: None)
+                                        "s", lambda: None, proxy)
                     res.load = load.summary()
                     out.baseline = res
             finally:
@@ -384,9 +505,50 @@ def rows_for(out: ClaimBench, instances: int, small: int, rate: float,
             note += f"; {res.job_times}"
         if res.errors:
             note += f"; {res.errors} create/delete errors"
+        if res.served:
+            note += (f"; through the proxy per Session served (all of the window's work, "
+                     f"scale-down and releases included): "
+                     f"{tr.describe(res.traffic, len(res.served), 'Session')}")
         rows.append(Row("3 claim latency", case, res.describe(), "p99 <= 1 s",
                         ("sequential driver, same churn: " + base) if res is w else "-",
                         verdict(exact and p99 <= GOAL_P99), note))
+    return rows + cost_rows(out.isolated)
+
+
+def cost_rows(isolated: list[IsolatedClaims]) -> list[Row]:
+    """Requests and bytes per claim at each pool size, and how bytes grow with the pool."""
+    rows = []
+    for c in isolated:
+        if not c.served:
+            rows.append(Row("3 claim API cost", f"one claim at a time, quiet {c.instances}-"
+                            "instance pool", "no claim served", f"<= {GOAL_REQUESTS:.0f} "
+                            "requests / claim", "", "MISSED",
+                            f"{c.unserved} not HANDLED, {c.excluded} with a resync"))
+            continue
+        per_job = ", ".join(f"{k} {n / c.served:.1f}" for k, n in sorted(c.jobs.items()))
+        note = (f"{c.served} claims, each from its create to HANDLED and until the queue is "
+                f"idle 1 s; bytes by verb: {tr.bytes_by_verb(c.traffic, c.served)}; "
+                f"{tr.watch_note(c.traffic, c.served, 'claim')}; jobs / claim: {per_job}; "
+                f"{dur_summary('create -> HANDLED', c.latencies)}; releases apart: "
+                f"{tr.describe(c.releases, c.released, 'release')}")
+        if c.excluded or c.unserved:
+            note += (f"; left out: {c.excluded} windows with a resync, {c.unserved} claims "
+                     "not HANDLED in 60 s")
+        rows.append(Row("3 claim API cost", f"one claim at a time, quiet {c.instances}-instance "
+                        "pool", tr.describe(c.traffic, c.served, "claim"),
+                        f"<= {GOAL_REQUESTS:.0f} requests / claim", "",
+                        verdict(c.requests() <= GOAL_REQUESTS), note))
+    served = [c for c in isolated if c.served]
+    if len(served) == 2:
+        small, large = sorted(served, key=lambda c: c.instances)
+        ratio = large.bytes() / small.bytes() if small.bytes() else float("nan")
+        req_ratio = large.requests() / small.requests() if small.requests() else float("nan")
+        rows.append(Row(
+            "3 claim API cost", f"bytes / claim, {large.instances} vs {small.instances} "
+            "instances", f"ratio {ratio:.2f} ({tr.kb(large.bytes())} / {tr.kb(small.bytes())})",
+            f"<= {GOAL_BYTES_RATIO}", "", verdict(ratio <= GOAL_BYTES_RATIO),
+            f"requests / claim ratio {req_ratio:.2f} ({large.requests():.1f} / "
+            f"{small.requests():.1f}); {large.instances / small.instances:.0f}x the pool"))
     return rows
 
 
@@ -402,6 +564,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--grace", type=float, default=30.0)
     parser.add_argument("--steady-rate", type=float, default=2.0,
                         help="then a low-rate run on the scaled-down pool (0: skip)")
+    parser.add_argument("--claims", type=int, default=20,
+                        help="claims one at a time on each quiet pool, for their API cost "
+                             "(0: skip)")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--profile", type=Path, default=None,
                         help="py-spy the workers and scheduler during the churn; stacks here")
@@ -410,7 +575,7 @@ def main(argv: list[str]) -> int:
     quiet_warnings()
     rows, out = run(args.instances, args.small, args.rate, args.hold, args.window, args.grace,
                     baseline=not args.no_baseline, steady_rate=args.steady_rate,
-                    url=args.redis_url, profile_dir=args.profile)
+                    url=args.redis_url, profile_dir=args.profile, claims=args.claims)
     print_rows(rows)
     if out.profile:
         print("\nprofile of the workers + scheduler during the churn:")

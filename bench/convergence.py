@@ -15,6 +15,11 @@ it, so the free instances below the target are replaced too), seen by watches on
 connection. The clock runs from the AppDefinition's create or patch to that moment. A worker
 configuration then also waits (not timed) for its queue to go idle before the next step.
 
+API cost (the latency proxy's counters, `bench.traffic`): requests and response bytes by verb
+over the three steps, per instance change, with the watch streams' bytes apart; and instance
+runs per instance change (one would be ideal). Instance changes: 2 x N + n, the count this
+table has always divided by (see `changes`).
+
   python -m bench convergence [--instances 1000] [--small 100]
       [--configs seq,1x1,1x8,2x8] [--timeout 900] [--profile DIR]
 """
@@ -27,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import traffic as tr
 from bench.common import (
     LoadSampler,
     PoolCounter,
@@ -49,9 +55,11 @@ from bench.common import (
 from warmpool.controller.sequential import run_until_quiet
 from warmpool.kube.api import Kube, connect
 from warmpool.queue.embedded import resolve_redis_url
+from warmpool.testing.apiproxy import Traffic
 
 APPDEF = "java"
 GOAL_SPEEDUP = 10.0
+GOAL_RUNS = 1.2  # instance runs per instance change (the queue's re-runs included)
 SEQ = "seq"
 
 
@@ -59,7 +67,8 @@ SEQ = "seq"
 class ConfigResult:
     name: str
     phases: list[tuple[str, float | None]] = field(default_factory=list)
-    requests: int = 0
+    requests: int = 0  # every request through the proxy, watch streams included
+    traffic: Traffic = field(default_factory=Traffic)  # by verb, requests and bytes
     runs: int = 0
     cpu: float = 0.0  # CPU seconds of the controller: driver thread, or workers + scheduler
     load: str = ""
@@ -153,7 +162,7 @@ def run_config(name: str, instances: int, small: int, url: str, timeout: float,
                     assert stack.scheduler is not None
                     profiler = Profiler([*stack.worker_pids(), stack.scheduler.pid],
                                         profile_dir, f"convergence-{name}")
-            requests_before = proxy.stats().get("requests", 0)
+            before = proxy.traffic()
             for i, (label, target) in enumerate(steps):
                 say(f"convergence {name}: {label}")
                 if i == 0:
@@ -168,7 +177,8 @@ def run_config(name: str, instances: int, small: int, url: str, timeout: float,
                 say(f"convergence {name}: {label} in {fmt_s(elapsed)}")
                 if elapsed is None:
                     break
-            result.requests = proxy.stats().get("requests", 0) - requests_before
+            result.traffic = proxy.traffic() - before
+            result.requests = result.traffic.total_requests(watches=True)
             if driver is not None:
                 driver.stop()
                 result.runs = driver.rounds
@@ -195,11 +205,41 @@ def run_config(name: str, instances: int, small: int, url: str, timeout: float,
     return result
 
 
+def changes(instances: int, small: int) -> int:
+    """Instance changes over the three steps, as the table has always counted them: N built,
+    n replaced going down (the N - n deletions not counted), N going up (n replaced, N - n
+    built). Counting the deletions too would make it 3 x N."""
+    return 2 * instances + small
+
+
+def cost_row(r: ConfigResult, base: ConfigResult | None, instances: int,
+             small: int) -> Row:
+    """Runs, requests and bytes per instance change of one configuration."""
+    n = changes(instances, small)
+    cost = tr.describe(r.traffic, n, "change")
+    note = (f"{size_label(instances, small)}, {n} instance changes; bytes by verb: "
+            f"{tr.bytes_by_verb(r.traffic, n)}; {tr.watch_note(r.traffic, n, 'change')}")
+    if r.name == SEQ:
+        return Row("1 convergence API cost", label_of(r.name), f"{r.runs} rounds; {cost}",
+                   "(baseline)", "-", "", note)
+    runs = r.runs / n
+    base_text = (f"sequential: {tr.describe(base.traffic, n, 'change')}"
+                 if base is not None and base.traffic.total_requests() else "not run")
+    ok = runs <= GOAL_RUNS if r.name == "2x8" else None
+    return Row("1 convergence API cost", label_of(r.name) + " + scheduler",
+               f"{runs:.2f} instance runs / change; {cost}",
+               f"<= {GOAL_RUNS} runs / change at 2x8", base_text, verdict(ok), note)
+
+
+def size_label(instances: int, small: int) -> str:
+    return f"{instances}→{small}→{instances} instances"
+
+
 def rows_for(results: list[ConfigResult], instances: int, small: int) -> list[Row]:
     base = next((r for r in results if r.name == SEQ), None)
     base_total = base.total if base else None
     base_text = (f"sequential: {base.describe()}" if base else "not run")
-    size = f"{instances}→{small}→{instances} instances"
+    size = size_label(instances, small)
     rows = []
     for r in results:
         speedup = (base_total / r.total) if base_total and r.total else None
@@ -212,7 +252,7 @@ def rows_for(results: list[ConfigResult], instances: int, small: int) -> list[Ro
             ok = (speedup is not None and speedup >= GOAL_SPEEDUP) if r.name == "2x8" else None
             if r.name == "2x8" and speedup is None:
                 ok = False
-            extra = f"{r.runs} instance runs ({r.runs / (2 * instances + small):.1f} per " \
+            extra = f"{r.runs} instance runs ({r.runs / changes(instances, small):.1f} per " \
                     "instance change)"
             if base is not None and base.requests and r.requests:
                 p, t = (int(x) for x in r.name.split("x"))
@@ -227,7 +267,7 @@ def rows_for(results: list[ConfigResult], instances: int, small: int) -> list[Ro
             "" if r.name == SEQ else " + scheduler"), result,
             f">= {GOAL_SPEEDUP:.0f}x baseline at 2x8" if r.name != SEQ else "(baseline)",
             base_text if r.name != SEQ else "-", verdict(ok), note))
-    return rows
+    return rows + [cost_row(r, base, instances, small) for r in results]
 
 
 def run(instances: int = 1000, small: int = 100, configs: tuple[str, ...] = (SEQ, "1x1", "1x8",
