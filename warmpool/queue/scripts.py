@@ -239,8 +239,10 @@ if changed == 1 then return "delayed" end
 return "deduplicated"
 """
 
-# ARGV: key, token, ttl_ms, acks key, delivered rid -> {"busy", holder} | {"stale"} |
-#   {"own"} | {"started", lease value, fence, queued ms or -1, failures so far, triggers}
+# ARGV: key, token, ttl_ms, acks key, delivered rid -> {"busy", holder} | "stale" | "own" |
+#   {"started", lease value, queued ms or -1, failures so far, trigger field, value, ...}
+# (the fence is the lease value's head; replies are flat, as few elements as will do: each
+# one is parsed in Python on every job)
 # A skipped delivery (busy, stale, own) is acked here; a busy one also stops counting as the
 # key's queued message, so the holder's `done` queues a fresh one. The triggers (a flat
 # field/value list) are handed over and deleted with the lease taken: adds from now on are
@@ -256,7 +258,7 @@ if holder then
 end
 if not is_dirty(key) then
   ack(key, acks, rid)
-  return {"stale"}
+  return "stale"
 end
 redis.call("SREM", DIRTY, key)
 redis.call("HDEL", PENDING, key)
@@ -267,14 +269,15 @@ if #trig > 0 then
   redis.call("DEL", TRIG .. key)
   if own_covers(key, trig) then
     ack(key, acks, rid)
-    return {"own"}
+    return "own"
   end
 end
-local value, fence = acquire(key, token, ttl)
+local value = acquire(key, token, ttl)
 local queued = -1
 if added then queued = NOW - tonumber(added) end
-local failures = tonumber(redis.call("HGET", FAILURES, key) or "0")
-return {"started", value, fence, queued, failures, trig}
+local out = {"started", value, queued, tonumber(redis.call("HGET", FAILURES, key) or "0")}
+for i = 1, #trig do out[i + 4] = trig[i] end
+return out
 """
 
 # ARGV: key, token, ttl_ms -> {"busy", holder} | {"acquired", value, fence}.
@@ -308,7 +311,8 @@ return out
 # ARGV: key, value, mode (ok|fail|release), acks key, acked rid, g, g x own-write groups
 #   (target key, n, n x (field, value))
 #   [, error, base_ms, cap_ms, max_failures, dead_rid, dead_body  -- mode "fail" only]
-#   -> {outcome, rerun 0/1, retry delay ms or -1, failures, message needed 0/1}
+#   -> {outcome, rerun 0/1, retry delay ms or -1, failures, message needed 0/1}, or just
+#   the outcome when the rest is {0, -1, 0, 0} (the common case: one element to parse)
 # With an acks key, the delivered message is acked here exactly as dispatch.lua's "ack" does
 # it, which saves the worker a round trip per job. A run (ok, fail) replaces the key's own
 # writes record; every group is merged into its target's (a secondary lease's key: written
@@ -359,6 +363,7 @@ if is_dirty(key) then
   -- it will find the key free. Otherwise the caller queues one.
   if not has_message(key) then needed = 1 end
 end
+if rerun == 0 and delay == -1 and failures == 0 then return outcome end
 return {outcome, rerun, delay, failures, needed}
 """
 
@@ -590,6 +595,7 @@ class Scripts:
         self._scripts = {
             name: client.register_script(_LIB + body) for name, body in _BODIES.items()
         }
+        self._head = {name: self._head_of(s.sha) for name, s in self._scripts.items()}
         self._local = threading.local()
 
     def _thread_client(self) -> redis.Redis:
@@ -601,11 +607,21 @@ class Scripts:
         return conn
 
     def _call(self, name: str, *args: Any, client: Any = None) -> Any:
-        return self._scripts[name](
-            keys=self._keys,
-            args=args,
-            client=self._thread_client() if client is None else client,
-        )
+        script = self._scripts[name]
+        if client is not None:  # a pipeline: it loads the script itself
+            return script(keys=self._keys, args=args, client=client)
+        # EVALSHA straight through (no Script.__call__ layers), its constant head encoded
+        # once: two of these per job, and redis-py encodes every argument of every call.
+        conn = self._thread_client()
+        try:
+            return conn.execute_command("EVALSHA", *self._head[name], *args)
+        except redis.exceptions.NoScriptError:
+            script.sha = conn.script_load(script.script)
+            self._head[name] = self._head_of(script.sha)
+            return conn.execute_command("EVALSHA", *self._head[name], *args)
+
+    def _head_of(self, sha: str) -> tuple[bytes, ...]:
+        return (sha.encode(), str(len(self._keys)).encode(), *(k.encode() for k in self._keys))
 
     def add(
         self,
@@ -628,14 +644,15 @@ class Scripts:
         """`ack`: (dramatiq acks key or "", redis message id) of the delivery: acked here if
         it is skipped. A str is the reason of a skip: STALE or OWN."""
         r = self._call("start", key, token, ttl_ms, *ack)
-        tag = _s(r[0])
-        if tag == "busy":
+        if not isinstance(r, list):
+            return _s(r)  # stale | own
+        if _s(r[0]) == "busy":
             return Busy(_s(r[1]))
-        if tag != "started":
-            return tag
-        queued = int(r[3])
-        trig = _pairs(r[5]) if r[5] else {}
-        return Started(_s(r[1]), int(r[2]), None if queued < 0 else queued, int(r[4]), trig)
+        value = _s(r[1])
+        queued = int(r[2])
+        trig = _pairs(r[4:]) if len(r) > 4 else {}
+        return Started(value, int(value.split("|", 1)[0]), None if queued < 0 else queued,
+                       int(r[3]), trig)
 
     def acquire(self, key: str, token: str, ttl_ms: int) -> tuple[str, int] | Busy:
         r = self._call("acquire", key, token, ttl_ms)
@@ -675,6 +692,8 @@ class Scripts:
         for target, fields in groups:
             own += (target, *flat_triggers(fields))
         r = self._call("done", key, value, mode, *ack, *own, *extra)
+        if not isinstance(r, list):
+            return Done(_s(r), False, None, 0)
         delay = int(r[2])
         return Done(
             _s(r[0]), bool(int(r[1])), None if delay < 0 else delay, int(r[3]), bool(int(r[4]))
