@@ -53,6 +53,9 @@ def figures(results: list[ChaosResult], command: str, root: Path) -> str:
         f"| injected faults (process, Redis, API windows, outages) | {sum(faults.values())} |",
         f"| API requests answered with an injected fault | "
         f"{sum(api[k] for k in INJECTED)} of {api['requests']} |",
+        f"| one worker's watches delayed (`watch_lag` windows; watch streams held, chunks "
+        f"relayed late) | {faults['watch_lag']}; {api['watch_delay']}; "
+        f"{api['watch_delayed_chunks']} |",
         f"| quiescence checks (rounds) | {sum(r.rounds for r in results)} |",
         f"| watchdog polls (consistent snapshots) | {sum(r.polls for r in results)} |",
         f"| pool-object deletions audited on a watch | "

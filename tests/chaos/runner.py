@@ -18,7 +18,10 @@ hand.
 
 Faults (see `FAULT_KINDS`): worker processes SIGKILLed and restarted, the scheduler leader
 SIGKILLed, Redis restarted with its data or emptied, the API answering 409/500/429, losing
-responses to writes, dropping connections and watch streams, slow, or unreachable (outages).
+responses to writes, dropping connections and watch streams, slow, or unreachable (outages),
+and one worker process's watch events delivered seconds late (`watch_lag`: that worker alone
+reaches the API through the proxy's second port, so its watch-fed reads fall behind the
+others' and the truth while its writes stay prompt).
 
 Checks:
 
@@ -27,7 +30,8 @@ Checks:
   Session is deleted or replaced unless the runner deleted it by hand (uid tracking); and a
   held instance's I1/I2 damage (a missing object, a missing owner, a wrong allow-list) is
   repaired within `missing_grace` seconds, not counting the time a fault made repair
-  impossible (an outage, a dead leader, an emptied Redis: see `Fault.tail`).
+  impossible (an outage, a dead leader, an emptied Redis: see `Fault.tail`), plus the delay
+  of a lagging worker's watches while that fault lasts (`Fault.slack`).
 - at quiescence (after every round of operations, faults stopped): all of I1-I6, zero lost or
   doubled claims (every live valid Session HANDLED on its own instance, or waiting while no
   instance is free), invalid Sessions in ERROR, no orphaned pool object.
@@ -106,6 +110,8 @@ class ChaosConfig:
     history: int = 80
     poll: float = 0.4
     kinds: tuple[str, ...] | None = None  # restrict the fault kinds (None: all)
+    lag_seconds: tuple[float, float] = (10.0, 20.0)  # a `watch_lag` window lasts this long
+    lag_delay: tuple[float, float] = (3.0, 8.0)  # and delays the lagging worker's watches so
 
     def command(self) -> str:
         """The long tier's command line that replays this configuration."""
@@ -215,6 +221,47 @@ class History:
 # --- the system under test --------------------------------------------------------------------
 
 
+#: The proxy's client name of the worker process whose watches `watch_lag` delays.
+LAGGING = "lagging-worker"
+
+
+class Workers:
+    """The run's worker processes, by index, over more than one `WorkerPool`.
+
+    A `WorkerPool` gives all its processes one environment, and the lagging worker needs a
+    KUBECONFIG of its own (the proxy's second port), so it is a pool of one beside the
+    others; the runner's faults and restarts address processes by their index here."""
+
+    def __init__(self, pools: list[WorkerPool]) -> None:
+        self.pools = pools
+        self.slots = [(pool, j) for pool in pools for j in range(len(pool.procs))]
+
+    def start(self) -> None:
+        for pool in self.pools:
+            pool.start()
+
+    def alive(self, i: int) -> bool:
+        pool, j = self.slots[i]
+        proc = pool.procs[j]
+        return proc is not None and proc.is_alive()
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        pool, j = self.slots[i]
+        pool.kill(j, sig)
+
+    def restart(self, i: int, timeout: float = 60.0) -> None:
+        pool, j = self.slots[i]
+        pool.restart(j, timeout=timeout)
+
+    def dead(self) -> list[int]:
+        return [i for i in range(len(self.slots)) if not self.alive(i)]
+
+    def stop(self, timeout: float | None = None) -> None:
+        for pool in self.pools:
+            with contextlib.suppress(Exception):
+                pool.stop(timeout=timeout)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -290,7 +337,8 @@ class System:
         self.proxy = ApiProxy(upstream=cluster.server, token=cluster.token, seed=cfg.seed,
                               kubeconfig_path=workdir / "proxy-kubeconfig")
         self.settings: QueueSettings | None = None
-        self.workers: WorkerPool | None = None
+        self.workers: Workers | None = None
+        self.lagging_kubeconfig = workdir / "proxy-kubeconfig-lagging"
         self.schedulers: list[SchedulerProcess] = []
         self.worker_log = workdir / "workers.log"
         self._lock = threading.Lock()
@@ -302,10 +350,17 @@ class System:
         self.settings = QueueSettings(redis_url=self.redis.url, lease_ttl=lease,
                                       heartbeat_timeout=lease, recovery_period=0.25,
                                       drain_timeout=5)
-        self.workers = WorkerPool(self.settings, processes=self.cfg.workers,
-                                  threads=self.cfg.threads,
-                                  env={"KUBECONFIG": str(self.proxy.kubeconfig_path)},
-                                  log_level=logging.INFO)
+        self.proxy.add_client(LAGGING, self.lagging_kubeconfig)
+        settings = self.settings
+
+        def pool(processes: int, kubeconfig: Path) -> WorkerPool:
+            return WorkerPool(settings, processes=processes, threads=self.cfg.threads,
+                              env={"KUBECONFIG": str(kubeconfig)}, log_level=logging.INFO)
+
+        # The last worker is the one `watch_lag` singles out.
+        pools = [pool(self.cfg.workers - 1, self.proxy.kubeconfig_path)] \
+            if self.cfg.workers > 1 else []
+        self.workers = Workers([*pools, pool(1, self.lagging_kubeconfig)])
         with stderr_to(self.worker_log):
             self.workers.start()
         for i in range(2):
@@ -350,8 +405,7 @@ class System:
         for attempt in range(30):
             try:
                 with self._lock, stderr_to(self.worker_log):
-                    proc = self.workers.procs[i]
-                    if proc is not None and proc.is_alive():
+                    if self.workers.alive(i):
                         return
                     self.workers.restart(i, timeout=30)
                 return
@@ -405,8 +459,7 @@ class System:
             with contextlib.suppress(Exception):
                 s.stop(timeout=15)
         if self.workers is not None:
-            with contextlib.suppress(Exception):
-                self.workers.stop(timeout=15)
+            self.workers.stop(timeout=15)
         self.proxy.stop()
         self.redis.stop()
 
@@ -426,6 +479,7 @@ FAULT_KINDS: dict[str, tuple[float, str]] = {
     "watch_drops": (2.0, "watch"),
     "api_outage": (1.0, "outage"),
     "api_outage_long": (0.0, "outage"),  # only as `long_outages` (30 s)
+    "watch_lag": (2.0, "lag"),  # one worker's watch events seconds late (its cache behind)
 }
 
 
@@ -437,6 +491,9 @@ class Fault:
     end: float | None = None
     tail: float = 0.0  # after its end, repair may still lag this long (backoffs, resyncs)
     blocking: bool = True
+    # While in effect (tail included), a repair may take this much longer than the grace:
+    # the delay of a lagging worker's watches (slower, not impossible, so not `blocking`).
+    slack: float = 0.0
 
     def window(self, now: float) -> tuple[float, float]:
         return self.start, (self.end if self.end is not None else now) + self.tail
@@ -486,6 +543,9 @@ def fault_params(rng: random.Random, kind: str, cfg: ChaosConfig) -> dict[str, A
         case "api_outage":
             return {"seconds": rng.uniform(*cfg.outage_seconds),
                     "mode": rng.choice(["refuse", "503"])}
+        case "watch_lag":
+            return {"seconds": rng.uniform(*cfg.lag_seconds),
+                    "delay": rng.uniform(*cfg.lag_delay)}
     raise ValueError(kind)
 
 
@@ -556,6 +616,13 @@ class FaultInjector:
             total += cur_e - cur_s
         return total
 
+    def slack(self, t0: float, t1: float) -> float:
+        """The largest `Fault.slack` of the faults in effect at some moment of [t0, t1]."""
+        now = self.history.now()
+        return max((f.slack for f in list(self.all)
+                    if f.slack and f.window(now)[0] <= t1 and f.window(now)[1] >= t0),
+                   default=0.0)
+
     # --- the kinds ----------------------------------------------------------------------------
 
     def _worker_kill(self, f: Fault, worker: int, down: float) -> None:
@@ -615,6 +682,13 @@ class FaultInjector:
         self.system.proxy.cut_watches()
         # A cut watch resumes after the reflector's backoff (0.8 s doubling, jittered).
         self._window(f, seconds, tail=8.0, **settings)
+
+    def _watch_lag(self, f: Fault, seconds: float, delay: float) -> None:
+        """The lagging worker's watch events arrive `delay` s late for `seconds`; the
+        events held when the window closes still arrive at their time (the tail)."""
+        f.blocking = False  # its reads are behind, its writes are refused if stale: slower
+        f.slack = delay
+        self._window(f, seconds, tail=delay, watch_delay=delay, watch_delay_client=LAGGING)
 
     def _api_outage_long(self, f: Fault, seconds: float, mode: str) -> None:
         self._api_outage(f, seconds, mode)
@@ -917,7 +991,7 @@ class Watchdog:
             else:
                 first = self._pending[text]
                 effective = (now - first) - self.faults.blocked(first, now)
-                if effective > self.cfg.missing_grace:
+                if effective > self.cfg.missing_grace + self.faults.slack(first, now):
                     self.violate(text, f" (for {now - first:.1f}s, {effective:.1f}s of it "
                                  "fault-free)")
         self._track_uids(world)

@@ -1,7 +1,8 @@
 """The chaos tiers (see runner.py for what a run does and checks).
 
 CI tier (`-m chaos`): three seeds of 90 operations and about a dozen faults each, every fault
-kind in every seed, one quiescence check in the middle and one at the end. A few minutes.
+kind in every seed (`watch_lag` included: one worker's watch events 3-8 s late for 10-20 s),
+one quiescence check in the middle and one at the end. A few minutes.
 
 Long tier (`-m slow`, on demand): `pytest tests/chaos -m slow --chaos-seeds 1,2,3
 --chaos-ops 10000 [--chaos-report docs/reliability.md]`, or `python -m tests.chaos`.
@@ -32,6 +33,7 @@ def test_chaos_ci_tier(cluster: ClusterInfo, tmp_path: Path, seed: int) -> None:
     print(result.report())
     assert result.ok, result.report()
     assert result.fault_count >= 7, result.report()
+    assert result.faults["watch_lag"] >= 1, result.report()
 
 
 @pytest.mark.slow
