@@ -4,9 +4,12 @@ workers at once; a key added while it runs runs exactly once more afterwards; FI
 add. Per-key leases (with fences) make the "never at once" hold; see `layout` for the keys
 and `scripts` for the state machine.
 
-Producers: `KeyedQueue.add(key)` / `.add_after(key, seconds)`.
+Producers: `KeyedQueue.add(key, triggers=None)` / `.add_after(key, seconds, triggers=None)`
+(triggers: the object versions the run must see). Claims (session keys) go to their own
+dramatiq queue, `<queue>-claims`, ahead of bulk work.
 Workers: `build_broker(settings)` + keyed actors (see `workers.runtime`); handlers get a
-`JobContext` (`ctx.fence`, `ctx.ensure_held()`, `ctx.try_lease(other)`, `ctx.defer(s)`).
+`JobContext` (`ctx.fence`, `ctx.triggers`, `ctx.ensure_held()`, `ctx.try_lease(other)`,
+`ctx.note_write(field, version)`, `ctx.defer(s)`).
 """
 
 from warmpool.queue.broker import build_broker, keyed_middleware

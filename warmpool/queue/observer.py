@@ -15,7 +15,8 @@ class QueueObserver(Protocol):
         """A job took the key's lease; queue_seconds since its first add (None if unknown)."""
 
     def on_skip(self, key: str, reason: str) -> None:
-        """A delivered message did not run: busy (another holder) | stale (already done)."""
+        """A delivered message did not run: busy (another holder) | stale (already done) |
+        own (every trigger was a version the key's own last run wrote)."""
 
     def on_done(self, key: str, result: str, work_seconds: float) -> None:
         """result: success | retry | dead | lost | released."""
