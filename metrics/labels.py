@@ -18,7 +18,7 @@ RESULTS = (SUCCESS, ERROR, REQUEUE, CONFLICT)
 POOL_STATES = ("free", "claimed", "outdated")
 
 # warmpool_workqueue_skipped_total{result}: a delivered message that did not run
-SKIP_RESULTS = ("busy", "stale")
+SKIP_RESULTS = ("busy", "stale", "own")
 
 # warmpool_scheduler_*{kind}: the watched object kinds
 WATCHED_KINDS = ("AppDefinition", "Session", "Service", "Deployment", "ConfigMap")

@@ -87,10 +87,12 @@ def test_running_work_gauges_follow_the_jobs_and_never_go_negative() -> None:
     obs.on_done("session/ns/s1", "success", 7.0)
     # A done reported twice (or for a thread with nothing running) cannot go below zero.
     obs.on_done("session/ns/s1", "success", 7.0)
+    obs.tick()  # the gauges follow the jobs at each tick, not at every start and end
     assert val("warmpool_workqueue_in_flight", kind="session") == 0
     assert val("warmpool_workqueue_unfinished_work_seconds", kind="session") == 0
     assert obs.running() == 1
     on_thread(obs.on_done, "instance/ns/java/1", "success", 10.0)
+    obs.tick()
     for kind in ("instance", "session", "pool"):
         assert val("warmpool_workqueue_in_flight", kind=kind) == 0
         assert val("warmpool_workqueue_unfinished_work_seconds", kind=kind) == 0
