@@ -314,3 +314,30 @@ def test_deployment_mounts_both_configmaps_not_optional() -> None:
         builders.object_name(a, Part.PROXY_CONFIGMAP, 1),
         builders.object_name(a, Part.EMAIL_CONFIGMAP, 1),
     }
+
+
+def test_a_double_claim_is_released_on_the_instance_the_session_does_not_hold() -> None:
+    """A claim retried after its deciding write's answer was lost can leave one Session
+    referenced by two instances: it keeps its annotated one, the other is released."""
+    a = appdef(min_instances=3)
+    s = session("s1", instance=1)
+    elsewhere = {s.uid: frozenset({1, 2})}
+    double = decide_instance(instance(a, 2, holder=s), "java", a, [s], proxy_template=None,
+                             settings=SETTINGS, held_elsewhere=elsewhere)
+    assert double.state == "free" and double.holder is None
+    ext_patch = next(p for p in of(double.actions, Patch) if p.part is Part.EXTERNAL_SERVICE)
+    assert ext_patch.patch["metadata"]["ownerReferences"] == [a.owner_reference()]
+    kept = decide_instance(instance(a, 1, holder=s), "java", a, [s], proxy_template=None,
+                           settings=SETTINGS, held_elsewhere=elsewhere)
+    assert kept.state == "claimed" and kept.holder == s
+
+
+def test_a_double_claim_not_yet_annotated_keeps_the_lowest_id() -> None:
+    a = appdef(min_instances=3)
+    s = session("s1")
+    elsewhere = {s.uid: frozenset({2, 3})}
+    low = decide_instance(instance(a, 2, holder=s), "java", a, [s], proxy_template=None,
+                          settings=SETTINGS, held_elsewhere=elsewhere)
+    high = decide_instance(instance(a, 3, holder=s), "java", a, [s], proxy_template=None,
+                           settings=SETTINGS, held_elsewhere=elsewhere)
+    assert (low.state, high.state) == ("claimed", "free")

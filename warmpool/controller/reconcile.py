@@ -115,8 +115,12 @@ def reconcile_instance(
         sessions = _known_holders(reader, ns, view, sessions)
         check_fence(view, guard)
         template = reader.proxy_template(ns) if appdef is not None else None
+        # Which other instances a claimant holds matters only when it is not annotated with
+        # this one (a claim in flight, or a double claim): ask only then.
+        elsewhere = {s.uid: reader.referencing(ns, key.appdef, s)
+                     for s in holders(view, key.appdef, sessions) if s.instance_id != key.id}
         plan = decide_instance(view, key.appdef, appdef, sessions, proxy_template=template,
-                               settings=settings)
+                               settings=settings, held_elsewhere=elsewhere)
         executor = Executor(kube, ns, guard, sink=reader)
         try:
             writes = executor.apply(plan.actions)
@@ -277,9 +281,14 @@ def claim_session(
                             return ClaimResult("claimed", k, session_created=session.created,
                                                appdef=session.appdef,
                                                written={str(ikey): written + result.written})
+                        # Refused or taken: decide again from the top rather than try the
+                        # next id. The read behind this decision was stale for k; it may be
+                        # for this Session too (a deciding write of a previous attempt whose
+                        # answer was lost), and the fresh read of k is now in the cache.
+                        break
                 if busy:
                     raise Deferred("every free instance was busy")
-                # Every candidate was taken under our feet: look again.
+                # The candidate was taken under our feet: look again.
     raise Deferred("the pool kept changing under the claim", after=0.2)
 
 

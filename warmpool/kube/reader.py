@@ -22,7 +22,7 @@ from warmpool.kube.api import Kube
 from warmpool.kube.cache import ClusterCache
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import HolderIndex, InstanceView
+from warmpool.pool.decide import HolderIndex, InstanceView, refs
 from warmpool.pool.model import (
     AppDefinition,
     Invalid,
@@ -30,7 +30,7 @@ from warmpool.pool.model import (
     parse_appdefinition,
     parse_session,
 )
-from warmpool.pool.parts import PARTS
+from warmpool.pool.parts import PARTS, Part
 
 Obj = dict[str, Any]
 
@@ -60,6 +60,10 @@ class Reader(Protocol):
 
     def held_ids(self, namespace: str, appdef_name: str, sessions: Sequence[Session]) -> set[int]:
         """Ids that live Sessions of the pool hold, by annotation or by the deciding write."""
+        ...
+
+    def referencing(self, namespace: str, appdef_name: str, session: Session) -> frozenset[int]:
+        """Ids of the instances whose external Service references `session` (its claims)."""
         ...
 
     def pool(
@@ -113,6 +117,12 @@ class LiveReader:
     def held_ids(self, namespace: str, appdef_name: str, sessions: Sequence[Session]) -> set[int]:
         pool = observe.observe_pool(self.kube, namespace, appdef_name, None, sessions)
         return _held(pool, sessions)
+
+    def referencing(self, namespace: str, appdef_name: str, session: Session) -> frozenset[int]:
+        pool = observe.observe_pool(self.kube, namespace, appdef_name, None, [session])
+        return frozenset(k for k, view in pool.items()
+                         if any(r.get("uid") == session.uid
+                                for r in refs(view.get(Part.EXTERNAL_SERVICE))))
 
     def pool(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
@@ -249,6 +259,11 @@ class CachedReader:
                 if ns == namespace and k is not None:
                     held.add(k)
         return held
+
+    def referencing(self, namespace: str, appdef_name: str, session: Session) -> frozenset[int]:
+        return frozenset(k for ns, name in self.cache.referenced_by(session.uid)
+                         if ns == namespace
+                         and (k := naming.instance_id_from_name(name)) is not None)
 
     def pool(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None,

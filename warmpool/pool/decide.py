@@ -159,6 +159,19 @@ def holders(
     return HolderIndex(appdef_name, sessions).of(instance)
 
 
+def rightful_instance(session: Session, referencing: frozenset[int] | None, here: int) -> int:
+    """The one instance `session` holds, given the ids whose external Service references it:
+    the annotated one if it is among them (or nothing references it), else the lowest.
+    Without that knowledge (None), the instance at hand: it is a holder as `holders` says."""
+    if referencing is None:
+        return here
+    if not referencing:
+        return session.instance_id if session.instance_id is not None else here
+    if session.instance_id in referencing:
+        return session.instance_id
+    return min(referencing)
+
+
 # --- the decision --------------------------------------------------------------------------
 
 def decide_instance(
@@ -169,9 +182,19 @@ def decide_instance(
     *,
     proxy_template: str | None,
     settings: PoolSettings,
+    held_elsewhere: Mapping[str, frozenset[int]] | None = None,
 ) -> Plan:
-    """Converge one instance. `appdef` is None when the AppDefinition no longer exists."""
-    claimants = holders(instance, appdef_name, sessions)
+    """Converge one instance. `appdef` is None when the AppDefinition no longer exists.
+
+    `held_elsewhere`: for a claimant, the ids of every instance whose external Service
+    references it (this one included), where the caller knows them. A Session holds one
+    instance (`rightful_instance`); on any other that references it the reference is a double
+    claim (a claim retried after its deciding write's answer was lost, on a read that had
+    not yet seen it) and that instance is released instead of fought over.
+    """
+    claimants = [s for s in holders(instance, appdef_name, sessions)
+                 if rightful_instance(s, (held_elsewhere or {}).get(s.uid), instance.id)
+                 == instance.id]
     if claimants:
         plan = _claimed(instance, appdef, claimants, proxy_template, settings)
     else:
