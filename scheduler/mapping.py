@@ -50,6 +50,10 @@ Obj = Mapping[str, Any]
 SessionAppdef = Callable[[str, str], str | None]
 
 _DIGEST_SKIP_META = ("resourceVersion", "managedFields")
+# Bookkeeping other controllers write into metadata that no decision reads: the deployment
+# controller stamps every new Deployment with its revision, which would otherwise run each
+# created instance a second time.
+_DIGEST_SKIP_ANNOTATIONS = ("deployment.kubernetes.io/revision",)
 
 
 def digest(obj: Obj) -> str:
@@ -57,6 +61,9 @@ def digest(obj: Obj) -> str:
     resourceVersion and managedFields. Equal digests mean a status-only change."""
     meta = {k: val for k, val in (obj.get("metadata") or {}).items()
             if k not in _DIGEST_SKIP_META}
+    if meta.get("annotations"):
+        meta["annotations"] = {k: val for k, val in meta["annotations"].items()
+                               if k not in _DIGEST_SKIP_ANNOTATIONS}
     body = {k: val for k, val in obj.items() if k not in ("metadata", "status")}
     body["metadata"] = meta
     raw = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)

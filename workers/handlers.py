@@ -195,6 +195,8 @@ def claim(ctx: JobContext) -> None:
         for ikey, written in result.written.items():
             _note(ctx, written, ikey)
         job_metrics.claim_done(ctx, result)
+        if result.follow_ups:
+            ctx.jobs.queue.add_many((str(k), triggers) for k, triggers in result.follow_ups)
 
 
 def resync(ctx: JobContext) -> None:

@@ -147,11 +147,12 @@ def _wake_waiting(
     not yet seen the instance freed waits for it instead of finding nothing free.
     """
     index = HolderIndex(appdef.name, sessions)
-    waiting = [s for s in waiting_sessions({}, index) if s.instance_id is None]
-    if not waiting:
+    if not any(s.instance_id is None for s in waiting_sessions({}, index)):
         return []
     ids = range(1, appdef.min_instances + 1)
     pool = reader.instances(namespace, appdef.name, appdef, ids, sessions)
+    # A Session whose deciding write is made (a claim in flight) is not waiting.
+    waiting = [s for s in waiting_sessions(pool, index) if s.instance_id is None]
     free = sum(1 for view in pool.values() if is_free(view, appdef, index))
     return [(SessionKey(namespace, s.name), triggers) for s in waiting[:free]]
 
@@ -167,6 +168,11 @@ class ClaimResult:
     # Guarded writes by the key they were made under (the instance keys whose leases the
     # claim took, and the claim's own key).
     written: dict[str, Writes] = field(default_factory=dict)
+    # The next waiting Sessions to wake: a claim that got an instance hands on to them while
+    # the pool still has free ones (a release wakes only as many as it sees free, and one it
+    # wakes may already be claiming elsewhere: without the hand-on a free instance can sit
+    # idle while younger Sessions wait).
+    follow_ups: list[FollowUp] = field(default_factory=list)
 
 
 def _set_status(kube: Kube, session: Session, status: str, message: str) -> None:
@@ -216,13 +222,15 @@ def _deciding_write(
 
 
 def claim_session(
-    reader: Reader, kube: Kube, key: SessionKey, leases: Leases, settings: PoolSettings
+    reader: Reader, kube: Kube, key: SessionKey, leases: Leases, settings: PoolSettings,
+    *, hand_on: bool = True,
 ) -> ClaimResult:
     """Give Session `key` the lowest free instance, or say why it waits or fails.
 
     Reads come from `reader` (for a worker, its cache: no request); the requests a claim
     makes are its writes: the deciding write, the instance's reconcile, the Session's
-    annotation and status.
+    annotation and status. `hand_on`: name the next waiting Sessions to wake (`follow_ups`);
+    a caller that runs every key anyway (the sequential driver) does not need them.
     """
     ns = key.namespace
     for _ in range(MAX_ATTEMPTS):
@@ -278,9 +286,14 @@ def claim_session(
                         if _deciding_write(reader, kube, appdef, k, session, sessions, g,
                                            written):
                             result = reconcile_instance(reader, kube, ikey, g, settings)
-                            return ClaimResult("claimed", k, session_created=session.created,
-                                               appdef=session.appdef,
-                                               written={str(ikey): written + result.written})
+                            written += result.written
+                            rest = [s for s in reader.sessions(ns, appdef.name)
+                                    if s.uid != session.uid]
+                            return ClaimResult(
+                                "claimed", k, session_created=session.created,
+                                appdef=session.appdef, written={str(ikey): written},
+                                follow_ups=_wake_waiting(reader, ns, appdef, rest,
+                                                         dict(written)) if hand_on else [])
                         # Refused or taken: decide again from the top rather than try the
                         # next id. The read behind this decision was stale for k; it may be
                         # for this Session too (a deciding write of a previous attempt whose

@@ -74,7 +74,7 @@ def run_until_quiet(
                             result = reconcile_instance(reader, kube, key, guard, settings)
                             queue.extend(k for k, _ in result.follow_ups)
                     case SessionKey():
-                        claim_session(reader, kube, key, leases, settings)
+                        claim_session(reader, kube, key, leases, settings, hand_on=False)
             except Deferred as exc:  # single-threaded: nothing else can hold a lease
                 raise RuntimeError(f"{key} deferred in a sequential run: {exc}") from exc
         after = _fingerprint(kube, namespace)
