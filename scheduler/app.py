@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -193,8 +193,8 @@ class Scheduler:
         with self._lock:
             for k in keys:
                 _, triggers = self._pending.setdefault(str(k), (k, {}))
-                if trigger:
-                    mapping.merge_triggers(triggers, trigger)
+                # No trigger (a resync): the job must run in full, whatever its triggers.
+                mapping.merge_triggers(triggers, trigger or {UNTRIGGERED: ""})
             self.stats.offered += len(keys)
             self._lock.notify()
 
@@ -252,7 +252,7 @@ class Scheduler:
                 self.stats.dropped_not_leader += len(batch)
                 continue
             try:
-                self.producer.add_many((str(k), t) if t else str(k) for k, t in batch)
+                self.producer.add_many(_items(batch))
             except Exception as exc:
                 self.stats.enqueue_errors += 1
                 delay = backoff.next()
@@ -329,6 +329,23 @@ class Scheduler:
             t.join(max(0.0, deadline - time.monotonic()))
         if self.elector is not None and self.elector.is_leader():
             self.elector.release()  # the elector thread did not get to it in time
+
+
+#: Pending-entry marker for "added without a trigger too" (never sent as a trigger field).
+UNTRIGGERED = "*untriggered"
+
+
+def _items(
+    batch: Iterable[tuple[Key, dict[str, str]]],
+) -> Iterator[str | tuple[str, dict[str, str]]]:
+    """The queue's add items for pending entries: (key, triggers), and the bare key as well
+    where an untriggered add was merged in, so the queue records both."""
+    for k, triggers in batch:
+        fields = {f: val for f, val in triggers.items() if f != UNTRIGGERED}
+        if fields:
+            yield str(k), fields
+        if UNTRIGGERED in triggers or not fields:
+            yield str(k)
 
 
 @dataclass

@@ -191,3 +191,20 @@ def test_status_reports_watches(make) -> None:
         f"{k}@{NS}" for k in OBJECTS}
     s.stop()
     assert not s.healthy()
+
+
+def test_a_resync_merged_with_a_triggered_add_still_asks_for_a_full_run() -> None:
+    """A key pending with an event's version and then added by a resync is sent both ways,
+    so the queue records the untriggered add and never skips that run as own writes."""
+    from scheduler.app import UNTRIGGERED, _items
+    from scheduler.mapping import merge_triggers
+    from warmpool.keys import InstanceKey
+
+    key = InstanceKey("ns1", "java", 1)
+    triggers: dict[str, str] = {}
+    merge_triggers(triggers, {"Service/ws-1": "5"})
+    merge_triggers(triggers, {UNTRIGGERED: ""})
+    merge_triggers(triggers, {"Service/ws-1": "7"})
+    assert list(_items([(key, triggers)])) == [(str(key), {"Service/ws-1": "7"}), str(key)]
+    assert list(_items([(key, {"Service/ws-1": "7"})])) == [(str(key), {"Service/ws-1": "7"})]
+    assert list(_items([(key, {UNTRIGGERED: ""})])) == [str(key)]
