@@ -360,14 +360,19 @@ def pool_state(jobs: Jobs) -> PoolState:
         return state
 
 
-def instance_done(ctx: JobContext, appdef: str, result: InstanceResult) -> None:
-    """After an instance reconcile: record the instance's state, count a release."""
+def instance_done(ctx: JobContext, appdef: str, result: InstanceResult,
+                  key: str | None = None, fence: int | None = None) -> None:
+    """After an instance reconcile: record the instance's state, count a release.
+
+    `key`/`fence`: an instance a claim job reconciled under that instance's lease (taken and
+    given back within the job): the record is fence-ordered, so a later holder's wins."""
     plan = result.plan
     if plan.state == "invalid":
         return  # the AppDefinition is refused; the instance is left as it is
     try:
         ctx.ensure_held()  # a holder that lost its lease leaves the record to the new one
-        previous = pool_state(ctx.jobs).record_instance(ctx.key, appdef, plan.state, ctx.fence)
+        previous = pool_state(ctx.jobs).record_instance(
+            key or ctx.key, appdef, plan.state, fence if fence is not None else ctx.fence)
     except (Stale, LeaseLost):
         return
     except redis.RedisError as exc:

@@ -194,6 +194,13 @@ def claim(ctx: JobContext) -> None:
         _defers.pop(ctx.key, None)
         for ikey, written in result.written.items():
             _note(ctx, written, ikey)
+        if result.instance is not None and result.instance_id is not None:
+            # The instance's own job would have recorded its state; its run is skipped now
+            # (the claim's writes are the claim's own), so the claim records it.
+            job_metrics.instance_done(
+                ctx, result.appdef, result.instance,
+                key=str(InstanceKey(key.namespace, result.appdef, result.instance_id)),
+                fence=result.instance_fence)
         job_metrics.claim_done(ctx, result)
         if result.follow_ups:
             ctx.jobs.queue.add_many((str(k), triggers) for k, triggers in result.follow_ups)

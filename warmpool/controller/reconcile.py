@@ -173,6 +173,10 @@ class ClaimResult:
     # wakes may already be claiming elsewhere: without the hand-on a free instance can sit
     # idle while younger Sessions wait).
     follow_ups: list[FollowUp] = field(default_factory=list)
+    # The reconcile of the instance claimed (or held), and the fence of its lease: for the
+    # pool's metrics, which an instance job would otherwise record.
+    instance: InstanceResult | None = None
+    instance_fence: int = 0
 
 
 def _set_status(kube: Kube, session: Session, status: str, message: str) -> None:
@@ -267,8 +271,10 @@ def claim_session(
                     if g is None:
                         raise Deferred(f"instance {k} is busy")
                     result = reconcile_instance(reader, kube, ikey, g, settings)
+                    fence = g.fence
                 return ClaimResult("held", k, session_created=session.created,
-                                   appdef=session.appdef, written={str(ikey): result.written})
+                                   appdef=session.appdef, written={str(ikey): result.written},
+                                   instance=result, instance_fence=fence)
             case ClaimTry(candidates=candidates):
                 assert isinstance(appdef, AppDefinition)
                 busy = False
@@ -293,7 +299,8 @@ def claim_session(
                                 "claimed", k, session_created=session.created,
                                 appdef=session.appdef, written={str(ikey): written},
                                 follow_ups=_wake_waiting(reader, ns, appdef, rest,
-                                                         dict(written)) if hand_on else [])
+                                                         dict(written)) if hand_on else [],
+                                instance=result, instance_fence=g.fence)
                         # Refused or taken: decide again from the top rather than try the
                         # next id. The read behind this decision was stale for k; it may be
                         # for this Session too (a deciding write of a previous attempt whose
