@@ -88,16 +88,12 @@ def cache() -> ClusterCache:
 def _start_cache(broker: RedisBroker, settings: QueueSettings) -> None:
     """Fill the cache before the worker takes jobs (its readiness waits for this); only in a
     worker that runs these handlers (a test may register others after importing this)."""
-    if handler_for_or_none("instance") is not reconcile:
+    if registered().get("instance") is not reconcile:
         return
     c = cache()
     if not c.wait_synced(SYNC_WAIT):
         log.warning("the worker cache has not listed everything after %.0fs; jobs wait for it",
                     SYNC_WAIT)
-
-
-def handler_for_or_none(kind: str) -> object:
-    return registered().get(kind)
 
 
 def reader_for(namespace: str) -> Reader | None:

@@ -143,6 +143,12 @@ class Executor:
                 self._deleted(part.kind, name, uid)
                 log.info("deleted %s %s (%s)", part.kind, name, why)
             case ResetPods(app_selector=selector):
+                # No resourceVersion on these deletes: the pods are listed now, under the
+                # instance's lease, and each delete carries the listed pod's uid, so a pod
+                # created after the listing is not touched. When this plan's guarded writes
+                # before it (the allow-list, the Deployment) were stale, their 409 stops the
+                # plan first; when it has none, a reset decided on a stale read can still
+                # delete a pod a claim has just been given (open: the exclusion issue, #15).
                 pods = self._pods(selector)
                 for pod in pods:
                     meta = pod["metadata"]
@@ -150,6 +156,9 @@ class Executor:
                 log.info("reset %d pod(s) of %s", len(pods), selector)
                 return len(pods)
             case RefreshPods(app_selector=selector):
+                # No precondition needed: the annotation only asks the pod to re-read its
+                # mounted allow-list, which a guarded write of this plan has just set; on a
+                # stale plan that write was refused and this is never reached.
                 now = datetime.now(UTC).isoformat()
                 pods = self._pods(selector)
                 for pod in pods:
