@@ -33,7 +33,7 @@ from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.model import parse_appdefinition
-from warmpool.pool.parts import Part
+from warmpool.pool.parts import PARTS, Part
 
 
 class CountingKube(Kube):
@@ -97,7 +97,7 @@ def _claim_behind_the_caches_back(kube: Kube, ns: str, k: int, session: dict[str
                      resource_version=ext["metadata"]["resourceVersion"])
 
 
-def _wait_caught_up(kube: Kube, ns: str, cache: ClusterCache) -> None:
+def _wait_caught_up(kube: Kube, ns: str, cache: ClusterCache, objects: int = 15) -> None:
     """Until the cache holds every pool object of `ns` at the server's current version."""
     def caught_up() -> bool:
         for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment"),
@@ -109,7 +109,7 @@ def _wait_caught_up(kube: Kube, ns: str, cache: ClusterCache) -> None:
                 if cached is None or (cached["metadata"]["resourceVersion"]
                                       != meta["resourceVersion"]):
                     return False
-        return len(cache.pool_objects(ns)) == 15
+        return len(cache.pool_objects(ns)) == objects
     wait_for(caught_up, timeout=30, message="the cache to hold the pool as the server has it")
 
 
@@ -142,6 +142,49 @@ def test_a_scale_down_decided_on_a_stale_cache_deletes_nothing_of_a_claimed_inst
     after = {name: obj["metadata"]["uid"]
              for name, obj in instance_objects(kube, ns, "java", 3).items()}
     assert after == uids
+    run_until_quiet(kube, ns)
+    assert_invariants(kube, ns)
+
+
+def test_a_retirement_decided_on_a_cache_without_the_services_deletes_nothing_of_a_claim(
+    kube: Kube, namespace: str, cache: ClusterCache
+) -> None:
+    """The cache's watches lag each other: it holds instance 1's ConfigMaps as the claim left
+    them, but neither its Services nor its Deployment, nor the Session's annotation, nor the
+    AppDefinition's new minInstances. Nothing there says the instance is held; the server does.
+    """
+    ns = namespace
+    create_appdef(kube, ns, min_instances=1)
+    run_until_quiet(kube, ns)
+    created = create_session(kube, ns, "s1", USERS[1])
+    assert cache.wait_fresh(ns, {f"{v.SESSION_KIND}/s1": created["metadata"]["resourceVersion"]},
+                            30)
+    _wait_caught_up(kube, ns, cache, objects=5)
+    cache.stop()  # frozen: s1 unannotated, instance 1 free at generation 1
+    run_until_quiet(kube, ns)  # the claim, decided and completed on the server
+    appdef = _appdef(kube, ns)
+    objects = instance_objects(kube, ns, "java", 1)
+    uids = {name: obj["metadata"]["uid"] for name, obj in objects.items()}
+    for part in PARTS:
+        name = builders.object_name(appdef, part, 1)
+        if part.kind == "ConfigMap":
+            cache.offer({**objects[f"ConfigMap/{name}"], "kind": part.kind})  # as claimed
+        else:
+            cached = cache.get(part.kind, ns, name)
+            assert cached is not None
+            cache.offer_gone(part.kind, ns, name, cached["metadata"]["uid"])
+    cache.offer(patch_appdef_spec(kube, ns, "java", minInstances=0))
+
+    reader = CachedReader(cache, kube)
+    guard = Unguarded()
+    guard.fence = 1_000_000  # newer than any fence the sequential runs wrote
+    result = reconcile_instance(reader, kube, InstanceKey(ns, "java", 1), guard,
+                                PoolSettings())
+
+    assert result.plan.state == "claimed"
+    after = {name: obj["metadata"]["uid"]
+             for name, obj in instance_objects(kube, ns, "java", 1).items()}
+    assert after == uids  # the holder keeps its allow-list and its proxy configuration
     run_until_quiet(kube, ns)
     assert_invariants(kube, ns)
 

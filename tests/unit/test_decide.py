@@ -17,7 +17,7 @@ from warmpool.pool.actions import (
     ResetPods,
     SetSessionStatus,
 )
-from warmpool.pool.decide import InstanceView, decide_instance
+from warmpool.pool.decide import InstanceView, decide_instance, unguarded_deletes
 from warmpool.pool.parts import PARTS, Part
 
 
@@ -169,6 +169,29 @@ def test_object_with_a_foreign_owner_is_reported_not_deleted() -> None:
     p = plan(with_objects(view, PROXY_CONFIGMAP=cm), a)
     assert Part.PROXY_CONFIGMAP not in {d.part for d in of(p.actions, Delete)}
     assert any(r.reason == "ForeignOwner" for r in of(p.actions, Report))
+
+
+def test_retirement_keeping_a_foreign_owned_external_service_guards_with_it_first() -> None:
+    # A claim writes that Service whoever else owns it: the deletes of the rest must be
+    # refused by the server if a claim got there since the read.
+    a = appdef(min_instances=1)
+    view = instance(a, 2)
+    ext = copy.deepcopy(view.get(Part.EXTERNAL_SERVICE))
+    ext["metadata"]["ownerReferences"].append(
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u-other"})
+    p = plan(with_objects(view, EXTERNAL_SERVICE=ext), a)
+    writes = [x for x in p.actions if isinstance(x, Patch | Delete)]
+    assert isinstance(writes[0], Patch) and writes[0].part is Part.EXTERNAL_SERVICE
+    assert writes[0].resource_version == ext["metadata"]["resourceVersion"]
+    assert {d.part for d in of(p.actions, Delete)} == set(PARTS) - {Part.EXTERNAL_SERVICE}
+
+
+def test_deletes_without_an_external_service_in_the_read_ask_for_the_servers_view() -> None:
+    a = appdef(min_instances=1)
+    view = instance(a, 2, missing=(Part.EXTERNAL_SERVICE,))
+    p = plan(view, a)
+    assert of(p.actions, Delete) and unguarded_deletes(view, p)
+    assert not unguarded_deletes(instance(a, 2), plan(instance(a, 2), a))
 
 
 def test_release_clears_allow_list_first_resets_pod_and_unlabels_external_service_last() -> None:

@@ -40,6 +40,7 @@ from warmpool.pool.decide import (
     holders,
     is_session_ref,
     refs,
+    unguarded_deletes,
 )
 from warmpool.pool.model import AppDefinition, Invalid, Session
 from warmpool.pool.parts import Part
@@ -121,6 +122,9 @@ def reconcile_instance(
                      for s in holders(view, key.appdef, sessions) if s.instance_id != key.id}
         plan = decide_instance(view, key.appdef, appdef, sessions, proxy_template=template,
                                settings=settings, held_elsewhere=elsewhere)
+        if not fresh and unguarded_deletes(view, plan):
+            fresh = True  # nothing on the server would refuse these deletes: read it first
+            continue
         executor = Executor(kube, ns, guard, sink=reader)
         try:
             writes = executor.apply(plan.actions)

@@ -197,40 +197,35 @@ class CachedReader:
         if appdef is None:
             found = observe.group_pool(self.cache.pool_objects(namespace), appdef_name, None,
                                        sessions)
-            view = found.get(k, InstanceView(k, {}))
+            cached = found.get(k, InstanceView(k, {}))
             if not fresh:
-                return view
-            return self._refresh(namespace, view)
+                return cached
+            # Without the AppDefinition the names cannot be computed, so the objects the
+            # cache lacks could only be found by listing: the rare path (an AppDefinition
+            # deleted and a refused write) pays three LISTs rather than miss one.
+            view = observe.observe_pool(self.kube, namespace, appdef_name, None,
+                                        sessions).get(k, InstanceView(k, {}))
+            self._offer_view(namespace, view, cached)
+            return view
         if fresh:
             view = observe.observe_instance(self.kube, appdef, k)
-            for part, obj in view.objects.items():
-                if obj is not None:
-                    self.cache.offer({**obj, "kind": part.kind})
-                else:
-                    cached = self.cache.get(part.kind, namespace,
-                                            builders.object_name(appdef, part, k))
-                    if cached is not None:
-                        self.cache.offer_gone(part.kind, namespace,
-                                              cached["metadata"]["name"],
-                                              str(cached["metadata"].get("uid") or ""))
+            self._offer_view(namespace, view, InstanceView(k, {
+                part: self.cache.get(part.kind, namespace, builders.object_name(appdef, part, k))
+                for part in PARTS}))
             return view
         return InstanceView(k, {
             part: self.cache.get(part.kind, namespace, builders.object_name(appdef, part, k))
             for part in PARTS})
 
-    def _refresh(self, namespace: str, view: InstanceView) -> InstanceView:
-        """The objects of `view` (found without their AppDefinition), read again by name."""
-        objects: dict[Any, Obj | None] = {}
-        for part, obj in view.existing():
-            name = obj["metadata"]["name"]
-            current = self.kube.get(part.api_version, part.kind, namespace, name)
-            if current is None:
-                self.cache.offer_gone(part.kind, namespace, name,
-                                      str(obj["metadata"].get("uid") or ""))
-            else:
-                self.cache.offer({**current, "kind": part.kind})
-            objects[part] = current
-        return InstanceView(view.id, {p: objects.get(p) for p in PARTS})
+    def _offer_view(self, namespace: str, view: InstanceView, cached: InstanceView) -> None:
+        """Teach the cache what a direct read of one instance found, absences included."""
+        for part in PARTS:
+            obj, old = view.get(part), cached.get(part)
+            if obj is not None:
+                self.cache.offer({**obj, "kind": part.kind})
+            elif old is not None:
+                self.cache.offer_gone(part.kind, namespace, old["metadata"]["name"],
+                                      str(old["metadata"].get("uid") or ""))
 
     def instances(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None,

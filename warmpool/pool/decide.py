@@ -325,7 +325,9 @@ def _free(
             patch = _free_patch(part, obj, appdef_name, appdef)
             if patch:
                 actions.append(_patch(part, obj, patch, "free (kept for its other owner)"))
-        return Plan("retired", None, actions)
+        # An external Service kept for another owner is still what a claim writes: guard
+        # the deletes of the rest with it, as a replacement does.
+        return Plan("retired", None, _claim_guard_first(instance, actions))
 
     assert appdef is not None
     outdated = False
@@ -365,6 +367,24 @@ def _free(
             # Before the external Service is freed, which is what lets the next claim in.
             actions.append(ResetPods(naming.app_selector(appdef.spec_name, instance.id)))
     return Plan("outdated" if outdated else "free", None, _claim_guard_first(instance, actions))
+
+
+def unguarded_deletes(instance: InstanceView, plan: Plan) -> bool:
+    """Whether `plan` deletes an object of an instance whose external Service was not seen.
+
+    Every other delete is tied to the external Service on the server: the retirement deletes
+    it first, the replacement of an outdated part patches it first (`_claim_guard_first`),
+    each with the resourceVersion read, so a claim since then makes the server refuse the
+    plan. With no Service in the read there is nothing to guard with, and a read may lack it
+    while holding the rest: a cache whose Service watch lags its ConfigMap watch can hold a
+    claimed instance's ConfigMaps (with their current versions) and no Service saying who
+    holds them. Such a plan must be decided again on a read from the server. That read
+    settles it: claims never create an external Service (they patch a free one), and the
+    only job that does is this instance's own, whose lease the caller holds; so a Service
+    absent on the server stays absent while the plan runs.
+    """
+    return (instance.get(Part.EXTERNAL_SERVICE) is None
+            and any(isinstance(a, Delete) for a in plan.actions))
 
 
 def _claim_guard_first(instance: InstanceView, actions: list[Action]) -> list[Action]:
