@@ -15,7 +15,8 @@ from typing import Any
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 
-_SPEC_NAME = re.compile(r"^[a-z0-9A-Z\-_]+$")
+_SPEC_NAME = re.compile(r"[a-z0-9A-Z\-_]+")  # the CRD's pattern; used with fullmatch
+_INSTANCE_ID = re.compile(r"[1-9][0-9]{0,8}")
 # One address: no whitespace (this covers newlines), no comma, exactly one "@", text on both
 # sides and a dot in the domain. oauth2-proxy reads the list one address per line, so anything
 # that could split into two lines or entries would admit a second person.
@@ -71,6 +72,8 @@ class Session:
     message: str = ""
     annotations: Mapping[str, str] = field(default_factory=dict)
     resource_version: str = ""
+    # Why a field of the object is unusable as it is (wrong type), or None: an error by itself.
+    malformed: str | None = None
 
     @property
     def live(self) -> bool:
@@ -90,16 +93,18 @@ def _int_field(spec: Mapping[str, Any], key: str, *, required: bool) -> int | In
     if value is None:
         return Invalid(f"spec.{key} is missing") if required else None
     if isinstance(value, bool) or not isinstance(value, int):
-        return Invalid(f"spec.{key} must be an integer, got {value!r}")
+        return Invalid(f"spec.{key} must be an integer, got {_shown(value)}")
     return value
 
 
 def parse_appdefinition(obj: Mapping[str, Any]) -> AppDefinition | Invalid:
     """Validate an AppDefinition as the pool needs it; an ``Invalid`` is left untouched."""
-    meta = obj.get("metadata") or {}
+    meta = _mapping(obj.get("metadata"))
     spec = obj.get("spec")
-    if not isinstance(spec, Mapping):
+    if spec is None:
         return Invalid("spec is missing")
+    if not isinstance(spec, Mapping):
+        return Invalid(f"spec must be an object, got {type(spec).__name__}")
     ints: dict[str, int | None] = {}
     for key, required in (
         ("minInstances", True),
@@ -120,8 +125,8 @@ def parse_appdefinition(obj: Mapping[str, Any]) -> AppDefinition | Invalid:
     if not 0 < port < 65536:
         return Invalid(f"spec.port must be a TCP port (1-65535), got {port}")
     spec_name = spec.get("name")
-    if not isinstance(spec_name, str) or not _SPEC_NAME.match(spec_name):
-        return Invalid(f"spec.name must match ^[a-z0-9A-Z-_]+$, got {spec_name!r}")
+    if not isinstance(spec_name, str) or not _SPEC_NAME.fullmatch(spec_name):
+        return Invalid(f"spec.name must match ^[a-z0-9A-Z-_]+$, got {_shown(spec_name)}")
     # Each instance's Services select its pods by the `app` label "<spec.name>-<id>", which
     # Theia Cloud cuts to 62 characters: past that, instances share one selector and a user's
     # Service would route to another user's pod. Refuse rather than build that.
@@ -140,7 +145,7 @@ def parse_appdefinition(obj: Mapping[str, Any]) -> AppDefinition | Invalid:
         name=meta.get("name", ""),
         namespace=meta.get("namespace", ""),
         uid=meta["uid"],
-        generation=int(meta.get("generation") or 1),
+        generation=_generation(meta.get("generation")),
         spec_name=spec_name,
         image=image,
         image_pull_policy=str(spec.get("imagePullPolicy") or "IfNotPresent"),
@@ -156,38 +161,88 @@ def parse_appdefinition(obj: Mapping[str, Any]) -> AppDefinition | Invalid:
     )
 
 
+def _shown(value: Any, limit: int = 60) -> str:
+    """`value` for a message: its repr, cut so that an event stays one readable line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _generation(value: Any) -> int:
+    """metadata.generation (set by the API server, so an int; 1 if anything else)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _opt_str(value: Any) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
+def _instance_id(raw: object) -> int | None:
+    """The id an instance-id annotation names, or None when it names none.
+
+    Only plain ASCII decimals without a leading zero, at most 9 digits, are ids: str.isdigit()
+    also accepts '²' and other Unicode digits that int() refuses, and int() refuses more than
+    4300 digits; either would raise for every job that reads the namespace's Sessions. A value
+    that is no id is not obeyed (pool-spec §4: the owner references decide who holds what).
+    """
+    if isinstance(raw, str) and _INSTANCE_ID.fullmatch(raw):
+        return int(raw)
+    return None
+
+
+def _str_field(spec: Mapping[str, Any], key: str) -> tuple[str, str | None]:
+    """A string field of a Session's spec, and what is wrong with it if it is not a string."""
+    value = spec.get(key)
+    if value is None or isinstance(value, str):
+        return value or "", None
+    return "", f"spec.{key} must be a string, got {type(value).__name__}"
+
+
 def parse_session(obj: Mapping[str, Any]) -> Session:
-    """A Session as observed; validity is a separate question (``session_error``)."""
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    annotations = meta.get("annotations") or {}
-    raw_id = annotations.get(v.ANNOTATION_INSTANCE_ID)
-    instance_id = int(raw_id) if isinstance(raw_id, str) and raw_id.isdigit() else None
-    status_obj = obj.get("status") or {}
-    status = status_obj.get("operatorStatus") or v.STATUS_NEW
-    user = spec.get("user")
+    """A Session as observed; validity is a separate question (``session_error``).
+
+    Never raises, whatever the object holds: the cache parses every Session of a namespace
+    and every job reads them, so one that raised would stop the whole namespace. What is
+    malformed is recorded in ``Session.malformed`` and makes the Session an error by itself.
+    """
+    meta = _mapping(obj.get("metadata"))
+    raw_spec = obj.get("spec")
+    spec = _mapping(raw_spec)
+    annotations = {str(k): val for k, val in _mapping(meta.get("annotations")).items()
+                   if isinstance(val, str)}
+    status_obj = _mapping(obj.get("status"))
+    status = status_obj.get("operatorStatus")
+    message = status_obj.get("operatorMessage")
+    problems = [] if raw_spec is None or isinstance(raw_spec, Mapping) else [
+        f"spec must be an object, got {type(raw_spec).__name__}"]
+    appdef, appdef_problem = _str_field(spec, "appDefinition")
+    user, user_problem = _str_field(spec, "user")
+    problems += [p for p in (appdef_problem, user_problem) if p]
     return Session(
-        name=meta.get("name", ""),
-        namespace=meta.get("namespace", ""),
-        uid=meta.get("uid", ""),
-        appdef=str(spec.get("appDefinition") or ""),
-        user=user if isinstance(user, str) else "",
-        created=meta.get("creationTimestamp") or "",
+        name=str(meta.get("name") or ""),
+        namespace=str(meta.get("namespace") or ""),
+        uid=str(meta.get("uid") or ""),
+        appdef=appdef,
+        user=user,
+        created=str(meta.get("creationTimestamp") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
-        instance_id=instance_id,
-        status=status,
-        message=str(status_obj.get("operatorMessage") or ""),
-        annotations=dict(annotations),
+        instance_id=_instance_id(annotations.get(v.ANNOTATION_INSTANCE_ID)),
+        # The controller owns the status and rewrites it; a mangled one reads as NEW.
+        status=status if isinstance(status, str) and status else v.STATUS_NEW,
+        message=message if isinstance(message, str) else "",
+        annotations=annotations,
         resource_version=str(meta.get("resourceVersion") or ""),
+        malformed="; ".join(problems) or None,
     )
 
 
 def session_error(session: Session) -> str | None:
     """Why a Session must not get an instance (status ERROR), or None when it may."""
+    if session.malformed:
+        return session.malformed
     if not session.appdef:
         return "spec.appDefinition is empty"
     if not session.user:
