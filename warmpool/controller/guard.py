@@ -1,12 +1,14 @@
 """What a reconcile needs from the lock it runs under, whatever implements the lock.
 
 The Redis keyed queue gives a job its lease (``ensure_held`` checks it has not expired, ``fence``
-grows with every acquisition); tests of the pool core without Redis use the in-process versions
-below. Keeping the contract this small is what lets the same reconcile code run in both.
+grows with every acquisition, ``lift_fence`` raises the counter past a fence seen on an object);
+tests of the pool core without Redis use the in-process versions below. Keeping the contract
+this small is what lets the same reconcile code run in both.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -18,6 +20,10 @@ class Guard(Protocol):
 
     def ensure_held(self) -> None:
         """Raise (the lease implementation's LeaseLost) if the lease is no longer this job's."""
+
+    def lift_fence(self, seen: int) -> None:
+        """An object carries fence `seen`, above ours: make every later acquisition's fence
+        exceed it, so the next holder is not refused for what earlier holders wrote."""
 
 
 class Leases(Protocol):
@@ -33,13 +39,54 @@ class Unguarded:
     def ensure_held(self) -> None:
         return None
 
+    def lift_fence(self, seen: int) -> None:
+        """Nothing to lift: an unguarded caller takes no leases."""
+        return None
+
+
+class _Fences:
+    """One fence counter for every `LocalLeases` of the process, as Redis has one for every
+    worker: each sequential run makes its own `LocalLeases`, and a run whose fences started
+    over at 1 would find its predecessors' writes above its own and refuse to act."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counter = itertools.count(1)
+        self._last = 0
+
+    def next(self) -> int:
+        with self._lock:
+            self._last = next(self._counter)
+            return self._last
+
+    def lift(self, seen: int) -> None:
+        with self._lock:
+            if seen > self._last:
+                self._counter = itertools.count(seen + 1)
+                self._last = seen
+
+
+_FENCES = _Fences()
+
+
+class _LocalGuard:
+    """A lease of `LocalLeases`: held until its block ends."""
+
+    def __init__(self, fence: int) -> None:
+        self.fence = fence
+
+    def ensure_held(self) -> None:
+        return None
+
+    def lift_fence(self, seen: int) -> None:
+        _FENCES.lift(seen)
+
 
 class LocalLeases:
     """Per-key locks within one process: the same contract as the Redis leases, no server."""
 
     def __init__(self) -> None:
         self._locks: dict[str, threading.Lock] = {}
-        self._fences: dict[str, int] = {}
         self._mutex = threading.Lock()
 
     @contextmanager
@@ -50,11 +97,7 @@ class LocalLeases:
             yield None
             return
         try:
-            with self._mutex:
-                self._fences[key] = self._fences.get(key, 0) + 1
-                guard = Unguarded()
-                guard.fence = self._fences[key]
-            yield guard
+            yield _LocalGuard(_FENCES.next())
         finally:
             lock.release()
 

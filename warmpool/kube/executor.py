@@ -33,7 +33,13 @@ log = logging.getLogger(__name__)
 
 
 class FenceRegression(Exception):
-    """An object was last written under a newer lease than ours: we are a stale holder."""
+    """An object was last written under a newer lease than ours: we must not write.
+
+    Either we are a stale holder (our lease lapsed, say in a long pause, and someone else took
+    it) or Redis lost the lease and its fence counter and handed us a low fence while an older
+    holder may still be acting. Both are two holders at once; the job stops, and its retry
+    takes a fresh lease whose fence is above what the objects carry (``check_fence`` lifted
+    the counter)."""
 
 
 def observed_fence(view: InstanceView) -> int:
@@ -46,21 +52,24 @@ def observed_fence(view: InstanceView) -> int:
 
 
 def check_fence(view: InstanceView, guard: Guard) -> None:
-    """Refuse to act if a newer lease holder wrote this instance, unless our lease still holds.
+    """Refuse to act on an instance written under a fence higher than ours.
 
-    A higher fence with our lease still valid can only mean the fence counter itself was reset
-    (Redis lost its data): nobody else can hold the lease now, so we go on and our writes carry
-    the new, lower numbers from here.
+    A higher fence is never harmless, even while our lease looks valid by our own clock: if
+    Redis lost its data (a restart without persistence, a failover, an eviction), the counter
+    started over and our "valid" lease may be one of two. So we raise, after lifting the
+    counter to the fence seen (``guard.lift_fence``): the retry's lease then carries a higher
+    fence than every object of the instance, and goes on. The lift is best effort: if it
+    fails, the retry is refused again and lifts then.
     """
     seen = observed_fence(view)
-    if seen > guard.fence:
-        try:
-            guard.ensure_held()
-        except Exception as exc:
-            raise FenceRegression(f"instance {view.id} was written under fence {seen}, "
-                                  f"ours is {guard.fence}") from exc
-        log.warning("instance %s carries fence %s above ours (%s): fence counter was reset",
-                    view.id, seen, guard.fence)
+    if seen <= guard.fence:
+        return
+    try:
+        guard.lift_fence(seen)
+    except Exception:
+        log.exception("instance %s: lifting the fence counter to %s failed", view.id, seen)
+    raise FenceRegression(f"instance {view.id} was written under fence {seen}, "
+                          f"ours is {guard.fence}")
 
 
 class WriteSink(Protocol):

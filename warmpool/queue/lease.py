@@ -63,6 +63,16 @@ class Lease:
     def ttl_left(self) -> float:
         return max(0.0, self.valid_until - time.monotonic())
 
+    def lift_fence(self, seen: int) -> None:
+        """An object carries fence `seen`, above ours: make every later acquisition's fence
+        exceed it (the counter may have been reset by a Redis that lost its data, and the next
+        holder must not look stale next to what the previous ones wrote)."""
+        if self._book is None:
+            raise RuntimeError(f"lease on {self.key!r} is not tracked by a LeaseBook")
+        counter = self._book.scripts.lift_fence(seen)
+        log.warning("lease on %s: an object carries fence %d above ours (%d); fence counter "
+                    "now %d", self.key, seen, self.fence, counter)
+
 
 def holder_of(value: str) -> str:
     """The holder part ("host:pid:thread:nonce") of a lease value."""

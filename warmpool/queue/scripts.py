@@ -498,6 +498,21 @@ redis.call("HDEL", msgs, rid)
 return 1
 """
 
+# ARGV: seen -> the counter after: max(counter, seen). A job found an object written under a
+# fence above ours: either we are a stale holder (the counter is already past `seen`: nothing
+# changes) or Redis lost the counter and restarted it low. Raising it to `seen` makes the next
+# acquisition's INCR issue seen + 1, so the next holder's writes stand above everything the
+# objects carry. Never lowers it: fences only grow.
+LIFT_FENCE = r"""
+local seen = tonumber(ARGV[1])
+local current = tonumber(redis.call("GET", FENCE) or "0") or 0
+if seen > current then
+  redis.call("SET", FENCE, seen)
+  return seen
+end
+return current
+"""
+
 _BODIES = {
     "add": ADD,
     "add_after": ADD_AFTER,
@@ -513,6 +528,7 @@ _BODIES = {
     "repair": REPAIR,
     "redrive": REDRIVE,
     "nack": NACK,
+    "lift_fence": LIFT_FENCE,
 }
 
 _LIB = LIB.replace("@CLAIM_PREFIX@", CLAIM_PREFIX).replace("@OWN_TTL@", str(OWN_TTL_MS))
@@ -727,6 +743,11 @@ class Scripts:
 
     def redrive(self, dead_rid: str, key: str | None, rid: str, body: bytes) -> str:
         return _s(self._call("redrive", dead_rid, key or "", rid, body))
+
+    def lift_fence(self, seen: int) -> int:
+        """Raise the fence counter to at least `seen` (atomically; never lowers it); returns
+        the counter, so the next acquisition's fence is above it."""
+        return int(self._call("lift_fence", int(seen)))
 
     def nack(self, acks: str, rid: str, messages: str) -> bool:
         """Dead-letter a delivery dramatiq rejected, into the main queue's `.XQ`."""
