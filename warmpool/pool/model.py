@@ -14,13 +14,10 @@ from typing import Any
 
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.pool.emails import email_error
 
 _SPEC_NAME = re.compile(r"[a-z0-9A-Z\-_]+")  # the CRD's pattern; used with fullmatch
 _INSTANCE_ID = re.compile(r"[1-9][0-9]{0,8}")
-# One address: no whitespace (this covers newlines), no comma, exactly one "@", text on both
-# sides and a dot in the domain. oauth2-proxy reads the list one address per line, so anything
-# that could split into two lines or entries would admit a second person.
-_EMAIL = re.compile(r"^[^@\s,;]+@[^@\s,;]+\.[^@\s,;]+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,9 +244,7 @@ def session_error(session: Session) -> str | None:
         return "spec.appDefinition is empty"
     if not session.user:
         return "spec.user is empty: an instance is only handed to a named user"
-    if not _EMAIL.fullmatch(session.user):  # match() would accept a trailing newline
-        return (
-            "spec.user must be exactly one e-mail address "
-            "(no whitespace, newline, comma or second '@')"
-        )
+    if (rule := email_error(session.user)) is not None:
+        # The grammar is in warmpool.pool.emails; the message names the rule, not the address.
+        return f"spec.user must be exactly one e-mail address: {rule}"
     return None
