@@ -1,6 +1,7 @@
 """deploy/ against the real control plane (kube-apiserver 1.20 with RBAC authorization):
 
-- every manifest of the base and the overlays passes `kubectl apply --dry-run=server`;
+- every manifest of the base and the overlays passes `kubectl apply --dry-run=server`, the
+  instances' NetworkPolicy included (and it is created for real, selecting the instance pods);
 - the CRDs and the RBAC objects, applied for real in a test namespace (the base re-rendered with
   that namespace by kustomize), allow the ServiceAccount every verb the code uses and refuse
   Secrets, cluster-wide objects, other namespaces and other Leases (`kubectl auth can-i`);
@@ -58,7 +59,7 @@ from tests.redis_server import (  # noqa: F401  (fixtures, used through getfixtu
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
-from warmpool.kube.api import Kube
+from warmpool.kube.api import Kube, KubeError
 from warmpool.pool import vocabulary as v
 from warmpool.queue import Layout, QueueSettings
 
@@ -131,11 +132,64 @@ def test_every_manifest_passes_server_side_dry_run(
     assert {"Deployment", "PodDisruptionBudget", "Service", "Role", "RoleBinding",
             "ServiceAccount", "ConfigMap"} <= kinds
     assert ("CustomResourceDefinition" in kinds) == (variant != "overlays/example")
-    if variant == "overlays/with-redis":
-        assert "NetworkPolicy" in kinds
+    # The instances' NetworkPolicy is in every variant (on by default); the in-cluster Redis
+    # brings its own.
+    policies = {o["metadata"]["name"] for o in objs if o["kind"] == "NetworkPolicy"}
+    assert "theia-cloud-instances" in policies
+    assert ("warmpool-redis" in policies) == (variant == "overlays/with-redis")
     # A dry run it was: nothing of it exists.
     assert kube.get("apps/v1", "Deployment", namespace, "warmpool-scheduler") is None
     assert kube.get("v1", "ServiceAccount", namespace, SA) is None
+
+
+def label_selector(selector: dict[str, Any]) -> str:
+    """A LabelSelector as the API server's `labelSelector` query parameter."""
+    terms = [f"{k}={val}" for k, val in (selector.get("matchLabels") or {}).items()]
+    for expr in selector.get("matchExpressions") or []:
+        op, key, values = expr["operator"], expr["key"], ",".join(expr.get("values") or [])
+        terms.append({"Exists": key, "DoesNotExist": f"!{key}", "In": f"{key} in ({values})",
+                      "NotIn": f"{key} notin ({values})"}[op])
+    return ",".join(terms)
+
+
+def test_the_instances_network_policy_selects_exactly_the_pool_pods_on_the_server(
+    cluster: ClusterInfo, namespace: str, tmp_path: Path, kube: Kube,
+) -> None:
+    """Created for real (not only dry-run): the server keeps the policy as written, and its pod
+    selector, evaluated by the server, picks every instance pod and no other pod of the
+    namespace."""
+    from warmpool.controller.sequential import run_until_quiet
+
+    ns = namespace
+    (policy,) = [o for o in render(DEPLOY / "base", ns, tmp_path)
+                 if o["kind"] == "NetworkPolicy"]
+    kubectl(cluster, "apply", "-f", "-", stdin=dump([policy]))
+    stored = kube.get("networking.k8s.io/v1", "NetworkPolicy", ns, "theia-cloud-instances")
+    assert stored is not None
+    assert stored["spec"]["ingress"] == policy["spec"]["ingress"]
+    assert stored["spec"]["policyTypes"] == ["Ingress"]
+    # Another pod of the namespace (the Theia Cloud service's): not selected.
+    service_pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "service", "namespace": ns, "labels": {"app": "service"}},
+                   "spec": {"automountServiceAccountToken": False,
+                            "containers": [{"name": "service", "image": "theiacloud/service"}]}}
+    # Retried while the namespace's default ServiceAccount does not exist yet.
+    wait_for(lambda: kube.create(service_pod), timeout=30, ignore=(KubeError,),
+             message="the Theia Cloud service's pod")
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+
+    def pods(selector: str | None = None) -> set[str]:
+        items, _ = kube.list("v1", "Pod", ns, label_selector=selector)
+        return {p["metadata"]["name"] for p in items}
+
+    wait_for(lambda: len(pods()) == 3, timeout=60, message="two instance pods and the service")
+    selected = pods(label_selector(stored["spec"]["podSelector"]))
+    instance_pods = pods(f"{v.LABEL_APP} in (java-app-1,java-app-2)")
+    assert len(instance_pods) == 2
+    assert selected == instance_pods
+    (peer,) = stored["spec"]["ingress"][1]["from"]
+    assert pods(label_selector(peer["podSelector"])) == {"service"}
 
 
 def apply_rbac(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> list[dict[str, Any]]:

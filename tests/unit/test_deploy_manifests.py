@@ -121,6 +121,7 @@ def test_the_base_holds_exactly_the_controller_and_nothing_cluster_wide_but_crds
         ("PodDisruptionBudget", "warmpool-worker"),
         ("Service", "warmpool-scheduler-metrics"),
         ("Service", "warmpool-worker-metrics"),
+        ("NetworkPolicy", "theia-cloud-instances"),
     ])
     for o in base:
         if o["kind"] != "CustomResourceDefinition":
@@ -411,6 +412,114 @@ def test_example_overlay_points_at_an_external_redis_with_tls(
     assert conn.ca_certs == "/etc/warmpool/redis-tls/ca.crt"
     assert conn.cert_reqs == 2  # ssl.CERT_REQUIRED
     assert conn.password == "secret"
+
+
+# --- the instances' NetworkPolicy ------------------------------------------------------------
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A LabelSelector's verdict on a pod's labels (matchLabels and matchExpressions)."""
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+    return True
+
+
+def instance_pod_labels() -> dict[str, str]:
+    """The labels of an instance's pod, as the controller builds its Deployment."""
+    from pool_fixtures import SETTINGS, appdef
+
+    from warmpool.pool import builders
+    from warmpool.pool.parts import Part
+
+    deployment = builders.build(Part.DEPLOYMENT, appdef(), 3, holder=None, proxy_template=None,
+                                settings=SETTINGS)
+    return dict(deployment["spec"]["template"]["metadata"]["labels"])
+
+
+def proxy_port() -> int:
+    from pool_fixtures import SETTINGS, appdef
+
+    from warmpool.pool import builders
+    from warmpool.pool.parts import Part
+
+    deployment = builders.build(Part.DEPLOYMENT, appdef(), 3, holder=None, proxy_template=None,
+                                settings=SETTINGS)
+    ports = {p.get("name"): p["containerPort"]
+             for c in deployment["spec"]["template"]["spec"]["containers"]
+             for p in c.get("ports") or []}
+    return int(ports["web"])
+
+
+#: The Theia Cloud service's pods (its Helm chart's Deployment `service-deployment`).
+THEIA_CLOUD_SERVICE_POD = {"app": "service"}
+
+
+def test_instance_pods_accept_the_proxy_port_from_anyone_and_nothing_else_but_the_service(
+    base: list[dict[str, Any]], with_redis: list[dict[str, Any]],
+) -> None:
+    from warmpool.pool import vocabulary as v
+
+    policy = by_kind(base, "NetworkPolicy")["theia-cloud-instances"]
+    spec = policy["spec"]
+    # It selects the instance pods the controller builds, and no pod of warmpool's own, of
+    # its Redis or of the Theia Cloud service.
+    assert selects(spec["podSelector"], instance_pod_labels())
+    others = [THEIA_CLOUD_SERVICE_POD,
+              *(d["spec"]["template"]["metadata"]["labels"]
+                for d in by_kind(with_redis, "Deployment").values())]
+    for labels in others:
+        assert not selects(spec["podSelector"], labels), labels
+    # Ingress only (egress is not this policy's business), and exactly two rules.
+    assert spec["policyTypes"] == ["Ingress"]
+    proxy_rule, service_rule = spec["ingress"]
+    # Anyone (the ingress controller, in its own namespace) may reach oauth2-proxy ...
+    assert "from" not in proxy_rule
+    assert proxy_rule["ports"] == [{"port": v.OAUTH2_PROXY_PORT, "protocol": "TCP"}]
+    assert v.OAUTH2_PROXY_PORT == proxy_port() == 5000
+    # ... and only the Theia Cloud service's pods, of this namespace, reach the app itself
+    # (spec.port, through the internal Service): no other pod bypasses the proxy.
+    (peer,) = service_rule["from"]
+    assert set(peer) == {"podSelector"}, "this namespace's pods only: no namespaceSelector"
+    assert selects(peer["podSelector"], THEIA_CLOUD_SERVICE_POD)
+    assert not selects(peer["podSelector"], instance_pod_labels())
+    for d in by_kind(with_redis, "Deployment").values():
+        assert not selects(peer["podSelector"], d["spec"]["template"]["metadata"]["labels"])
+
+
+def test_a_component_removes_the_instances_network_policy_and_nothing_else(
+    base: list[dict[str, Any]],
+) -> None:
+    without = kustomize_component("without-instance-network-policy")
+    assert not by_kind(without, "NetworkPolicy")
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in without) == sorted(
+        (o["kind"], o["metadata"]["name"]) for o in base if o["kind"] != "NetworkPolicy")
+    # The in-cluster Redis keeps its own policy when both components are used.
+    assert "warmpool-redis" in by_kind(
+        kustomize_components("redis", "without-instance-network-policy"), "NetworkPolicy")
+
+
+def kustomize_components(*names: str) -> list[dict[str, Any]]:
+    """The base with these components, through a throwaway overlay."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [_rel(DEPLOY / "base", Path(tmp))],
+            "components": [_rel(DEPLOY / "components" / n, Path(tmp)) for n in names],
+        }))
+        return kustomize(Path(tmp))
 
 
 def test_admin_role_can_scale_but_not_write_sessions() -> None:
