@@ -11,11 +11,11 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.model import AppDefinition, Session
+from warmpool.pool.model import CEILING_SETTING, MAX_INSTANCES_CEILING, AppDefinition, Session
 from warmpool.pool.parts import Part
 
 MINIMAL_PROXY_CONFIG = """\
@@ -38,6 +38,22 @@ class PoolSettings:
 
     instances_host: str = "instances.theia-cloud.local"
     oauth2_proxy_image: str = OAUTH2_PROXY_IMAGE
+    # The most instances an AppDefinition may ask for; above it, it is Invalid and left as it
+    # is (parse_appdefinition's max_instances_ceiling).
+    max_instances_ceiling: int = MAX_INSTANCES_CEILING
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Self:
+        """The settings from WARMPOOL_INSTANCES_HOST and WARMPOOL_INSTANCES_CEILING (unset or
+        empty: the default); a bad value raises ValueError naming the variable."""
+        values: dict[str, Any] = {}
+        if host := environ.get("WARMPOOL_INSTANCES_HOST", "").strip():
+            values["instances_host"] = host
+        if raw := environ.get(CEILING_SETTING, "").strip():
+            if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+                raise ValueError(f"{CEILING_SETTING} must be a positive integer, got {raw!r}")
+            values["max_instances_ceiling"] = int(raw)
+        return cls(**values)
 
     def instance_url(self, appdef: AppDefinition, instance: int) -> str:
         return f"https://{self.instances_host}/{naming.app_selector(appdef.spec_name, instance)}/"

@@ -16,6 +16,12 @@ from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.emails import email_error
 
+#: The most instances one AppDefinition may ask for, unless configured otherwise
+#: (PoolSettings.max_instances_ceiling, WARMPOOL_INSTANCES_CEILING): a pool is enumerated id
+#: by id (resync, claims), so `minInstances: 1000000` must be refused, not attempted.
+MAX_INSTANCES_CEILING = 5000
+CEILING_SETTING = "WARMPOOL_INSTANCES_CEILING"
+
 _SPEC_NAME = re.compile(r"[a-z0-9A-Z\-_]+")  # the CRD's pattern; used with fullmatch
 _INSTANCE_ID = re.compile(r"[1-9][0-9]{0,8}")
 
@@ -94,8 +100,13 @@ def _int_field(spec: Mapping[str, Any], key: str, *, required: bool) -> int | In
     return value
 
 
-def parse_appdefinition(obj: Mapping[str, Any]) -> AppDefinition | Invalid:
-    """Validate an AppDefinition as the pool needs it; an ``Invalid`` is left untouched."""
+def parse_appdefinition(
+    obj: Mapping[str, Any], *, max_instances_ceiling: int = MAX_INSTANCES_CEILING
+) -> AppDefinition | Invalid:
+    """Validate an AppDefinition as the pool needs it; an ``Invalid`` is left untouched.
+
+    Never raises, whatever the object holds (one AppDefinition must not stop its namespace).
+    """
     meta = _mapping(obj.get("metadata"))
     spec = obj.get("spec")
     if spec is None:
@@ -115,6 +126,11 @@ def parse_appdefinition(obj: Mapping[str, Any]) -> AppDefinition | Invalid:
         ints[key] = parsed
     min_i, max_i, port = ints["minInstances"], ints["maxInstances"], ints["port"]
     assert min_i is not None and max_i is not None and port is not None
+    for key, value in (("minInstances", min_i), ("maxInstances", max_i)):
+        if value > max_instances_ceiling:
+            return Invalid(f"spec.{key} ({_shown(value)}) is above the ceiling of "
+                           f"{max_instances_ceiling} instances per AppDefinition "
+                           f"(the controller's {CEILING_SETTING})")
     if min_i < 0:
         return Invalid(f"spec.minInstances must be >= 0, got {min_i}")
     if max_i < min_i:
@@ -160,6 +176,8 @@ def parse_appdefinition(obj: Mapping[str, Any]) -> AppDefinition | Invalid:
 
 def _shown(value: Any, limit: int = 60) -> str:
     """`value` for a message: its repr, cut so that an event stays one readable line."""
+    if isinstance(value, int) and value.bit_length() > 64:  # str() refuses > 4300 digits
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
