@@ -15,12 +15,18 @@ from typing import Any
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.emails import email_error
+from warmpool.pool.quantity import parse_quantity, quantity_error
 
 #: The most instances one AppDefinition may ask for, unless configured otherwise
 #: (PoolSettings.max_instances_ceiling, WARMPOOL_INSTANCES_CEILING): a pool is enumerated id
 #: by id (resync, claims), so `minInstances: 1000000` must be refused, not attempted.
 MAX_INSTANCES_CEILING = 5000
 CEILING_SETTING = "WARMPOOL_INSTANCES_CEILING"
+
+_PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+_DEFAULT_PULL_POLICY = "IfNotPresent"
+_MAX_USER_ID = 2**31 - 1  # Kubernetes' IsValidUserID
+_QUANTITY_FIELDS = ("requestsCpu", "requestsMemory", "limitsCpu", "limitsMemory")
 
 _SPEC_NAME = re.compile(r"[a-z0-9A-Z\-_]+")  # the CRD's pattern; used with fullmatch
 _INSTANCE_ID = re.compile(r"[1-9][0-9]{0,8}")
@@ -150,8 +156,14 @@ def parse_appdefinition(
                        f"{naming.VALID_NAME_LIMIT}-character `app` selector "
                        "'<spec.name>-<id>' that keeps instances apart")
     image = spec.get("image")
-    if not isinstance(image, str) or not image.strip():
+    if image is not None and not isinstance(image, str):
+        return Invalid(f"spec.image must be a string, got {_shown(image)}")
+    if not image or not image.strip():
         return Invalid("spec.image is missing")
+    resources = {key: _opt_str(spec.get(key)) for key in _QUANTITY_FIELDS}
+    pull_policy = spec.get("imagePullPolicy") or _DEFAULT_PULL_POLICY
+    if (error := _deployment_error(image, pull_policy, ints["uid"], port, resources)):
+        return Invalid(error)
     if not meta.get("uid"):
         return Invalid("metadata.uid is missing")
     return AppDefinition(
@@ -161,17 +173,57 @@ def parse_appdefinition(
         generation=_generation(meta.get("generation")),
         spec_name=spec_name,
         image=image,
-        image_pull_policy=str(spec.get("imagePullPolicy") or "IfNotPresent"),
+        image_pull_policy=pull_policy,
         run_as_user=ints["uid"],
         port=port,
         min_instances=min_i,
         max_instances=max_i,
-        requests_cpu=_opt_str(spec.get("requestsCpu")),
-        requests_memory=_opt_str(spec.get("requestsMemory")),
-        limits_cpu=_opt_str(spec.get("limitsCpu")),
-        limits_memory=_opt_str(spec.get("limitsMemory")),
+        requests_cpu=resources["requestsCpu"],
+        requests_memory=resources["requestsMemory"],
+        limits_cpu=resources["limitsCpu"],
+        limits_memory=resources["limitsMemory"],
         deleting=bool(meta.get("deletionTimestamp")),
     )
+
+
+def _deployment_error(
+    image: str, pull_policy: Any, run_as_user: int | None, port: int,
+    resources: Mapping[str, str | None],
+) -> str | None:
+    """What of the spec the API server (or the pod) would refuse in an instance's Deployment.
+
+    These fields go verbatim into every Deployment (builders._deployment_spec); a value found
+    bad only when the Deployments are re-created after a spec change leaves the pool empty
+    and failing forever, so it is refused here, before anything is deleted.
+    """
+    if any(ch.isspace() or not ch.isprintable() for ch in image):
+        return "spec.image must not contain whitespace or control characters"
+    if pull_policy not in _PULL_POLICIES:
+        return (f"spec.imagePullPolicy must be one of {', '.join(_PULL_POLICIES)}, "
+                f"got {_shown(pull_policy)}")
+    if run_as_user is not None and not 0 <= run_as_user <= _MAX_USER_ID:
+        return (f"spec.uid (the pod's runAsUser) must be between 0 and {_MAX_USER_ID}, "
+                f"got {_shown(run_as_user)}")
+    if port == v.OAUTH2_PROXY_PORT:
+        return (f"spec.port must not be {v.OAUTH2_PROXY_PORT}: the oauth2-proxy in the same "
+                "pod listens there")
+    values = {}
+    for key, text in resources.items():
+        if text is None:
+            continue
+        if (error := quantity_error(text)) is not None:
+            return f"spec.{key} {error}, got {_shown(text)}"
+        value = parse_quantity(text)
+        assert value is not None
+        if value < 0:
+            return f"spec.{key} must not be negative, got {_shown(text)}"
+        values[key] = value
+    for request, limit in (("requestsCpu", "limitsCpu"), ("requestsMemory", "limitsMemory")):
+        if request in values and limit in values and values[request] > values[limit]:
+            return (f"spec.{request} ({_shown(resources[request])}) must not exceed "
+                    f"spec.{limit} ({_shown(resources[limit])}): Kubernetes refuses a "
+                    "container whose request is above its limit")
+    return None
 
 
 def _shown(value: Any, limit: int = 60) -> str:
