@@ -3,16 +3,23 @@ watches (no server)."""
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import threading
 import time
 from collections import deque
 from typing import Any
 
 import pytest
+from pool_fixtures import appdef, instance, with_objects
+from pool_fixtures import session as model_session
 
 from tests.waiting import wait_for
 from warmpool.kube.cache import ClusterCache, strip
+from warmpool.kube.reader import CachedReader
 from warmpool.pool import vocabulary as v
+from warmpool.pool.claim import pool_facts
+from warmpool.pool.parts import Part
 
 NS = "ns1"
 
@@ -156,3 +163,45 @@ def test_an_offered_write_is_read_back_until_the_watch_brings_it(make_cache) -> 
     assert c.get("Service", NS, "ws-java-1") is not None
     c.offer_gone("Service", NS, "ws-java-1", "u-ws-java-1")
     assert c.get("Service", NS, "ws-java-1") is None
+
+
+def test_a_claims_pool_facts_from_the_indexes_match_those_read_from_every_object(
+    make_cache,
+) -> None:
+    """The cache answers a claim's whole-pool questions (which ids exist, which are clean,
+    whom the Services reference) from per-object marks; they must be what looking at every
+    instance gives. Ids cross digit boundaries, where a long AppDefinition name is cut
+    differently in the internal Service's name."""
+    a = dataclasses.replace(appdef(min_instances=120, max_instances=200),
+                            namespace=NS, spec_name="a-rather-long-application-definition")
+    rng = random.Random(7)
+    holders = [dataclasses.replace(model_session(f"s{i}", instance=i), namespace=NS)
+               for i in range(1, 30)]
+    views = {}
+    for k in range(1, 121):
+        roll = rng.random()
+        if roll < 0.2:
+            view = instance(a, k, holder=holders[k % len(holders)])
+        elif roll < 0.3:
+            view = instance(a, k, missing=(rng.choice(list(Part)),))
+        elif roll < 0.4:
+            free = instance(a, k)
+            email = dict(free.get(Part.EMAIL_CONFIGMAP))
+            email["data"] = {v.EMAILS_KEY: "left@behind.example"}
+            view = with_objects(free, EMAIL_CONFIGMAP=email)
+        else:
+            view = instance(a, k)
+        views[k] = view
+    initial: dict[str, list[dict[str, Any]]] = {}
+    for view in views.values():
+        for part, o in view.existing():
+            o = {**o, "kind": part.kind, "metadata": {**o["metadata"], "namespace": NS}}
+            initial.setdefault(part.kind, []).append(o)
+    c = make_cache(Scripted(initial))
+
+    got = CachedReader(c, None).pool_facts(NS, a.name, a, holders)  # type: ignore[arg-type]
+
+    want = pool_facts(views)
+    assert got.existing == want.existing and got.clean == want.clean
+    assert got.referenced == want.referenced & {s.uid for s in holders}
+    assert any(k >= 100 for k in got.clean) and any(k < 10 for k in got.clean)

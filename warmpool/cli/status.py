@@ -19,7 +19,7 @@ from warmpool.cli.output import Out, age, console, emit_json, escape, joined, re
 from warmpool.kube.observe import group_pool
 from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
-from warmpool.pool.claim import waiting_sessions
+from warmpool.pool.claim import pool_facts, waiting_sessions
 from warmpool.pool.decide import HolderIndex, InstanceView, release_markers
 from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS
@@ -166,7 +166,7 @@ def pool_status(
         index = HolderIndex(name, mine)
         instances = [_instance(views.get(k) or InstanceView(k, empty), min_i, generation, index)
                      for k in sorted(ids)]
-        waiting = [s.name for s in waiting_sessions(views, index)]
+        waiting = [s.name for s in waiting_sessions(pool_facts(views), index)]
         counts = {state: sum(1 for i in instances if i["state"] == state) for state in STATES}
         counts["outdated"] = sum(1 for i in instances if i["outdated"])
         counts["waiting"] = len(waiting)

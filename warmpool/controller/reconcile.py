@@ -29,6 +29,7 @@ from warmpool.pool.claim import (
     ClaimTry,
     ClaimWait,
     decide_claim,
+    free_ids,
     is_free,
     waiting_sessions,
 )
@@ -151,13 +152,13 @@ def _wake_waiting(
     not yet seen the instance freed waits for it instead of finding nothing free.
     """
     index = HolderIndex(appdef.name, sessions)
-    if not any(s.instance_id is None for s in waiting_sessions({}, index)):
+    if not any(s.instance_id is None and s.status != v.STATUS_ERROR
+               for s in index.live.values()):
         return []
-    ids = range(1, appdef.min_instances + 1)
-    pool = reader.instances(namespace, appdef.name, appdef, ids, sessions)
+    facts = reader.pool_facts(namespace, appdef.name, appdef, sessions)
     # A Session whose deciding write is made (a claim in flight) is not waiting.
-    waiting = [s for s in waiting_sessions(pool, index) if s.instance_id is None]
-    free = sum(1 for view in pool.values() if is_free(view, appdef, index))
+    waiting = [s for s in waiting_sessions(facts, index) if s.instance_id is None]
+    free = len(free_ids(appdef, facts, index))
     return [(SessionKey(namespace, s.name), triggers) for s in waiting[:free]]
 
 
@@ -250,11 +251,14 @@ def claim_session(
         if all(s.uid != session.uid for s in sessions):
             sessions = [*sessions, session]  # read directly: the cache has not seen it yet
         pool_appdef = appdef if isinstance(appdef, AppDefinition) else None
-        ids = reader.held_ids(ns, session.appdef, sessions)
-        if pool_appdef is not None:
-            ids |= set(range(1, pool_appdef.min_instances + 1))
-        pool = reader.instances(ns, session.appdef, pool_appdef, ids, sessions)
-        decision = decide_claim(session, appdef, pool, sessions)
+        # The whole pool only as the cache's indexes know it; objects only of the instances
+        # this Session may already hold.
+        facts = reader.pool_facts(ns, session.appdef, pool_appdef, sessions)
+        own = reader.referencing(ns, session.appdef, session)
+        if session.instance_id is not None:
+            own |= {session.instance_id}
+        mine = reader.instances(ns, session.appdef, pool_appdef, own, sessions)
+        decision = decide_claim(session, appdef, mine, sessions, facts)
         match decision:
             case ClaimSkip(reason=reason):
                 return ClaimResult("skipped", message=reason)

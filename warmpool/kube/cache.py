@@ -11,6 +11,9 @@ Indexes, kept up to date by every change:
 - (namespace, AppDefinition name) -> its Sessions, parsed once per version;
 - Session uid -> the external Services that reference it (the deciding write of a claim), so
   a claim finds what a Session holds without looking at every instance;
+- (namespace, kind, name after ``instance-<k>-``) -> k -> whether that object carries a trace
+  of a holder, so a claim finds the free instances and who holds anything with set
+  operations, not by looking at five objects of every instance (`instance_marks`);
 - (kind, namespace, name) -> the resourceVersion and uid of the last deletion seen
   (tombstones), so a job can tell that its cache has seen a deletion.
 
@@ -34,8 +37,9 @@ from typing import Any
 from warmpool.kube.api import Kube
 from warmpool.kube.observe import POOL_SELECTOR, classify
 from warmpool.kube.reflector import DELETED, Backoff, Reflector, Watched, rv_int
+from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import is_session_ref
+from warmpool.pool.decide import holder_trace, is_session_ref
 from warmpool.pool.model import Session, parse_session
 from warmpool.pool.parts import Part
 
@@ -108,6 +112,7 @@ class ClusterCache:
         self._sessions: dict[tuple[str, str], Session] = {}
         self._by_appdef: dict[tuple[str, str], set[str]] = {}
         self._holders: dict[str, set[tuple[str, str]]] = {}
+        self._marks: dict[tuple[str, str, str], dict[int, bool]] = {}
         self._tombstones: OrderedDict[tuple[str, str, str], tuple[int, str]] = OrderedDict()
         self._stop = threading.Event()
         self.reflectors: dict[tuple[str | None, Watched], Reflector] = {}
@@ -178,6 +183,22 @@ class ClusterCache:
         """(namespace, name) of the external Services that reference the Session `uid`."""
         with self._lock:
             return sorted(self._holders.get(session_uid, ()))
+
+    def instance_marks(
+        self, namespace: str, kind: str, names: Sequence[tuple[int | None, str]]
+    ) -> dict[int, bool]:
+        """k -> whether that object carries a trace of a holder, for the cached pool objects
+        of `kind` named ``instance-<k>-<rest>``, for each (digits, rest) in `names` (digits:
+        only ids of that many digits; None: any)."""
+        with self._lock:
+            if len(names) == 1 and names[0][0] is None:
+                return dict(self._marks.get((namespace, kind, names[0][1]), {}))
+            out: dict[int, bool] = {}
+            for digits, rest in names:
+                for k, mark in self._marks.get((namespace, kind, rest), {}).items():
+                    if digits is None or len(str(k)) == digits:
+                        out[k] = mark
+            return out
 
     def pool_objects(self, namespace: str) -> list[Obj]:
         """Every cached pool object of `namespace` (a scan: for resyncs and rare paths)."""
@@ -286,7 +307,25 @@ class ClusterCache:
                 self._index_session(event_type, ns, name, obj)
             elif watched is SERVICES:
                 self._index_holders(event_type, ns, name, obj, old)
+            if watched in (SERVICES, DEPLOYMENTS, CONFIGMAPS):
+                self._index_marks(event_type, ns, watched.kind, name, obj)
             self._changed.notify_all()
+
+    def _index_marks(self, event_type: str, ns: str, kind: str, name: str, obj: Obj) -> None:
+        split = naming.split_instance_name(name)
+        part = classify(obj)
+        if split is None or part is None:
+            return
+        k, rest = split
+        key = (ns, kind, rest)
+        if event_type == DELETED:
+            marks = self._marks.get(key)
+            if marks is not None:
+                marks.pop(k, None)
+                if not marks:
+                    del self._marks[key]
+            return
+        self._marks.setdefault(key, {})[k] = holder_trace(part, obj)
 
     def _index_session(self, event_type: str, ns: str, name: str, obj: Obj) -> None:
         previous = self._sessions.pop((ns, name), None)

@@ -22,7 +22,8 @@ from warmpool.kube.api import Kube
 from warmpool.kube.cache import ClusterCache
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import HolderIndex, InstanceView, refs
+from warmpool.pool.claim import PoolFacts, pool_facts
+from warmpool.pool.decide import InstanceView, refs
 from warmpool.pool.model import (
     AppDefinition,
     Invalid,
@@ -58,8 +59,12 @@ class Reader(Protocol):
         """The instances with these ids that have any object (a claim's view of its pool)."""
         ...
 
-    def held_ids(self, namespace: str, appdef_name: str, sessions: Sequence[Session]) -> set[int]:
-        """Ids that live Sessions of the pool hold, by annotation or by the deciding write."""
+    def pool_facts(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
+        sessions: Sequence[Session],
+    ) -> PoolFacts:
+        """Which instances exist, which are clean, which Sessions they reference (a claim's
+        view of the whole pool, without its objects)."""
         ...
 
     def referencing(self, namespace: str, appdef_name: str, session: Session) -> frozenset[int]:
@@ -114,9 +119,11 @@ class LiveReader:
         pool = observe.observe_pool(self.kube, namespace, appdef_name, appdef, sessions)
         return {k: view for k, view in pool.items() if k in wanted}
 
-    def held_ids(self, namespace: str, appdef_name: str, sessions: Sequence[Session]) -> set[int]:
-        pool = observe.observe_pool(self.kube, namespace, appdef_name, None, sessions)
-        return _held(pool, sessions)
+    def pool_facts(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
+        sessions: Sequence[Session],
+    ) -> PoolFacts:
+        return pool_facts(self.pool(namespace, appdef_name, appdef, sessions))
 
     def referencing(self, namespace: str, appdef_name: str, session: Session) -> frozenset[int]:
         pool = observe.observe_pool(self.kube, namespace, appdef_name, None, [session])
@@ -140,13 +147,21 @@ class LiveReader:
         return None
 
 
-def _held(pool: dict[int, InstanceView], sessions: Sequence[Session]) -> set[int]:
-    live = [s for s in sessions if s.live]
-    if not live:
-        return set()
-    index = HolderIndex(live[0].appdef, live)
-    return {k for k, view in pool.items() if index.of(view)} | {
-        s.instance_id for s in live if s.instance_id is not None}
+def _name_rests(appdef: AppDefinition, part: Part) -> list[tuple[int | None, str]]:
+    """What follows ``instance-<k>-`` in the names of `part` of `appdef`'s instances: one
+    text for any k, except where the name's cut depends on the number of digits of k."""
+    rests = []
+    for digits in range(1, _MAX_DIGITS + 1):
+        split = naming.split_instance_name(builders.object_name(appdef, part, 10 ** (digits - 1)))
+        assert split is not None
+        rests.append((digits, split[1]))
+    if len({rest for _, rest in rests}) == 1:
+        return [(None, rests[0][1])]
+    return rests
+
+
+#: Instance ids have at most this many digits (pools are capped far below).
+_MAX_DIGITS = 7
 
 
 class CachedReader:
@@ -242,18 +257,24 @@ class CachedReader:
                 out[k] = view
         return out
 
-    def held_ids(self, namespace: str, appdef_name: str, sessions: Sequence[Session]) -> set[int]:
-        held: set[int] = set()
-        for s in sessions:
-            if not s.live or s.appdef != appdef_name:
-                continue
-            if s.instance_id is not None:
-                held.add(s.instance_id)
-            for ns, name in self.cache.referenced_by(s.uid):
-                k = naming.instance_id_from_name(name)
-                if ns == namespace and k is not None:
-                    held.add(k)
-        return held
+    def pool_facts(
+        self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
+        sessions: Sequence[Session],
+    ) -> PoolFacts:
+        """From the cache's indexes: set operations over ids, no object looked at."""
+        if appdef is None:
+            return pool_facts(self.pool(namespace, appdef_name, None, sessions))
+        marks = [self.cache.instance_marks(namespace, part.kind, _name_rests(appdef, part))
+                 for part in PARTS]
+        existing = frozenset().union(*marks)
+        clean = frozenset.intersection(*(frozenset(k for k, trace in m.items() if not trace)
+                                         for m in marks))
+        ext = _name_rests(appdef, Part.EXTERNAL_SERVICE)[0][1]
+        referenced = frozenset(
+            s.uid for s in sessions
+            if any(ns == namespace and (split := naming.split_instance_name(name)) is not None
+                   and split[1] == ext for ns, name in self.cache.referenced_by(s.uid)))
+        return PoolFacts(existing, clean, referenced)
 
     def referencing(self, namespace: str, appdef_name: str, session: Session) -> frozenset[int]:
         return frozenset(k for ns, name in self.cache.referenced_by(session.uid)

@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import HolderIndex, InstanceView, release_markers
+from warmpool.pool.decide import HolderIndex, InstanceView, is_session_ref, refs, release_markers
 from warmpool.pool.model import AppDefinition, Invalid, Session, session_error
+from warmpool.pool.parts import Part
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +58,39 @@ class ClaimSkip:
 ClaimDecision = ClaimError | ClaimWait | ClaimHeld | ClaimTry | ClaimSkip
 
 
+@dataclass(frozen=True, slots=True)
+class PoolFacts:
+    """What a claim must know of the whole pool, without looking at each instance's objects.
+
+    A worker's cache keeps these as indexes (`ClusterCache`), so a claim costs the same in a
+    pool of ten instances as in one of thousands; `pool_facts` derives them from views, for
+    readers that read the objects anyway and for tests.
+    """
+
+    #: Ids of the instances with any object.
+    existing: frozenset[int]
+    #: Ids whose five objects all exist and carry no trace of a holder (`holder_trace`).
+    clean: frozenset[int]
+    #: Uids of the Sessions an external Service of the pool references (deciding writes made).
+    referenced: frozenset[str]
+
+
+def pool_facts(instances: Mapping[int, InstanceView]) -> PoolFacts:
+    return PoolFacts(
+        existing=frozenset(k for k, inst in instances.items() if inst.existing()),
+        clean=frozenset(k for k, inst in instances.items()
+                        if inst.complete and not release_markers(inst)),
+        referenced=frozenset(str(r.get("uid")) for inst in instances.values()
+                             for r in refs(inst.get(Part.EXTERNAL_SERVICE))
+                             if is_session_ref(r)),
+    )
+
+
 def held_instance(
     session: Session, instances: Mapping[int, InstanceView], index: HolderIndex
 ) -> int | None:
-    """The id `session` holds, by the same rule the instance reconcile uses, or None."""
+    """The id `session` holds, by the same rule the instance reconcile uses, or None.
+    `instances` must include those it is annotated with and whose Service references it."""
     for k, inst in sorted(instances.items()):
         found = index.of(inst)
         if found and found[0].uid == session.uid:
@@ -78,14 +108,23 @@ def is_free(inst: InstanceView, appdef: AppDefinition, index: HolderIndex) -> bo
     )
 
 
-def waiting_sessions(
-    instances: Mapping[int, InstanceView], index: HolderIndex
-) -> list[Session]:
-    """Live, valid Sessions of the pool that hold nothing yet, oldest first."""
-    holding = {h.uid for inst in instances.values() for h in index.of(inst)}
+def free_ids(appdef: AppDefinition, facts: PoolFacts, index: HolderIndex) -> list[int]:
+    """The ids `is_free` accepts, lowest first. A clean instance's Service references no one,
+    so its only possible holder is a live Session annotated with its id."""
+    annotated = {s.instance_id for s in index.live.values()}
+    return sorted(k for k in facts.clean if k <= appdef.min_instances and k not in annotated)
+
+
+def waiting_sessions(facts: PoolFacts, index: HolderIndex) -> list[Session]:
+    """Live, valid Sessions of the pool that hold nothing yet, oldest first.
+
+    A Session holds something (for `HolderIndex.of`) when an existing instance is annotated
+    with it or an external Service references it.
+    """
     return sorted(
         (s for s in index.live.values()
-         if s.uid not in holding and s.status != v.STATUS_ERROR and session_error(s) is None),
+         if s.uid not in facts.referenced and s.instance_id not in facts.existing
+         and s.status != v.STATUS_ERROR and session_error(s) is None),
         key=lambda s: (s.created, s.name),
     )
 
@@ -95,7 +134,10 @@ def decide_claim(
     appdef: AppDefinition | Invalid | None,
     instances: Mapping[int, InstanceView],
     sessions: Sequence[Session],
+    facts: PoolFacts | None = None,
 ) -> ClaimDecision:
+    """`instances`: the pool's instances, or, with `facts` (the whole pool's), at least the
+    ones `session` may hold (annotated with it, or whose Service references it)."""
     if session.deleting:
         return ClaimSkip("Session is being deleted")
     if (error := session_error(session)) is not None:
@@ -115,8 +157,9 @@ def decide_claim(
         return ClaimError(f"AppDefinition {appdef.name!r} is being deleted")
     if session.status == v.STATUS_ERROR:
         return ClaimSkip("Session is in ERROR")
-    free = sorted(k for k, inst in instances.items() if is_free(inst, appdef, index))
-    queue = waiting_sessions(instances, index)
+    facts = facts or pool_facts(instances)
+    free = free_ids(appdef, facts, index)
+    queue = waiting_sessions(facts, index)
     position = next((i for i, s in enumerate(queue) if s.uid == session.uid), len(queue))
     if position < len(free):
         # The r-th oldest waiting Session targets the r-th lowest free id: the oldest gets the

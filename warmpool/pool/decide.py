@@ -109,14 +109,20 @@ def _emails(obj: Obj | None) -> str:
     return ((obj or {}).get("data") or {}).get(v.EMAILS_KEY) or ""
 
 
+def holder_trace(part: Part, obj: Obj) -> bool:
+    """Whether one object still carries a trace of a holder: a Session reference, a session
+    label (Services) or an e-mail (the allow-list). Per object, so a cache can keep it as an
+    index and a claim need not look at every instance to find the free ones."""
+    if any(is_session_ref(r) for r in refs(obj)):
+        return True
+    if part.is_service and any(k in builders.labels_of(obj) for k in v.SESSION_LABEL_KEYS):
+        return True
+    return part is Part.EMAIL_CONFIGMAP and bool(_emails(obj).strip())
+
+
 def release_markers(instance: InstanceView) -> bool:
-    """True while any trace of a holder remains: a Session reference, session label or e-mail."""
-    for part, obj in instance.existing():
-        if any(is_session_ref(r) for r in refs(obj)):
-            return True
-        if part.is_service and any(k in builders.labels_of(obj) for k in v.SESSION_LABEL_KEYS):
-            return True
-    return bool(_emails(instance.get(Part.EMAIL_CONFIGMAP)).strip())
+    """True while any trace of a holder remains on any of the instance's objects."""
+    return any(holder_trace(part, obj) for part, obj in instance.existing())
 
 
 class HolderIndex:

@@ -102,3 +102,13 @@ def instance_id_from_name(name: str) -> int | None:
     """The id k encoded in a pool object's name, or None for a name that is not ours."""
     m = _INSTANCE_NAME.match(name)
     return int(m.group(1)) if m else None
+
+
+def split_instance_name(name: str) -> tuple[int, str] | None:
+    """(k, rest) for a pool object's name ``instance-<k>-<rest>``, or None.
+
+    ``rest`` is the same for every instance of a pool and part, except the internal Service's,
+    whose AppDefinition segment is cut by the length of k (`create_name_with_suffix`).
+    """
+    m = _INSTANCE_NAME.match(name)
+    return (int(m.group(1)), name[m.end():]) if m else None
