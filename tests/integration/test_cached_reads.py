@@ -22,7 +22,7 @@ from tests.pool_world import (
     patch_appdef_spec,
 )
 from tests.waiting import wait_for
-from warmpool.controller.guard import LocalLeases, Unguarded
+from warmpool.controller.guard import LocalLeases
 from warmpool.controller.reconcile import claim_session, reconcile_instance
 from warmpool.controller.sequential import run_until_quiet
 from warmpool.keys import InstanceKey, SessionKey
@@ -130,10 +130,10 @@ def test_a_scale_down_decided_on_a_stale_cache_deletes_nothing_of_a_claimed_inst
     cache.offer(patch_appdef_spec(kube, ns, "java", minInstances=1))
 
     reader = CachedReader(cache, kube)
-    guard = Unguarded()
-    guard.fence = 1_000_000  # newer than any fence the sequential runs wrote
-    result = reconcile_instance(reader, kube, InstanceKey(ns, "java", 3), guard,
-                                PoolSettings())
+    key = InstanceKey(ns, "java", 3)
+    with LocalLeases().try_lease(str(key)) as guard:  # above every fence written so far
+        assert guard is not None
+        result = reconcile_instance(reader, kube, key, guard, PoolSettings())
 
     assert result.attempts >= 2, "the stale decision must have been refused once"
     assert result.plan.state == "claimed"
@@ -176,10 +176,10 @@ def test_a_retirement_decided_on_a_cache_without_the_services_deletes_nothing_of
     cache.offer(patch_appdef_spec(kube, ns, "java", minInstances=0))
 
     reader = CachedReader(cache, kube)
-    guard = Unguarded()
-    guard.fence = 1_000_000  # newer than any fence the sequential runs wrote
-    result = reconcile_instance(reader, kube, InstanceKey(ns, "java", 1), guard,
-                                PoolSettings())
+    key = InstanceKey(ns, "java", 1)
+    with LocalLeases().try_lease(str(key)) as guard:  # above every fence written so far
+        assert guard is not None
+        result = reconcile_instance(reader, kube, key, guard, PoolSettings())
 
     assert result.plan.state == "claimed"
     after = {name: obj["metadata"]["uid"]

@@ -8,7 +8,7 @@ the convergence benchmark, where it is the baseline the scaled-out workers are m
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 
 from warmpool.controller.guard import LocalLeases
 from warmpool.controller.reconcile import (
@@ -19,6 +19,7 @@ from warmpool.controller.reconcile import (
 )
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Kube
+from warmpool.kube.executor import FenceRegression
 from warmpool.kube.reader import LiveReader
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
@@ -59,6 +60,7 @@ def run_until_quiet(
     for round_no in range(1, max_rounds + 1):
         queue: deque[Key] = deque(pool_keys(kube, namespace))
         done: set[Key] = set()
+        fenced: Counter[Key] = Counter()
         while queue:
             key = queue.popleft()
             if key in done:
@@ -77,6 +79,14 @@ def run_until_quiet(
                         claim_session(reader, kube, key, leases, settings, hand_on=False)
             except Deferred as exc:  # single-threaded: nothing else can hold a lease
                 raise RuntimeError(f"{key} deferred in a sequential run: {exc}") from exc
+            except FenceRegression:
+                # Written under a higher fence than ours (a worker's, or an earlier run's):
+                # the abort lifted the counter, so the key's next lease is above it.
+                if fenced[key] >= 1:
+                    raise
+                fenced[key] += 1
+                done.discard(key)
+                queue.appendleft(key)
         after = _fingerprint(kube, namespace)
         if after == before:
             return round_no
