@@ -200,6 +200,12 @@ class AddCounter(NullObserver):
             return sum(self.counts.get((kind, r), 0) for r in results)
 
 
+#: Shared by the scheduler's and the workers' series of the same name (metrics.worker).
+REDIS_LOST_HELP = ("Times this process found the Redis epoch missing or replaced: Redis lost "
+                   "its data (restart without persistence, FLUSHALL, eviction, failover); a "
+                   "scheduler then resyncs every pool at once")
+
+
 class SchedulerCollector(Collector):
     def __init__(self, app: Scheduler, adds: AddCounter | None = None) -> None:
         self.app = app
@@ -265,6 +271,9 @@ class SchedulerCollector(Collector):
                               "queue (retried)")
         enq_errors.add_metric([], stats.enqueue_errors)
         yield enq_errors
+        lost = _counter("warmpool_redis_data_lost", REDIS_LOST_HELP)
+        lost.add_metric([], stats.redis_losses)
+        yield lost
 
         if self.adds is not None:
             yield from add_families(self.adds)
@@ -280,6 +289,7 @@ _SCHEDULER_FAMILIES = (
     ("warmpool_scheduler_last_resync_timestamp_seconds", "gauge"),
     ("warmpool_scheduler_dropped_keys", "counter"),
     ("warmpool_scheduler_enqueue_errors", "counter"),
+    ("warmpool_redis_data_lost", "counter"),
 )
 
 

@@ -23,7 +23,7 @@ SKIP_RESULTS = ("busy", "stale", "own")
 # warmpool_scheduler_*{kind}: the watched object kinds
 WATCHED_KINDS = ("AppDefinition", "Session", "Service", "Deployment", "ConfigMap")
 EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED")
-RESYNC_REASONS = ("startup", "new_leader", "periodic")
+RESYNC_REASONS = ("startup", "new_leader", "periodic", "redis_lost")
 
 # warmpool_refused_inputs_total{kind}
 REFUSED_KINDS = ("session", "appdefinition")

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from prometheus_client import Counter, Gauge, Histogram, values
 
+from metrics.collectors import REDIS_LOST_HELP
 from metrics.labels import (
     CLAIM_BUCKETS,
     CONFLICT,
@@ -115,6 +116,7 @@ LEASE_LOST = Counter("warmpool_lease_lost", "Leases a live holder found taken or
 LEASE_EXPIRED = Counter("warmpool_lease_expired", "Leases that expired because their holder "
                         "stopped renewing (crashed): the key was taken back by maintenance",
                         _kind)
+REDIS_LOST = Counter("warmpool_redis_data_lost", REDIS_LOST_HELP)
 FENCE_REGRESSIONS = Counter("warmpool_fence_regressions", "Jobs that refused to write because a "
                             "newer lease holder had written the instance", _kind)
 
@@ -235,6 +237,10 @@ class WorkerObserver(NullObserver):
         kind = kind_of(key)
         LEASE_EXPIRED.labels(kind=kind).inc()
         (DEAD_LETTERED if result == "dead" else RETRIES).labels(kind=kind).inc()
+
+    def on_redis_lost(self, previous: str | None, current: str | None) -> None:
+        # Logged by the epoch check; the series is what an alert and the chaos tier read.
+        REDIS_LOST.inc()
 
     def _update(self) -> None:
         """Set the gauges from the running table (caller holds the lock)."""

@@ -8,7 +8,9 @@ turns false by itself a renew deadline after the last successful renewal.
 
 Resyncs (a ``PoolKey`` for every AppDefinition named by an AppDefinition, a Session or a pool
 object's owner reference, from the caches): once every watch has its first list and this
-process leads (startup, and every new leadership), then every ``resync_period``.
+process leads (startup, and every new leadership), then every ``resync_period``, and at once
+when Redis lost its data: an epoch thread reads the Redis epoch every ``epoch_period``
+(``warmpool.queue.epoch``; every replica re-creates a missing one, only the leader resyncs).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from warmpool.kube.api import Kube
 from warmpool.kube.observe import POOL_SELECTOR
 from warmpool.kube.reflector import Backoff, Reflector, Watched
 from warmpool.pool import vocabulary as v
+from warmpool.queue.epoch import Epoch
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +49,18 @@ class Producer(Protocol):
         """Add keys, each a key string or (key, triggers)."""
 
 
+#: The periodic resync is the backstop for losses the epoch cannot see (a key evicted alone, a
+#: failover that dropped only the last writes): a release whose key was lost waits for it. From
+#: the caches, one pool key per AppDefinition, whose jobs read the worker caches: a minute
+#: costs a few instance runs per second at a thousand instances.
+RESYNC_PERIOD = 60.0
+
+
 @dataclass
 class SchedulerConfig:
     namespaces: Sequence[str] | None = None  # None: all namespaces
-    resync_period: float = 600.0
+    resync_period: float = RESYNC_PERIOD
+    epoch_period: float = 2.0  # how often the Redis epoch is read (with an `epoch` given)
     watch_timeout: tuple[float, float] = (300.0, 600.0)
     leader: LeaderConfig | None = None  # None: no election, always leading
 
@@ -65,6 +76,8 @@ class SchedulerStats:
     last_resync_reason: str | None = None
     leaderships: int = 0
     became_leader_at: float | None = None
+    redis_losses: int = 0  # epochs found missing or replaced
+    epoch_errors: int = 0  # epoch reads that failed (Redis unreachable)
 
 
 class Scheduler:
@@ -73,9 +86,11 @@ class Scheduler:
         kube_factory: Callable[[], Kube],
         producer: Producer,
         config: SchedulerConfig,
+        epoch: Epoch | None = None,
     ) -> None:
         self.config = config
         self.producer = producer
+        self.epoch = epoch  # None: no loss detection (tests without Redis)
         self.stats = SchedulerStats()
         self._stop = threading.Event()
         self._lock = threading.Condition()
@@ -223,6 +238,30 @@ class Scheduler:
         self._resync_due, self._resync_reason = True, reason
         self._wake_resync.set()
 
+    def check_epoch(self) -> bool:
+        """Read the Redis epoch (re-creating a missing one); if Redis lost its data, resync
+        now: every waiting key, lease and record is gone, and nothing else would re-add the
+        pools' keys before the next periodic resync. True if it was lost."""
+        if self.epoch is None:
+            return False
+        try:
+            check = self.epoch.check()
+        except Exception as exc:
+            self.stats.epoch_errors += 1
+            log.warning("reading the Redis epoch failed: %s", exc)
+            return False
+        if check.lost:
+            self.stats.redis_losses += 1
+            log.warning("Redis lost its data (epoch %s -> %s): resyncing every pool now",
+                        check.previous, check.current)
+            self.request_resync(REDIS_LOST)
+        return check.lost
+
+    def _epoch_loop(self) -> None:
+        while not self._stop.is_set():
+            self.check_epoch()
+            self._stop.wait(self.config.epoch_period)
+
     # --- leadership callbacks ---------------------------------------------------------------
 
     def _started_leading(self) -> None:
@@ -298,6 +337,8 @@ class Scheduler:
             self._spawn(lambda: elector.run(self._stop), "leader-elector")
         self._spawn(self._dispatch_loop, "dispatcher")
         self._spawn(self._resync_loop, "resync")
+        if self.epoch is not None:
+            self._spawn(self._epoch_loop, "epoch")
         for r in self.reflectors:  # a resync waits for these; wake it when they are done
             threading.Thread(target=self._wake_when_synced, args=(r,), daemon=True).start()
         return self
@@ -330,6 +371,9 @@ class Scheduler:
         if self.elector is not None and self.elector.is_leader():
             self.elector.release()  # the elector thread did not get to it in time
 
+
+#: The resync reason after the epoch showed Redis lost its data (label `redis_lost`).
+REDIS_LOST = "redis lost"
 
 #: Pending-entry marker for "added without a trigger too" (never sent as a trigger field).
 UNTRIGGERED = "*untriggered"

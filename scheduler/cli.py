@@ -15,7 +15,7 @@ import warnings
 
 import click
 
-from scheduler.app import Scheduler, SchedulerConfig
+from scheduler.app import RESYNC_PERIOD, Scheduler, SchedulerConfig
 from scheduler.health import HealthServer
 from scheduler.leader import DEFAULT_LEASE_NAME, LeaderConfig, default_identity
 from warmpool.cli.config import check_servers
@@ -37,8 +37,10 @@ def parse_namespaces(values: tuple[str, ...]) -> list[str] | None:
               help="Redis URL [default: $WARMPOOL_REDIS_URL, else 127.0.0.1:6379 if it answers, "
                    "else an embedded server].")
 @click.option("--queue", "queue_name", default=None, help="Queue name (default: warmpool).")
-@click.option("--resync-period", type=float, default=600.0, show_default=True,
-              help="Seconds between full resyncs (a PoolKey per AppDefinition).")
+@click.option("--resync-period", type=float, default=RESYNC_PERIOD, show_default=True,
+              help="Seconds between full resyncs (a PoolKey per AppDefinition); a Redis that "
+                   "lost its data is resynced at once (the epoch, every "
+                   "WARMPOOL_QUEUE_EPOCH_PERIOD seconds).")
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True,
               help="Elect a leader with a Lease; without, this process always adds keys.")
 @click.option("--lease-name", default=DEFAULT_LEASE_NAME, show_default=True)
@@ -107,8 +109,12 @@ def scheduler(
     adds = AddCounter()
     producer = KeyedQueue.from_settings(settings, observer=adds)
     config = SchedulerConfig(namespaces=ns_list, resync_period=resync_period,
-                             watch_timeout=watch_timeout, leader=leader)
-    app = Scheduler(lambda: Kube(connect(kubeconfig)), producer, config)
+                             epoch_period=settings.epoch_period, watch_timeout=watch_timeout,
+                             leader=leader)
+    from warmpool.queue.epoch import Epoch
+
+    epoch = Epoch(producer.client, producer.layout, create=True)
+    app = Scheduler(lambda: Kube(connect(kubeconfig)), producer, config, epoch=epoch)
     try:
         health = HealthServer(app, health_host, health_port).start()
     except OSError as exc:

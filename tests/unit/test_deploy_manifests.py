@@ -230,6 +230,17 @@ def test_container_args_are_accepted_by_the_real_cli(base: list[dict[str, Any]])
     assert params["processes"] == int(cpu)
 
 
+def test_the_deployed_resync_leaves_no_release_waiting_minutes(
+    base: list[dict[str, Any]],
+) -> None:
+    """A release whose key Redis lost (without the epoch noticing) waits for the periodic
+    resync: the deployed period is a minute at most, and said so in the manifest."""
+    _, params = parse_cli(container(base, "warmpool-scheduler")["args"])
+    assert 0 < params["resync_period"] <= 60
+    text = (DEPLOY / "base" / "scheduler.yaml").read_text()
+    assert "--resync-period" in text and "backstop" in text
+
+
 def test_a_misspelt_option_would_be_caught() -> None:
     with pytest.raises(click.NoSuchOption):
         parse_cli(["scheduler", "--health-prot=8080"])

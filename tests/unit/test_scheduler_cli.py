@@ -25,9 +25,11 @@ class FakeScheduler:
     made: list[FakeScheduler] = []
     checked: list[tuple[Any, ...]] = []  # check_servers' arguments, one entry per run
 
-    def __init__(self, kube_factory: Any, producer: Any, config: Any) -> None:
+    def __init__(self, kube_factory: Any, producer: Any, config: Any,
+                 epoch: Any = None) -> None:
         self.config = config
         self.producer = producer
+        self.epoch = epoch
         self.started = self.stopped = False
         FakeScheduler.made.append(self)
 
@@ -80,7 +82,10 @@ def test_namespaces_from_the_environment_and_lease_defaults(fake) -> None:
     assert lead.namespace == "team-a" and lead.name == "warmpool-scheduler"
     assert (lead.lease_duration, lead.renew_deadline, lead.retry_period) == (15, 10, 2)
     assert str(os.getpid()) in lead.identity
-    assert s.config.resync_period == 600 and s.config.watch_timeout == (300, 600)
+    assert s.config.resync_period == 60 and s.config.watch_timeout == (300, 600)
+    # The scheduler creates the Redis epoch and reads it every epoch_period (2 s).
+    assert s.epoch is not None and s.epoch.create and s.config.epoch_period == 2.0
+    assert s.epoch.key == s.producer.layout.epoch
     assert "health=http://127.0.0.1:" in result.output
     assert "namespaces=team-a,team-b" in result.output
     # Checked before starting: the watched namespaces and the Lease's, Redis.

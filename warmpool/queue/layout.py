@@ -18,6 +18,8 @@ Project keys (prefix `warmpool:` by default):
   own:<k>    hash  the same fields for the writes k's last run made itself (PX 300 s): a
                    start whose every trigger is in here is skipped ("own")
   maintenance:<task>  str  short NX lock: one process at a time runs recovery / audit
+  epoch      str   a random value the scheduler creates (no TTL); missing or changed means
+                   Redis lost its data (see `epoch`)
 
 dramatiq keys (namespace `dramatiq`): `<ns>:<queue>` (list of message ids), `<queue>.msgs`,
 `<queue>.XQ` / `.XQ.msgs` (dead letters), `__acks__.<worker>.<queue>`, `__heartbeats__`; the
@@ -81,6 +83,10 @@ class Layout:
     @property
     def fence(self) -> str:
         return self._p("fence")
+
+    @property
+    def epoch(self) -> str:
+        return self._p("epoch")
 
     def triggers(self, key: str) -> str:
         return self._p(f"trig:{key}")

@@ -14,6 +14,11 @@ Every `recovery_period`, in one process at a time (a short SET NX PX lock):
 
 Every `audit_period`, likewise once: dirty keys with no lease and no queued message (the
 message was purged, dead-lettered by dramatiq, or lost in a failover) get a new one.
+
+Every `epoch_period`, in every process: read the Redis epoch (`warmpool.queue.epoch`); a
+missing or changed one is reported to the observer (logged, counted): Redis lost its data,
+the leases of running jobs with it (their renewals fail, and they stop writing), and the
+scheduler resyncs everything.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import logging
 import threading
 import time
 
+import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis, dq_name
 
+from warmpool.queue.epoch import Epoch
 from warmpool.queue.jobs import Jobs
 
 log = logging.getLogger(__name__)
@@ -45,6 +52,8 @@ class Maintenance:
         self._thread: threading.Thread | None = None
         self._next_recovery = 0.0
         self._next_audit = 0.0
+        self._next_epoch = 0.0
+        self.epoch = Epoch(self.client, jobs.queue.layout, create=False)
 
     def promote_due(self) -> int:
         """Move due delayed keys into the queue (the add logic, atomically per key)."""
@@ -115,6 +124,17 @@ class Maintenance:
             log.warning("audit re-enqueued %d waiting keys that had lost their message", repaired)
         return repaired
 
+    def check_epoch(self) -> bool:
+        """Read the epoch; report a loss to the observer. True if Redis lost its data."""
+        try:
+            check = self.epoch.check()
+        except redis.RedisError as exc:
+            log.warning("reading the Redis epoch failed: %s", exc)
+            return False
+        if check.lost:
+            self.jobs.observer.on_redis_lost(check.previous, check.current)
+        return check.lost
+
     def _once(self, name: str, period: float) -> bool:
         """True for exactly one caller per `period` across all processes."""
         lock = self.jobs.queue.layout.maintenance_lock(name)
@@ -133,6 +153,9 @@ class Maintenance:
             self._next_audit = now + s.audit_period
             if self._once("audit", s.audit_period):
                 self.audit()
+        if now >= self._next_epoch:
+            self._next_epoch = now + s.epoch_period
+            self.check_epoch()
 
     def _run(self) -> None:
         while not self._stop.wait(self.settings.maintenance_period):

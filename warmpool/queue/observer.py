@@ -34,6 +34,10 @@ class QueueObserver(Protocol):
     def on_recovered(self, key: str, result: str) -> None:
         """A crashed holder's key was taken back by maintenance: recovered | dead."""
 
+    def on_redis_lost(self, previous: str | None, current: str | None) -> None:
+        """The Redis epoch this process knew is missing (`current` None) or replaced: Redis
+        lost its data (see `warmpool.queue.epoch`)."""
+
 
 class NullObserver:
     """No-op base: subclass and override what you count."""
@@ -63,6 +67,9 @@ class NullObserver:
         pass
 
     def on_recovered(self, key: str, result: str) -> None:
+        pass
+
+    def on_redis_lost(self, previous: str | None, current: str | None) -> None:
         pass
 
 

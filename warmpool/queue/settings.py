@@ -43,6 +43,8 @@ class QueueSettings:
     poll_timeout: the longest an idle consumer sleeps between fetches.
     drain_timeout: how long a stopping worker waits for running jobs.
     batch: how many keys one maintenance script call handles.
+    epoch_period: how often schedulers and worker processes read the Redis epoch (one GET),
+        so a Redis that lost its data is noticed in seconds (see `warmpool.queue.epoch`).
     """
 
     redis_url: str | None = None
@@ -63,6 +65,7 @@ class QueueSettings:
     poll_timeout: float = 0.1
     drain_timeout: float = 30.0
     batch: int = 200
+    epoch_period: float = 2.0
 
     def __post_init__(self) -> None:
         positive = (
@@ -74,6 +77,7 @@ class QueueSettings:
             "audit_period",
             "heartbeat_timeout",
             "poll_timeout",
+            "epoch_period",
         )
         for name in positive:
             if getattr(self, name) <= 0:
