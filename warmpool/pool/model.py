@@ -57,6 +57,8 @@ class AppDefinition:
     limits_cpu: str | None
     limits_memory: str | None
     deleting: bool
+    # metadata.creationTimestamp: which of two colliding AppDefinitions came first.
+    created: str = ""
 
     def owner_reference(self) -> dict[str, str]:
         return {
@@ -183,6 +185,7 @@ def parse_appdefinition(
         limits_cpu=resources["limitsCpu"],
         limits_memory=resources["limitsMemory"],
         deleting=bool(meta.get("deletionTimestamp")),
+        created=str(meta.get("creationTimestamp") or ""),
     )
 
 
