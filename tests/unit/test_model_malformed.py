@@ -20,6 +20,7 @@ from warmpool.pool.model import (
     Invalid,
     Session,
     parse_appdefinition,
+    parse_instance_id,
     parse_session,
     session_error,
 )
@@ -67,6 +68,13 @@ def test_instance_ids_are_plain_ascii_decimals(raw: str) -> None:
 
 def test_a_plain_instance_id_is_read() -> None:
     assert parse_session(session_obj()).instance_id == 3
+
+
+@pytest.mark.parametrize("raw", WEIRD)
+def test_parse_instance_id_is_total(raw: Any) -> None:
+    """The one reading of the annotation, for the scheduler's key mapping too."""
+    k = parse_instance_id(raw)
+    assert k is None or (isinstance(k, int) and 0 < k < 10**9)
 
 
 def _paths(obj: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

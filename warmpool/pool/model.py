@@ -250,7 +250,7 @@ def _opt_str(value: Any) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
-def _instance_id(raw: object) -> int | None:
+def parse_instance_id(raw: object) -> int | None:
     """The id an instance-id annotation names, or None when it names none.
 
     Only plain ASCII decimals without a leading zero, at most 9 digits, are ids: str.isdigit()
@@ -299,7 +299,7 @@ def parse_session(obj: Mapping[str, Any]) -> Session:
         user=user,
         created=str(meta.get("creationTimestamp") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
-        instance_id=_instance_id(annotations.get(v.ANNOTATION_INSTANCE_ID)),
+        instance_id=parse_instance_id(annotations.get(v.ANNOTATION_INSTANCE_ID)),
         # The controller owns the status and rewrites it; a mangled one reads as NEW.
         status=status if isinstance(status, str) and status else v.STATUS_NEW,
         message=message if isinstance(message, str) else "",
