@@ -186,6 +186,27 @@ def test_retirement_keeping_a_foreign_owned_external_service_guards_with_it_firs
     assert {d.part for d in of(p.actions, Delete)} == set(PARTS) - {Part.EXTERNAL_SERVICE}
 
 
+def test_a_resumed_release_guards_its_pod_reset_with_the_external_service() -> None:
+    # A crash after the allow-list was cleared: only the Services' session labels are left.
+    # The reset must not be the plan's first write: on a stale read it would take the pod of
+    # whoever claimed the instance since.
+    a = appdef(min_instances=2)
+    gone = session(instance=1, deleting=True)
+    held = instance(a, 1, holder=gone)
+    free = instance(a, 1)
+    ext = copy.deepcopy(free.get(Part.EXTERNAL_SERVICE))
+    ext["metadata"]["labels"] = held.get(Part.EXTERNAL_SERVICE)["metadata"]["labels"]
+    p = plan(with_objects(free, EXTERNAL_SERVICE=ext), a, [gone])
+    kinds = [type(x) for x in p.actions]
+    assert ResetPods in kinds
+    first = p.actions[0]
+    assert isinstance(first, Patch) and first.part is Part.EXTERNAL_SERVICE
+    assert first.resource_version == ext["metadata"]["resourceVersion"]
+    assert kinds.index(Patch) < kinds.index(ResetPods)
+    last = p.actions[-1]  # the marker still goes last
+    assert isinstance(last, Patch) and last.part is Part.EXTERNAL_SERVICE and last.patch
+
+
 def test_deletes_without_an_external_service_in_the_read_ask_for_the_servers_view() -> None:
     a = appdef(min_instances=1)
     view = instance(a, 2, missing=(Part.EXTERNAL_SERVICE,))

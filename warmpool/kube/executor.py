@@ -93,12 +93,17 @@ class Executor:
         self.guard = guard
         self.sink = sink
         self.written: list[tuple[str, str]] = []
+        # The version each of this plan's own writes left, by (kind, name): a second write to
+        # the same object in one plan is guarded by the first one's result, not by the read
+        # (which the first write has made old). The first write checked the read.
+        self._versions: dict[tuple[str, str], str] = {}
 
     def _wrote(self, kind: str, obj: dict[str, Any]) -> None:
         obj.setdefault("kind", kind)
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if rv:
             self.written.append((f"{kind}/{obj['metadata']['name']}", str(rv)))
+            self._versions[(kind, obj["metadata"]["name"])] = str(rv)
         if self.sink is not None:
             self.sink.wrote(obj)
 
@@ -137,8 +142,9 @@ class Executor:
                 body = {**patch, "metadata": self._fenced(patch.get("metadata", {}))}
                 # Safe on a stale read: the resourceVersion we decided on is the precondition.
                 try:
-                    patched = self.kube.merge_patch(part.api_version, part.kind, ns, name, body,
-                                                    resource_version=rv)
+                    patched = self.kube.merge_patch(
+                        part.api_version, part.kind, ns, name, body,
+                        resource_version=self._versions.get((part.kind, name), rv))
                 except KubeError as exc:
                     if exc.status == 404:
                         raise Conflict(f"{part.kind} {name} vanished") from exc
@@ -148,16 +154,15 @@ class Executor:
             case Delete(part=part, name=name, uid=uid, resource_version=rv, why=why):
                 # Safe on a stale read: uid and resourceVersion are both preconditions.
                 self.kube.delete(part.api_version, part.kind, ns, name, uid=uid,
-                                 resource_version=rv)
+                                 resource_version=self._versions.get((part.kind, name), rv))
                 self._deleted(part.kind, name, uid)
                 log.info("deleted %s %s (%s)", part.kind, name, why)
             case ResetPods(app_selector=selector):
-                # No resourceVersion on these deletes: the pods are listed now, under the
-                # instance's lease, and each delete carries the listed pod's uid, so a pod
-                # created after the listing is not touched. When this plan's guarded writes
-                # before it (the allow-list, the Deployment) were stale, their 409 stops the
-                # plan first; when it has none, a reset decided on a stale read can still
-                # delete a pod a claim has just been given (open: the exclusion issue, #15).
+                # No resourceVersion on these deletes: the pods are listed now, and each delete
+                # carries the listed pod's uid, so a pod created after the listing is not
+                # touched. A plan always has a guarded write before its reset (`decide`'s
+                # `_guard_reset`, or a read from the server where nothing can guard), so a
+                # reset decided on a stale read is stopped by that write's 409 first.
                 pods = self._pods(selector)
                 for pod in pods:
                     meta = pod["metadata"]

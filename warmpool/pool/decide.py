@@ -372,11 +372,13 @@ def _free(
             # resourceVersion, which a write after this would then find changed, every time.
             # Before the external Service is freed, which is what lets the next claim in.
             actions.append(ResetPods(naming.app_selector(appdef.spec_name, instance.id)))
-    return Plan("outdated" if outdated else "free", None, _claim_guard_first(instance, actions))
+    return Plan("outdated" if outdated else "free", None,
+                _guard_reset(instance, _claim_guard_first(instance, actions)))
 
 
 def unguarded_deletes(instance: InstanceView, plan: Plan) -> bool:
-    """Whether `plan` deletes an object of an instance whose external Service was not seen.
+    """Whether `plan` deletes an object (or resets the pods) of an instance whose external
+    Service was not seen.
 
     Every other delete is tied to the external Service on the server: the retirement deletes
     it first, the replacement of an outdated part patches it first (`_claim_guard_first`),
@@ -390,7 +392,7 @@ def unguarded_deletes(instance: InstanceView, plan: Plan) -> bool:
     absent on the server stays absent while the plan runs.
     """
     return (instance.get(Part.EXTERNAL_SERVICE) is None
-            and any(isinstance(a, Delete) for a in plan.actions))
+            and any(isinstance(a, Delete | ResetPods) for a in plan.actions))
 
 
 def _claim_guard_first(instance: InstanceView, actions: list[Action]) -> list[Action]:
@@ -413,6 +415,30 @@ def _claim_guard_first(instance: InstanceView, actions: list[Action]) -> list[Ac
         first = _patch(Part.EXTERNAL_SERVICE, ext, {}, "guard against a claim meanwhile")
         return [first, *actions]
     return [first, *(a for a in actions if a is not first)]
+
+
+def _guard_reset(instance: InstanceView, actions: list[Action]) -> list[Action]:
+    """Make sure a guarded write comes before a pod reset.
+
+    The reset deletes the pods it lists when it runs, with no precondition of its own: on a
+    stale read (the release was finished long ago and the instance claimed again) it would
+    take the new holder's pod. A guarded write before it is refused in that case, which stops
+    the plan; a release usually has one (the allow-list, the Deployment), and when it has
+    none (a release resumed after a crash) an empty patch of the external Service, which
+    still carries the old holder's reference, is put first. While that reference is there,
+    no claim can take the instance.
+    """
+    for action in actions:
+        if isinstance(action, Patch | Delete):
+            return actions
+        if isinstance(action, ResetPods):
+            break
+    else:
+        return actions
+    ext = instance.get(Part.EXTERNAL_SERVICE)
+    if ext is None:
+        return actions  # `unguarded_deletes`: the caller confirms on the server's view
+    return [_patch(Part.EXTERNAL_SERVICE, ext, {}, "guard the pod reset"), *actions]
 
 
 def _free_patch(
