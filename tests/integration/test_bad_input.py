@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import redis
 import yaml
-from kubernetes.client import CoreV1Api
+from kubernetes.client import AppsV1Api, CoreV1Api
 from kubernetes.client.rest import ApiException
 
 from scheduler.process import SchedulerProcess
@@ -40,7 +40,10 @@ from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
 from warmpool.kube.api import Kube, KubeError
+from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
+from warmpool.pool.model import AppDefinition, parse_appdefinition
+from warmpool.pool.parts import Part
 from warmpool.queue.redis_conn import connect as redis_connect
 from warmpool.queue.settings import QueueSettings
 from workers.process import WorkerPool
@@ -206,6 +209,30 @@ BAD_APPDEFS = [
     BadAppDef("image-missing", {"image": DROP}, "spec.image is missing"),
     BadAppDef("image-blank", {"image": "   "}, "spec.image is missing"),
     BadAppDef("name-missing", {"name": DROP}, "spec.name must match"),
+    # issue #15, item 6: a hard cap on the pool size
+    BadAppDef("max-above-ceiling", {"maxInstances": 1_000_000},
+              "spec.maxInstances (1000000) is above the ceiling of 5000 instances"),
+    BadAppDef("min-above-ceiling", {"minInstances": 1_000_000, "maxInstances": 1_000_000},
+              "spec.minInstances (1000000) is above the ceiling of 5000 instances"),
+    # item 9: fields that go verbatim into every Deployment
+    BadAppDef("cpu-word", {"requestsCpu": "lots"},
+              "spec.requestsCpu must be a Kubernetes quantity"),
+    BadAppDef("memory-with-space", {"limitsMemory": "1 Gi"},
+              "spec.limitsMemory must be a Kubernetes quantity"),
+    BadAppDef("memory-MB", {"requestsMemory": "64MB"},
+              "spec.requestsMemory must be a Kubernetes quantity"),
+    BadAppDef("limit-negative", {"limitsCpu": "-1"}, "spec.limitsCpu must not be negative"),
+    BadAppDef("request-above-limit", {"requestsMemory": "1Gi", "limitsMemory": "512Mi"},
+              "spec.requestsMemory ('1Gi') must not exceed spec.limitsMemory ('512Mi')"),
+    BadAppDef("pull-policy-lower-case", {"imagePullPolicy": "always"},
+              "spec.imagePullPolicy must be one of Always, IfNotPresent, Never"),
+    BadAppDef("uid-negative", {"uid": -1},
+              "spec.uid (the pod's runAsUser) must be between 0 and 2147483647"),
+    BadAppDef("uid-above-int32", {"uid": 2**31},
+              "spec.uid (the pod's runAsUser) must be between 0 and 2147483647"),
+    BadAppDef("image-trailing-space", {"image": "theiacloud/theia-cloud-demo:1.0 "},
+              "spec.image must not contain whitespace"),
+    BadAppDef("port-of-the-proxy", {"port": 5000}, "spec.port must not be 5000"),
 ]
 
 
@@ -233,6 +260,16 @@ BROKEN_LATER = [
     BadAppDef("inverted", {"minInstances": 3, "maxInstances": 1}, "must not exceed"),
     BadAppDef("not-a-number", {"minInstances": "many"}, "must be an integer"),
     BadAppDef("image-removed", {"image": None}, "spec.image is missing"),
+    # issue #15, item 9: a spec change with a bad quantity deleted every free Deployment,
+    # whose re-creation then failed forever
+    BadAppDef("cpu-quantity", {"limitsCpu": "two"}, "spec.limitsCpu must be a Kubernetes quantity"),
+    BadAppDef("pull-policy", {"imagePullPolicy": "Sometimes"},
+              "spec.imagePullPolicy must be one of"),
+    BadAppDef("request-above-limit", {"requestsCpu": "4", "limitsCpu": "1"},
+              "spec.requestsCpu ('4') must not exceed spec.limitsCpu ('1')"),
+    # item 6: raised past the ceiling, the pool is left as it is (no million ids enumerated)
+    BadAppDef("above-ceiling", {"minInstances": 1_000_000, "maxInstances": 1_000_000},
+              "is above the ceiling of 5000 instances"),
 ]
 
 
@@ -264,6 +301,129 @@ def test_appdefinition_broken_while_in_use_is_left_as_it_is(
     assert (after.get("operatorStatus"), after.get("operatorMessage")) == (
         held_status["operatorStatus"], held_status["operatorMessage"]), \
         "the status of a Session that holds an instance was rewritten"
+
+
+# (field, value, exact): with `exact`, the API server's verdict on a Deployment carrying the value
+# must equal parse_appdefinition's; without it, only a value the server refuses must be refused
+# (the parser may be stricter: whitespace inside an image, the proxy's port, huge exponents).
+DEPLOYMENT_FIELDS: list[tuple[str, Any, bool]] = [
+    *((f, q, True) for f, q in [
+        ("requestsCpu", "100m"), ("requestsCpu", "2"), ("requestsCpu", ".5"),
+        ("requestsCpu", "1."), ("requestsCpu", "+1"), ("requestsCpu", "100n"),
+        ("requestsCpu", "5u"), ("limitsCpu", "1e3"), ("requestsCpu", "1E-3"),
+        ("limitsCpu", "lots"), ("limitsCpu", "-1"), ("limitsCpu", "1 "), ("limitsCpu", "1,5"),
+        ("limitsCpu", "0x10"), ("limitsCpu", "1_000"), ("limitsCpu", "."), ("limitsCpu", "1e"),
+        ("requestsMemory", "64Mi"), ("requestsMemory", "0.5Gi"), ("requestsMemory", "1k"),
+        ("requestsMemory", "1Ki"), ("requestsMemory", "64MB"), ("requestsMemory", "64mi"),
+        ("requestsMemory", "1ki"), ("requestsMemory", "1e3Mi"), ("limitsMemory", "1 Gi"),
+        ("limitsMemory", "2Ei"), ("limitsMemory", "-1Gi"), ("limitsMemory", "nan"),
+        ("limitsMemory", "Infinity"), ("limitsMemory", "\u0661"),
+    ]),
+    ("imagePullPolicy", "Always", True), ("imagePullPolicy", "Never", True),
+    ("imagePullPolicy", "always", True), ("imagePullPolicy", "Sometimes", True),
+    ("uid", 0, True), ("uid", -1, True), ("uid", 2**31 - 1, True), ("uid", 2**31, True),
+    ("image", "theiacloud/theia-cloud-demo:1.0 ", False),
+    ("image", " theiacloud/theia-cloud-demo:1.0", False),
+    ("image", "theia cloud", False),
+    ("requestsCpu", "1e61", False),
+]
+
+
+def _deployment_with(spec_field: str, value: Any) -> dict[str, Any]:
+    """The Deployment builders.build makes for a valid spec, with one field set to `value`."""
+    ok = parse_appdefinition({"metadata": {"name": "probe", "namespace": "x",
+                                           "uid": "0000-probe-0123456789ab"},
+                              "spec": valid_spec("probe")})
+    assert isinstance(ok, AppDefinition), ok
+    body = builders.build(Part.DEPLOYMENT, ok, 1, holder=None, proxy_template=None,
+                          settings=builders.PoolSettings())
+    app = body["spec"]["template"]["spec"]["containers"][0]
+    where = {"requestsCpu": ("requests", "cpu"), "requestsMemory": ("requests", "memory"),
+             "limitsCpu": ("limits", "cpu"), "limitsMemory": ("limits", "memory")}
+    if spec_field in where:
+        group, resource = where[spec_field]
+        app["resources"][group][resource] = value
+    elif spec_field == "imagePullPolicy":
+        app["imagePullPolicy"] = value
+    elif spec_field == "uid":
+        app["securityContext"] = {"runAsUser": value}
+    else:
+        app[spec_field] = value
+    body["metadata"]["name"] = f"probe-{uuid.uuid4().hex[:8]}"
+    return body
+
+
+def test_the_deployment_checks_agree_with_the_api_server(ctl: Controller, kube_api: Any) -> None:
+    """A spec the parser accepts is a Deployment the API server accepts: asked with a dry run
+    for every value above (the quantity grammar exactly; the rest no looser than the server)."""
+    apps = AppsV1Api(kube_api)
+    wrong = []
+    for spec_field, value, exact in DEPLOYMENT_FIELDS:
+        parsed = parse_appdefinition({"metadata": {"name": "p", "uid": "u" * 20},
+                                      "spec": valid_spec("probe", **{spec_field: value})})
+        mine = isinstance(parsed, AppDefinition)
+        try:
+            apps.create_namespaced_deployment(ctl.ns, _deployment_with(spec_field, value),
+                                              dry_run="All")
+            server = True
+        except ApiException as exc:
+            if exc.status not in (400, 422):
+                raise
+            server = False
+        if (mine != server) if exact else (mine and not server):
+            wrong.append(f"{spec_field}={value!r}: parser {'accepts' if mine else 'refuses'}, "
+                         f"API server {'accepts' if server else 'refuses'}")
+    assert wrong == [], "\n".join(wrong)
+
+
+# --- selector collisions (issue #15, item 8) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    pytest.param("CollJava", "colljava", id="case"),
+    pytest.param("coll_a_b", "coll-a-b", id="underscore"),
+])
+def test_the_later_of_two_colliding_appdefinitions_is_invalid(
+    ctl: Controller, first: str, second: str
+) -> None:
+    """Two pools whose `app` selectors coincide would route each other's Services to each
+    other's pods: the later is reported invalid, naming the earlier, and builds nothing; the
+    earlier one's instance is not touched, and its Session keeps it."""
+    kube, ns = ctl.kube, ctl.ns
+    tag = uuid.uuid4().hex[:5]
+    older, newer = f"coll-old-{tag}", f"coll-new-{tag}"
+    create_appdef(kube, ns, older, min_instances=1, max_instances=2, spec_name=first)
+    sname = f"s-{older}"
+    kube.create(session_body(ns, sname, {"name": sname, "appDefinition": older,
+                                         "user": USERS[12], "workspace": "ws"}))
+    wait_status(kube, ns, sname, "HANDLED", "Instance 1")
+    wait_for(lambda: len(instance_objects(kube, ns, older, 1)) == 5, timeout=SETTLE)
+    before = snapshot(kube, ns, older, 1)
+    try:
+        create_appdef(kube, ns, newer, min_instances=2, max_instances=3, spec_name=second)
+        fragment = f"AppDefinition {older!r} (spec.name {first!r})"
+        wait_for(lambda: any(fragment in m for m in events_about(kube, ns, newer,
+                                                                 "InvalidAppDefinition")),
+                 timeout=SETTLE, message=lambda: f"InvalidAppDefinition event with "
+                 f"{fragment!r}: {events_about(kube, ns, newer, 'InvalidAppDefinition')}")
+        waiting = f"s-{newer}"
+        kube.create(session_body(ns, waiting, {"name": waiting, "appDefinition": newer,
+                                               "user": USERS[13], "workspace": "ws"}))
+        st = wait_status(kube, ns, waiting, "HANDLING", "is invalid")
+        assert fragment in st["operatorMessage"]
+        assert all(instance_objects(kube, ns, newer, k) == {} for k in (1, 2)), \
+            "the later of two colliding pools was built"
+        assert snapshot(kube, ns, older, 1) == before
+        assert status_of(kube, ns, sname).get("operatorStatus") == "HANDLED"
+    finally:
+        # The checker of the other cases knows nothing of collisions: leave none behind.
+        for name in (newer, older):
+            with contextlib.suppress(KubeError):
+                kube.delete(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, name)
+        with contextlib.suppress(KubeError):
+            kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, sname)
+        with contextlib.suppress(KubeError):
+            kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, f"s-{newer}")
 
 
 @pytest.mark.parametrize("spec_name", [
@@ -364,6 +524,22 @@ BAD_SESSIONS = [
     BadSession("no-at", {"user": "not-an-address"}, BAD_USER),
     BadSession("no-domain-dot", {"user": "user@localhost"}, BAD_USER),
     BadSession("only-spaces", {"user": "   "}, BAD_USER),
+    # issue #15, item 7: the e-mail grammar, each refusal naming its rule
+    BadSession("kelvin-sign", {"user": "\u212aate@example.com"},
+               f"{BAD_USER}: character 1 is a non-ASCII character U+212A"),
+    BadSession("no-break-space", {"user": "user1\u00a0@example.com"}, "U+00A0"),
+    BadSession("quoted-local-part", {"user": '"user 1"@example.com'},
+               f"{BAD_USER}: character 1 is a quote"),
+    BadSession("leading-hash", {"user": "#user1@example.com"}, "starts with '#'"),
+    BadSession("bell", {"user": "user1\x07@example.com"}, "control character (U+0007)"),
+    BadSession("carriage-return", {"user": "user1@example.com\r"}, "control character"),
+    BadSession("longer-than-254", {"user": "u" * 250 + "@example.com"},
+               "longer than 254 characters"),
+    BadSession("domain-literal", {"user": "user1@[127.0.0.1]"}, "not allowed after '@'"),
+    BadSession("empty-domain-label", {"user": "user1@example..com"}, "label 2 of the domain"),
+    BadSession("dot-at-start", {"user": ".user1@example.com"}, "local part"),
+    BadSession("parenthesis", {"user": "user1(me)@example.com"},
+               "character '(' is not allowed before '@'"),
 ]
 
 
@@ -439,6 +615,48 @@ def test_odd_but_valid_users_are_served(ctl: Controller, user: str) -> None:
     emails = [o for o in instance_objects(kube, ns, app, 1).values()
               if (o["metadata"].get("labels") or {}).get(v.LABEL_TEMPLATE_PURPOSE) == "emails"]
     assert emails and emails[0]["data"][v.EMAILS_KEY] == user
+
+
+def test_malformed_sessions_among_twenty_claiming_at_once(ctl: Controller) -> None:
+    """Issue #15, item 5: a Session annotated `instance-id: "²"` made parse_session raise in
+    every job of the namespace. Two malformed Sessions (that annotation, and one of 5000
+    digits, which int() refuses) arrive with 20 valid ones at once: all 20 are served, each
+    with its own instance, and the malformed ones settle too (the annotation is not obeyed)."""
+    kube, ns = ctl.kube, ctl.ns
+    app = f"crowd-{uuid.uuid4().hex[:5]}"
+    create_appdef(kube, ns, app, min_instances=22, max_instances=25, spec_name=app)
+    wait_for(lambda: all(len(instance_objects(kube, ns, app, k)) == 5 for k in range(1, 23)),
+             timeout=SETTLE, message="22 prewarmed instances")
+    odd = {f"{app}-sup": "²", f"{app}-long": "1" * 5000}
+    valid = [f"{app}-{i}" for i in range(20)]
+    for i, name in enumerate([*odd, *valid]):
+        body = session_body(ns, name, {"name": name, "appDefinition": app,
+                                       "user": USERS[20 + i], "workspace": "ws"})
+        if name in odd:
+            body["metadata"]["annotations"] = {v.ANNOTATION_INSTANCE_ID: odd[name]}
+        kube.create(body)
+
+    def served() -> dict[str, str] | None:
+        ids = {}
+        for name in valid:
+            obj = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+            if (obj.get("status") or {}).get("operatorStatus") != "HANDLED":
+                return None
+            ids[name] = obj["metadata"]["annotations"][v.ANNOTATION_INSTANCE_ID]
+        return ids
+
+    ids = wait_for(served, timeout=SETTLE, message=lambda: "the 20 valid Sessions: " + str(
+        {n: status_of(kube, ns, n).get("operatorStatus") for n in valid}))
+    assert len(set(ids.values())) == 20, f"two Sessions share an instance: {ids}"
+    for name in odd:
+        st = wait_for(lambda n=name: (status_of(kube, ns, n) if status_of(kube, ns, n).get(
+            "operatorStatus") in ("HANDLED", "ERROR") else None), timeout=SETTLE,
+            message=f"Session {name} settles")
+        assert st.get("operatorMessage")
+    # The odd two are judged above: how a report of their annotation shows is not I1-I6's.
+    problems = [str(x) for x in check(kube, ns)
+                if app in str(x) and not any(n in str(x) for n in odd)]
+    assert problems == [], "; ".join(problems)
 
 
 FINALIZER = "warmpool.test/hold"
