@@ -40,7 +40,7 @@ from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
 from warmpool.kube.api import Kube, KubeError
-from warmpool.pool import builders
+from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import AppDefinition, parse_appdefinition
 from warmpool.pool.parts import Part
@@ -625,8 +625,21 @@ def test_malformed_sessions_among_twenty_claiming_at_once(ctl: Controller) -> No
     kube, ns = ctl.kube, ctl.ns
     app = f"crowd-{uuid.uuid4().hex[:5]}"
     create_appdef(kube, ns, app, min_instances=22, max_instances=25, spec_name=app)
-    wait_for(lambda: all(len(instance_objects(kube, ns, app, k)) == 5 for k in range(1, 23)),
-             timeout=SETTLE, message="22 prewarmed instances")
+    uid12 = kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app)["metadata"]["uid"][-12:]
+
+    def complete() -> int:  # instances with all five objects, from one listing of each kind
+        parts: dict[int, int] = {}
+        for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment"),
+                                  ("v1", "ConfigMap")):
+            items, _ = kube.list(api_version, kind, ns, label_selector=v.LABEL_GENERATION)
+            for item in items:
+                k = naming.instance_id_from_name(item["metadata"]["name"])
+                if k is not None and uid12 in item["metadata"]["name"]:
+                    parts[k] = parts.get(k, 0) + 1
+        return sum(1 for n in parts.values() if n == 5)
+
+    wait_for(lambda: complete() == 22, timeout=SETTLE,
+             message=lambda: f"22 prewarmed instances, {complete()} complete")
     odd = {f"{app}-sup": "²", f"{app}-long": "1" * 5000}
     valid = [f"{app}-{i}" for i in range(20)]
     for i, name in enumerate([*odd, *valid]):
