@@ -14,8 +14,9 @@ The grammar (apimachinery's quantity.go, with the decimal suffixes its suffixer 
               / "n" / "u" / "m" / "k" / "M" / "G" / "T" / "P" / "E"  (powers of 1000)
               / ( "e" / "E" ) [ "+" / "-" ] digits              (powers of 10)
 
-ASCII digits only. Exponents are limited to what a resource can sensibly mean (|e| <= 60):
-stricter than the server, which is the safe side.
+ASCII digits only. Stricter than the server where the server's reading is surely not what
+was meant, which is the safe side: exponents are limited to |e| <= 60, and a number is
+required (apimachinery reads ".", "+" and a bare "Mi" as 0).
 """
 
 from __future__ import annotations
