@@ -341,3 +341,28 @@ def test_invalid_appdefinition_is_reported_and_its_pool_left_as_it_is(
     assert emails(kube, ns, "java", held_instance(kube, ns, "s1")) == USERS[1]
     events, _ = kube.list("v1", "Event", ns)
     assert any(e["reason"] == "InvalidAppDefinition" for e in events)
+
+
+def test_an_annotation_alone_takes_no_instance_and_is_removed(kube, namespace) -> None:
+    """pool-spec §4: the deciding write makes a holder, the annotation never does. s2 is
+    annotated by hand with s1's instance, s3 with an id far past maxInstances."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=3, max_instances=4)
+    run_until_quiet(kube, ns)
+    _claim_all(kube, ns, 1)
+    assert held_instance(kube, ns, "s1") == 1
+    for name, k in (("s2", "1"), ("s3", "999999")):
+        create_session(kube, ns, name, USERS[int(name[1:])])
+        kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name,
+                         {"metadata": {"annotations": {v.ANNOTATION_INSTANCE_ID: k}}})
+
+    run_until_quiet(kube, ns)
+
+    assert emails(kube, ns, "java", 1) == USERS[1]  # s1 keeps its instance
+    assert {held_instance(kube, ns, "s2"), held_instance(kube, ns, "s3")} == {2, 3}
+    assert instance_objects(kube, ns, "java", 999999) == {}
+    events, _ = kube.list("v1", "Event", ns)
+    ignored = {e["involvedObject"]["name"] for e in events
+               if e.get("reason") == "AnnotationIgnored"}
+    assert ignored == {"s2", "s3"}
+    assert_invariants(kube, ns)

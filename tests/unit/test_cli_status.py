@@ -189,6 +189,11 @@ def test_a_second_claimant_is_shown_next_to_the_rightful_one() -> None:
                 session_obj("s2", instance=1, status="HANDLED",
                             created="2026-01-01T00:00:02Z")]
     pool = objects(a, 1, parse_session(sessions[0]))
+    # A second deciding write (a double claim): the Service references both.
+    ext = next(o for o in pool if o["kind"] == "Service"
+               and "-int" not in o["metadata"]["name"])
+    second = parse_session(sessions[1])
+    ext["metadata"]["ownerReferences"].append(second.owner_reference())
     doc = pool_status("ns", [ad], copy.deepcopy(sessions), pool, [])
     first = doc["appdefinitions"][0]["instances"][0]
     assert (first["session"], first["also_claimed_by"]) == ("s1", ["s2"])

@@ -327,11 +327,36 @@ def test_holder_with_an_invalid_user_gets_an_empty_allow_list() -> None:
     assert any(r.reason == "InvalidUser" for r in of(p.actions, Report))
 
 
-def test_two_claimants_the_referenced_and_annotated_one_wins() -> None:
+def test_an_annotation_alone_makes_no_holder() -> None:
+    # s2 is older and annotated with 1 (a hand edit, a Session re-created under a name):
+    # the Service references s1, so s1 holds 1 and keeps its allow-list.
     a = appdef()
     s1 = session("s1", instance=1, status="HANDLED", created="2026-01-01T00:00:05Z")
     s2 = session("s2", user="bob@example.com", instance=1, created="2026-01-01T00:00:01Z")
     p = plan(instance(a, 1, holder=s1), a, [s1, s2])
+    assert p.holder == s1
+    assert p.actions == []  # nothing rewritten for s2 (its claim job removes the annotation)
+
+
+def test_an_annotation_on_a_free_instance_or_past_the_pool_claims_nothing() -> None:
+    a = appdef(min_instances=2, max_instances=3)
+    s = session("s1", instance=2)
+    p = plan(instance(a, 2), a, [s])
+    assert p.state == "free" and p.holder is None
+    assert not of(p.actions, Patch) and not of(p.actions, AnnotateSession)
+    far = session("s2", instance=999999)
+    p = plan(InstanceView(999999, {}), a, [far])
+    assert p.state == "retired" and not of(p.actions, Create)
+
+
+def test_two_references_the_annotated_one_wins() -> None:
+    a = appdef()
+    s1 = session("s1", instance=1, status="HANDLED", created="2026-01-01T00:00:05Z")
+    s2 = session("s2", user="bob@example.com", created="2026-01-01T00:00:01Z")
+    view = instance(a, 1, holder=s1)
+    ext = copy.deepcopy(view.get(Part.EXTERNAL_SERVICE))
+    ext["metadata"]["ownerReferences"].append(s2.owner_reference())
+    p = plan(with_objects(view, EXTERNAL_SERVICE=ext), a, [s1, s2])
     assert p.holder == s1
     assert any(r.reason == "InstanceConflict" for r in of(p.actions, Report))
 

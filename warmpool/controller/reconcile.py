@@ -10,6 +10,7 @@ they never decide which key runs where or when.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from warmpool.kube.executor import Executor, check_fence
 from warmpool.kube.reader import Reader
 from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
-from warmpool.pool.actions import Report, SetSessionStatus
+from warmpool.pool.actions import AnnotateSession, Report, SetSessionStatus
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.claim import (
     ClaimError,
@@ -31,6 +32,7 @@ from warmpool.pool.claim import (
     decide_claim,
     free_ids,
     is_free,
+    pool_facts,
     waiting_sessions,
 )
 from warmpool.pool.decide import (
@@ -152,13 +154,12 @@ def _wake_waiting(
     not yet seen the instance freed waits for it instead of finding nothing free.
     """
     index = HolderIndex(appdef.name, sessions)
-    if not any(s.instance_id is None and s.status != v.STATUS_ERROR
+    if not any(s.status != v.STATUS_ERROR and not s.annotations.get(v.ANNOTATION_INSTANCE_ID)
                for s in index.live.values()):
-        return []
+        return []  # every live Session has made its claim: nobody to wake
     facts = reader.pool_facts(namespace, appdef.name, appdef, sessions)
-    # A Session whose deciding write is made (a claim in flight) is not waiting.
-    waiting = [s for s in waiting_sessions(facts, index) if s.instance_id is None]
-    free = len(free_ids(appdef, facts, index))
+    waiting = waiting_sessions(facts, index)
+    free = len(free_ids(appdef, facts))
     return [(SessionKey(namespace, s.name), triggers) for s in waiting[:free]]
 
 
@@ -191,6 +192,26 @@ def _set_status(kube: Kube, session: Session, status: str, message: str) -> None
     Executor(kube, session.namespace, Unguarded()).apply(
         [SetSessionStatus(session.name, {"operatorStatus": status, "operatorMessage": message})]
     )
+
+
+def _disown_annotation(reader: Reader, kube: Kube, session: Session) -> None:
+    """Report and remove an `instance-id` annotation the owner references do not back.
+
+    It is not obeyed (pool-spec §4: the deciding write makes a holder), and left in place it
+    would point Theia Cloud's other components at someone else's instance. The patch is
+    guarded by the Session's resourceVersion: if the Session changed since the read (its own
+    claim annotated it meanwhile), the removal is refused and the claim decides again.
+    """
+    message = (f"Session {session.name} is annotated with instance {session.instance_id}, "
+               "which does not hold it (the instance's Service does not reference the "
+               "Session): the annotation is removed and the Session claims like any other")
+    Executor(kube, session.namespace, Unguarded(), sink=reader).apply([
+        AnnotateSession(session.name, {v.ANNOTATION_INSTANCE_ID: None},
+                        resource_version=session.resource_version),
+        Report("AnnotationIgnored", message,
+               regarding={"kind": v.SESSION_KIND, "name": session.name,
+                          "apiVersion": v.SESSION_API_VERSION}),
+    ])
 
 
 def _deciding_write(
@@ -242,6 +263,7 @@ def claim_session(
     a caller that runs every key anyway (the sequential driver) does not need them.
     """
     ns = key.namespace
+    confirmed = False
     for _ in range(MAX_ATTEMPTS):
         session = reader.session(ns, key.session)
         if session is None:
@@ -259,6 +281,21 @@ def claim_session(
             own |= {session.instance_id}
         mine = reader.instances(ns, session.appdef, pool_appdef, own, sessions)
         decision = decide_claim(session, appdef, mine, sessions, facts)
+        if (session.instance_id is not None and pool_appdef is not None
+                and isinstance(decision, ClaimTry | ClaimWait)):
+            # Annotated with an instance it does not hold. Before calling the annotation
+            # wrong, ask the server: a cache behind on the Services may not have seen the
+            # deciding write yet.
+            if not confirmed:
+                confirmed = True
+                for k in own:
+                    reader.instance(ns, session.appdef, pool_appdef, k, sessions, fresh=True)
+                reader.session(ns, session.name, fresh=True)
+                continue
+            # On a 409 the Session changed meanwhile: decide again on what it is now.
+            with contextlib.suppress(Conflict):
+                _disown_annotation(reader, kube, session)
+            continue
         match decision:
             case ClaimSkip(reason=reason):
                 return ClaimResult("skipped", message=reason)
@@ -336,6 +373,8 @@ def resync_pool(reader: Reader, kube: Kube, key: PoolKey) -> list[Key]:
     if appdef is not None:
         ids |= set(range(1, appdef.min_instances + 1))
     keys: list[Key] = [InstanceKey(key.namespace, key.appdef, k) for k in sorted(ids)]
+    # Every Session no Service references: waiting, or annotated with what it does not hold.
+    facts = pool_facts(pool)
     keys += [SessionKey(key.namespace, s.name) for s in sessions
-             if s.live and s.instance_id is None and s.status != v.STATUS_ERROR]
+             if s.live and s.uid not in facts.referenced and s.status != v.STATUS_ERROR]
     return keys

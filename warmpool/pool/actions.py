@@ -57,7 +57,7 @@ class RefreshPods:
 @dataclass(frozen=True, slots=True)
 class AnnotateSession:
     session: str
-    annotations: dict[str, str]
+    annotations: dict[str, str | None]  # None removes one
     # The Session's version the decision read: the write is refused if it changed since.
     resource_version: str = ""
 

@@ -108,22 +108,21 @@ def is_free(inst: InstanceView, appdef: AppDefinition, index: HolderIndex) -> bo
     )
 
 
-def free_ids(appdef: AppDefinition, facts: PoolFacts, index: HolderIndex) -> list[int]:
-    """The ids `is_free` accepts, lowest first. A clean instance's Service references no one,
-    so its only possible holder is a live Session annotated with its id."""
-    annotated = {s.instance_id for s in index.live.values()}
-    return sorted(k for k in facts.clean if k <= appdef.min_instances and k not in annotated)
+def free_ids(appdef: AppDefinition, facts: PoolFacts) -> list[int]:
+    """The ids `is_free` accepts, lowest first: a clean instance's Service references no one,
+    so it has no holder."""
+    return sorted(k for k in facts.clean if k <= appdef.min_instances)
 
 
 def waiting_sessions(facts: PoolFacts, index: HolderIndex) -> list[Session]:
     """Live, valid Sessions of the pool that hold nothing yet, oldest first.
 
-    A Session holds something (for `HolderIndex.of`) when an existing instance is annotated
-    with it or an external Service references it.
+    A Session holds something when an external Service references it (`HolderIndex.of`);
+    its annotation does not count.
     """
     return sorted(
         (s for s in index.live.values()
-         if s.uid not in facts.referenced and s.instance_id not in facts.existing
+         if s.uid not in facts.referenced
          and s.status != v.STATUS_ERROR and session_error(s) is None),
         key=lambda s: (s.created, s.name),
     )
@@ -158,7 +157,7 @@ def decide_claim(
     if session.status == v.STATUS_ERROR:
         return ClaimSkip("Session is in ERROR")
     facts = facts or pool_facts(instances)
-    free = free_ids(appdef, facts, index)
+    free = free_ids(appdef, facts)
     queue = waiting_sessions(facts, index)
     position = next((i for i, s in enumerate(queue) if s.uid == session.uid), len(queue))
     if position < len(free):

@@ -135,27 +135,26 @@ class HolderIndex:
 
     def __init__(self, appdef_name: str, sessions: Sequence[Session]) -> None:
         self.live = {s.uid: s for s in sessions if s.live and s.appdef == appdef_name}
-        self._annotated: dict[int, set[str]] = {}
-        for s in self.live.values():
-            if s.instance_id is not None:
-                self._annotated.setdefault(s.instance_id, set()).add(s.uid)
 
     def of(self, instance: InstanceView) -> list[Session]:
         """Live Sessions holding the instance, the rightful one first (pool-spec §4 `claimant`).
 
-        A Session holds k if it is annotated with k, or (claim in flight) references k's
-        external Service. One that does both comes first; then the reference (it is the
-        deciding write), then the annotation; ties by age.
+        A Session holds k if k's external Service references it: that reference is the
+        claim's deciding write. The `instance-id` annotation never makes a holder by itself
+        (a hand edit, a Session re-created under the same name, an id past maxInstances would
+        otherwise take an instance, or change its holder without a release). While the
+        Service is missing (deleted by hand) the references the claim put on the other four
+        objects stand in for it, so that it is recreated for its holder. One annotated with k
+        comes first; ties by age.
         """
         ext = instance.get(Part.EXTERNAL_SERVICE)
-        by_ref = {r.get("uid") for r in refs(ext) if is_session_ref(r)} & self.live.keys()
-        by_annotation = self._annotated.get(instance.id, set())
+        evidence = [ext] if ext is not None else [o for _, o in instance.existing()]
+        uids = {r.get("uid") for o in evidence for r in refs(o) if is_session_ref(r)}
 
         def rank(s: Session) -> tuple[int, str, str]:
-            both = s.uid in by_ref and s.uid in by_annotation
-            return (0 if both else 1 if s.uid in by_ref else 2, s.created, s.name)
+            return (0 if s.instance_id == instance.id else 1, s.created, s.name)
 
-        return sorted((self.live[u] for u in by_ref | by_annotation), key=rank)
+        return sorted((self.live[u] for u in uids & self.live.keys()), key=rank)
 
 
 def holders(
