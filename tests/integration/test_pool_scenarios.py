@@ -366,3 +366,32 @@ def test_an_annotation_alone_takes_no_instance_and_is_removed(kube, namespace) -
                if e.get("reason") == "AnnotationIgnored"}
     assert ignored == {"s2", "s3"}
     assert_invariants(kube, ns)
+
+
+def _pods(kube, ns, k) -> set[str]:
+    items, _ = kube.list("v1", "Pod", ns, label_selector=f"{v.LABEL_APP}=java-app-{k}")
+    return {p["metadata"]["uid"] for p in items if not p["metadata"].get("deletionTimestamp")}
+
+
+def test_a_held_sessions_user_changed_gets_a_clean_instance_never_the_old_pod(
+    kube, namespace
+) -> None:
+    """The choice for issue #15's spec.user edit: release and re-claim (README, 'A Session's
+    user'). The previous user's pod, and the state in it, never reach the new user."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    assert _claim_all(kube, ns, 1) == {"s1": 1}
+    wait_for(lambda: _pods(kube, ns, 1), timeout=30, message="instance 1's pod")
+    old_pods = _pods(kube, ns, 1)
+
+    kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1",
+                     {"spec": {"user": USERS[2]}})
+    run_until_quiet(kube, ns)
+
+    k = held_instance(kube, ns, "s1")
+    assert k is not None and emails(kube, ns, "java", k) == USERS[2]
+    wait_for(lambda: _pods(kube, ns, k), timeout=30, message=f"instance {k}'s pod")
+    assert not _pods(kube, ns, k) & old_pods
+    assert USERS[1] not in {emails(kube, ns, "java", i) for i in (1, 2)}
+    assert_invariants(kube, ns)

@@ -316,15 +316,37 @@ def test_never_zero_owners_object_with_only_a_dead_sessions_reference_is_deleted
         assert x.patch.get("metadata", {}).get("ownerReferences", [1])
 
 
-def test_holder_with_an_invalid_user_gets_an_empty_allow_list() -> None:
+def test_a_holder_whose_user_changed_is_released_and_the_new_user_never_gets_the_pod() -> None:
     a = appdef()
     s = session(instance=1, status="HANDLED")
     view = instance(a, 1, holder=s)
-    edited = session(instance=1, status="HANDLED", user="jane@example.com\nmallory@evil.io")
-    p = plan(view, a, [edited])
-    email = next(x for x in of(p.actions, Patch) if x.part is Part.EMAIL_CONFIGMAP)
-    assert email.patch["data"] == {"authenticated-emails-list": ""}
-    assert any(r.reason == "InvalidUser" for r in of(p.actions, Report))
+    for user in ("mallory@example.com", "jane@example.com\nmallory@evil.io"):
+        edited = session(instance=1, status="HANDLED", user=user)
+        p = plan(view, a, [edited])
+        assert p.state == "free" and p.holder is None
+        kinds = [type(x) for x in p.actions]
+        email = p.actions[0]  # access ends first, for the old user and the new one
+        assert isinstance(email, Patch) and email.part is Part.EMAIL_CONFIGMAP
+        assert email.patch["data"] == {"authenticated-emails-list": ""}
+        assert ResetPods in kinds  # the previous user's state goes with its pod
+        assert not [x for x in of(p.actions, Patch) if x.patch.get("data", {}).get(
+            "authenticated-emails-list")]
+        last = p.actions[-1]
+        assert isinstance(last, Patch) and last.part is Part.EXTERNAL_SERVICE
+        assert last.patch["metadata"]["annotations"] == {"warmpool.io/claimed-for": None}
+
+
+def test_a_claim_made_without_the_claimed_for_annotation_is_adopted() -> None:
+    a = appdef()
+    s = session(instance=1, status="HANDLED")
+    view = instance(a, 1, holder=s)
+    ext = copy.deepcopy(view.get(Part.EXTERNAL_SERVICE))
+    del ext["metadata"]["annotations"]["warmpool.io/claimed-for"]
+    p = plan(with_objects(view, EXTERNAL_SERVICE=ext), a, [s])
+    assert p.holder == s
+    (patch,) = of(p.actions, Patch)
+    assert patch.part is Part.EXTERNAL_SERVICE
+    assert patch.patch["metadata"]["annotations"]["warmpool.io/claimed-for"].startswith(s.uid)
 
 
 def test_an_annotation_alone_makes_no_holder() -> None:

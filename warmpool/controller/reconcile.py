@@ -19,7 +19,7 @@ from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Conflict, Kube, KubeError
 from warmpool.kube.executor import Executor, check_fence
 from warmpool.kube.reader import Reader
-from warmpool.pool import builders
+from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import AnnotateSession, Report, SetSessionStatus
 from warmpool.pool.builders import PoolSettings
@@ -235,7 +235,9 @@ def _deciding_write(
     owners = [*meta.get("ownerReferences", []), session.owner_reference()]
     patch = {"metadata": {"ownerReferences": owners,
                           "labels": builders.session_labels(appdef, session),
-                          "annotations": {v.ANNOTATION_FENCE: str(guard.fence)}}}
+                          "annotations": {v.ANNOTATION_FENCE: str(guard.fence),
+                                          v.ANNOTATION_CLAIMED_FOR: naming.claimed_for(
+                                              session.uid, session.user)}}}
     try:
         updated = kube.merge_patch("v1", "Service", appdef.namespace, meta["name"], patch,
                                    resource_version=meta["resourceVersion"])

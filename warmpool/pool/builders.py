@@ -145,6 +145,9 @@ def build(
         case Part.DEPLOYMENT:
             body["spec"] = _deployment_spec(appdef, instance, selector, settings)
     metadata["annotations"] = {v.ANNOTATION_SHAPE: shape_hash(body)}
+    if holder is not None and part is Part.EXTERNAL_SERVICE:
+        metadata["annotations"][v.ANNOTATION_CLAIMED_FOR] = naming.claimed_for(holder.uid,
+                                                                               holder.user)
     return body
 
 

@@ -97,8 +97,12 @@ def has_ref(ref_list: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> bo
     return any(r.get("name") == ref["name"] and r.get("uid") == ref["uid"] for r in ref_list)
 
 
+def _annotations(obj: Obj | None) -> Mapping[str, str]:
+    return ((obj or {}).get("metadata") or {}).get("annotations") or {}
+
+
 def _shape(obj: Obj) -> str | None:
-    return ((obj.get("metadata") or {}).get("annotations") or {}).get(v.ANNOTATION_SHAPE)
+    return _annotations(obj).get(v.ANNOTATION_SHAPE)
 
 
 def _generation(obj: Obj) -> str | None:
@@ -146,15 +150,26 @@ class HolderIndex:
         Service is missing (deleted by hand) the references the claim put on the other four
         objects stand in for it, so that it is recreated for its holder. One annotated with k
         comes first; ties by age.
+
+        A Session whose spec.user changed since its deciding write (the Service's claimed-for
+        annotation says for whom it was made) holds nothing: the instance is released, and
+        the pod with the previous user's state never reaches the new user; the Session then
+        claims a clean instance like any other.
         """
         ext = instance.get(Part.EXTERNAL_SERVICE)
         evidence = [ext] if ext is not None else [o for _, o in instance.existing()]
         uids = {r.get("uid") for o in evidence for r in refs(o) if is_session_ref(r)}
+        claimed_for = _annotations(ext).get(v.ANNOTATION_CLAIMED_FOR, "")
 
         def rank(s: Session) -> tuple[int, str, str]:
             return (0 if s.instance_id == instance.id else 1, s.created, s.name)
 
-        return sorted((self.live[u] for u in uids & self.live.keys()), key=rank)
+        def user_unchanged(s: Session) -> bool:
+            return (not claimed_for.startswith(f"{s.uid}/")
+                    or claimed_for == naming.claimed_for(s.uid, s.user))
+
+        return sorted((self.live[u] for u in uids & self.live.keys()
+                       if user_unchanged(self.live[u])), key=rank)
 
 
 def holders(
@@ -274,6 +289,12 @@ def _claimed(
                        if labels.get(k) != val}
             if changed:
                 patch.setdefault("metadata", {})["labels"] = changed
+        claimed_for = naming.claimed_for(holder.uid, holder.user)
+        if (part is Part.EXTERNAL_SERVICE
+                and _annotations(obj).get(v.ANNOTATION_CLAIMED_FOR) != claimed_for):
+            # A claim made before this annotation existed (or by the Java operator): adopt it.
+            patch.setdefault("metadata", {})["annotations"] = {
+                v.ANNOTATION_CLAIMED_FOR: claimed_for}
         if part is Part.EMAIL_CONFIGMAP and _emails(obj) != emails:
             patch["data"] = {v.EMAILS_KEY: emails}
             email_written = True
@@ -455,6 +476,8 @@ def _free_patch(
         stale = {k: None for k in v.SESSION_LABEL_KEYS if k in builders.labels_of(obj)}
         if stale:
             patch.setdefault("metadata", {})["labels"] = stale
+    if v.ANNOTATION_CLAIMED_FOR in _annotations(obj):
+        patch.setdefault("metadata", {})["annotations"] = {v.ANNOTATION_CLAIMED_FOR: None}
     if part is Part.EMAIL_CONFIGMAP and _emails(obj):
         patch["data"] = {v.EMAILS_KEY: ""}
     return patch

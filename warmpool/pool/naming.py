@@ -6,6 +6,7 @@ match the Java output byte for byte: the tests pin the examples of pool-spec.md 
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 VALID_NAME_LIMIT = 62
@@ -112,3 +113,10 @@ def split_instance_name(name: str) -> tuple[int, str] | None:
     """
     m = _INSTANCE_NAME.match(name)
     return (int(m.group(1)), name[m.end():]) if m else None
+
+
+def claimed_for(session_uid: str, user: str) -> str:
+    """The value of the claimed-for annotation: the Session and a digest of its user (no
+    e-mail address in plain text on an object anyone with read access to Services sees)."""
+    digest = hashlib.blake2b(user.encode(), digest_size=8).hexdigest()
+    return f"{session_uid}/{digest}"

@@ -48,6 +48,9 @@ ANNOTATION_REFRESH = "theia-cloud.io/eager-start-refresh"
 ANNOTATION_FENCE = "warmpool.io/fence"
 # warmpool's own: a hash of the object's free-state shape, without generation, holder or owners.
 ANNOTATION_SHAPE = "warmpool.io/shape"
+# warmpool's own, on a claimed external Service: "<Session uid>/<digest of its spec.user>" as
+# the deciding write made it, so a Session whose user changed since is told from its holder.
+ANNOTATION_CLAIMED_FOR = "warmpool.io/claimed-for"
 
 # ConfigMap data keys.
 EMAILS_KEY = "authenticated-emails-list"
