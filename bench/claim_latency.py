@@ -69,7 +69,8 @@ from warmpool.queue.embedded import resolve_redis_url
 from warmpool.testing.apiproxy import ApiProxy, Traffic
 
 APPDEF = "java"
-GOAL_P99 = 1.0
+GOAL_P99_CHURN = 0.5  # and 0 unserved: 20 Sessions/s during a 1,000 -> 100 scale-down
+GOAL_P99_STEADY = 0.25  # 2 Sessions/s on a steady 100-instance pool
 GOAL_REQUESTS = 12.0  # per claim: the writes a claim must make, and no reads it need not
 GOAL_BYTES_RATIO = 1.2  # bytes per claim, large pool / small pool
 
@@ -483,14 +484,14 @@ def rows_for(out: ClaimBench, instances: int, small: int, rate: float,
     w, b, q = out.workers, out.baseline, out.steady
     base = (b.describe() + f"; scale-down {fmt_s(b.scale_down)}") if b else "none (not run)"
     if w is None:
-        return [Row("3 claim latency", "2 x 8 workers + scheduler", "not run", "p99 <= 1 s",
-                    base, "MISSED")]
+        return [Row("3 claim latency", "2 x 8 workers + scheduler", "not run",
+                    f"p99 <= {GOAL_P99_CHURN * 1000:.0f} ms, 0 unserved", base, "MISSED")]
     rows = []
     for res, case, where in (
             (w, f"{rate:.0f} Sessions/s during {instances}→{small}",
              f"scale-down took {fmt_s(w.scale_down)} under churn"),
             (q, f"{q.rate:g} Sessions/s, steady {small}-instance pool" if q else "",
-             "no scale-down (information: the claim path unloaded)")):
+             "no scale-down (the claim path unloaded)")):
         if res is None:
             continue
         p99, exact = res.percentile(0.99)
@@ -509,9 +510,11 @@ def rows_for(out: ClaimBench, instances: int, small: int, rate: float,
             note += (f"; through the proxy per Session served (all of the window's work, "
                      f"scale-down and releases included): "
                      f"{tr.describe(res.traffic, len(res.served), 'Session')}")
-        rows.append(Row("3 claim latency", case, res.describe(), "p99 <= 1 s",
+        goal = GOAL_P99_CHURN if res is w else GOAL_P99_STEADY
+        rows.append(Row("3 claim latency", case, res.describe(),
+                        f"p99 <= {goal * 1000:.0f} ms, 0 unserved",
                         ("sequential driver, same churn: " + base) if res is w else "-",
-                        verdict(exact and p99 <= GOAL_P99), note))
+                        verdict(exact and p99 <= goal and res.unserved == 0), note))
     return rows + cost_rows(out.isolated)
 
 

@@ -9,6 +9,7 @@ each run's start (coalescing, event-to-start latency) and its duration.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import workers.handlers  # noqa: F401  (registers the real handlers)
@@ -26,6 +27,8 @@ def ends_key(settings: QueueSettings) -> str:
 
 
 def _logged(fn: runtime.Handler) -> runtime.Handler:
+    # wraps: the worker sees the real handler underneath (and fills its cache before jobs).
+    @functools.wraps(fn)
     def run(ctx: JobContext) -> None:
         client, settings = ctx.jobs.client, ctx.jobs.settings
         client.rpush(starts_key(settings), f"{time.time():.6f} {ctx.key}")
@@ -34,7 +37,6 @@ def _logged(fn: runtime.Handler) -> runtime.Handler:
         finally:
             client.rpush(ends_key(settings), f"{time.time():.6f} {ctx.key}")
 
-    run.__name__ = getattr(fn, "__name__", "handler")
     return run
 
 

@@ -1,0 +1,53 @@
+"""A worker process fills its cache before it takes jobs, also when its handlers are wrapped
+(the benchmarks' job counter wraps them): otherwise every first job finds the cache empty
+and is handed back until it has listed, and each of those hand-backs counts as a run."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+
+from warmpool.queue.jobs import JobContext
+from workers import handlers, runtime
+
+
+class FakeCache:
+    def __init__(self) -> None:
+        self.waited: list[float] = []
+
+    def wait_synced(self, timeout: float) -> bool:
+        self.waited.append(timeout)
+        return True
+
+
+def _wrapped(fn: runtime.Handler) -> runtime.Handler:
+    @functools.wraps(fn)
+    def run(ctx: JobContext) -> None:
+        fn(ctx)
+    return run
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_the_cache_is_filled_before_jobs_when_the_pool_handlers_run(
+    monkeypatch: pytest.MonkeyPatch, wrap: bool
+) -> None:
+    fake = FakeCache()
+    monkeypatch.setattr(handlers, "cache", lambda: fake)
+    fn = _wrapped(handlers.reconcile) if wrap else handlers.reconcile
+    with runtime.using({"instance": fn, "session": handlers.claim}):
+        handlers._start_cache(None, None)  # type: ignore[arg-type]
+    assert fake.waited == [handlers.SYNC_WAIT]
+
+
+def test_a_worker_with_other_handlers_starts_no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeCache()
+    monkeypatch.setattr(handlers, "cache", lambda: fake)
+
+    def other(ctx: Any) -> None:
+        return None
+
+    with runtime.using({"instance": other}):
+        handlers._start_cache(None, None)  # type: ignore[arg-type]
+    assert fake.waited == []
