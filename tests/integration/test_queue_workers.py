@@ -27,7 +27,10 @@ from tests import redis_server
 from tests.cli_run import ROOT
 from tests.redis_server import delete_prefix, isolated_settings
 from tests.waiting import wait_for
-from warmpool.queue import AddResult, Inspector, KeyedQueue, QueueSettings
+from warmpool.queue import AddResult, Inspector, KeyedQueue, Layout, QueueSettings
+from warmpool.queue.broker import keyed_middleware
+from warmpool.queue.epoch import Epoch
+from warmpool.queue.observer import NullObserver
 from workers import probe, runtime
 from workers.process import WorkerPool
 from workers.runtime import RunningWorker, start_worker
@@ -424,3 +427,67 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# --- Redis that forgets: the epoch and the fence counter (issue #15) -----------------------
+
+
+class LossRecorder(NullObserver):
+    def __init__(self) -> None:
+        self.losses: list[tuple[str | None, str | None]] = []
+
+    def on_redis_lost(self, previous: str | None, current: str | None) -> None:
+        self.losses.append((previous, current))
+
+
+def forget_everything(client: redis.Redis, settings: QueueSettings) -> None:
+    """What a restart without persistence does to this test's keys (and only to them: the
+    server is shared, so never FLUSHALL here)."""
+    delete_prefix(client, settings.prefix.split(":", 1)[0] + ":")
+
+
+def test_a_running_worker_notices_a_redis_that_lost_its_data(
+    redis_client: redis.Redis, redis_url: str,
+) -> None:
+    settings = isolated_settings(redis_url, epoch_period=0.05)
+    observer = LossRecorder()
+    scheduler_side = Epoch(redis_client, Layout.of(settings), create=True)
+    created = scheduler_side.check().current
+    running = start_worker(settings, threads=2, observer=observer)
+    try:
+        maintenance = wait_for(lambda: keyed_middleware(running.broker).maintenance,
+                               timeout=10, message="the worker's maintenance thread")
+        wait_for(lambda: maintenance.epoch.known == created, timeout=10,
+                 message="the worker's first look at the epoch")
+        # Work goes on as usual before the loss ...
+        q = KeyedQueue(redis_client, settings)
+        q.add(key(1))
+        wait_quiescent(redis_client, settings)
+        forget_everything(redis_client, settings)
+        wait_for(lambda: observer.losses, timeout=10, message="the loss, noticed by the worker")
+        assert observer.losses == [(created, None)]
+        # ... and the scheduler's new epoch is adopted without counting a second loss.
+        again = scheduler_side.check()
+        assert again.lost and again.current != created
+        wait_for(lambda: maintenance.epoch.known == again.current, timeout=10)
+        assert observer.losses == [(created, None)]
+        q.add(key(2))  # the queue still works on the emptied Redis
+        wait_quiescent(redis_client, settings)
+        assert runs_per_key(read_log(redis_client, settings))[key(2)] == 1
+    finally:
+        running.stop(timeout=10)
+        forget_everything(redis_client, settings)
+
+
+def test_after_redis_lost_the_fence_counter_a_lift_puts_the_next_lease_above_what_was_seen(
+    queue_settings: QueueSettings, redis_client: redis.Redis,
+) -> None:
+    """The lift script on the real server: it raises a reset counter, never lowers one."""
+    q = KeyedQueue(redis_client, queue_settings)
+    layout = Layout.of(queue_settings)
+    redis_client.set(layout.fence, 40)
+    forget_everything(redis_client, queue_settings)  # the counter is gone with the rest
+    assert q.scripts.lift_fence(500) == 500
+    assert q.scripts.lift_fence(7) == 500
+    taken = q.scripts.acquire(key(1), "me", 10_000)
+    assert isinstance(taken, tuple) and taken[1] == 501

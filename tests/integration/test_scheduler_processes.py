@@ -233,6 +233,47 @@ def test_changes_made_while_everything_was_stopped_are_applied_at_start(
     assert emails(kube, ns, "java", 1) == USERS[1]
 
 
+def test_a_release_whose_work_redis_lost_is_done_in_seconds_not_at_the_next_resync(
+    stack: Stack, kube: Kube, namespace: str
+) -> None:
+    """Redis restarted without persistence while a release waited in the queue: the scheduler
+    sees its epoch gone within epoch_period and resyncs at once (the periodic resync, an hour
+    here, cannot be what does it)."""
+    from tests.redis_server import delete_prefix
+
+    ns = namespace
+    stack.env["WARMPOOL_QUEUE_EPOCH_PERIOD"] = "0.5"
+    pool = stack.workers(processes=1)
+    sched = stack.scheduler("--resync-period", "3600")
+    create_appdef(kube, ns, min_instances=1)
+    converge(kube, ns, lambda: instance_count(kube, ns, 1) == 5, what="one free instance")
+    create_session(kube, ns, "s1", USERS[1])
+    converge(kube, ns, lambda: held_instance(kube, ns, "s1") == 1, what="s1 on 1")
+    assert stack.client.get(Layout.of(stack.settings).epoch)  # the scheduler made it
+
+    pool.stop(timeout=40)  # nobody runs the release's keys ...
+    patch_appdef_spec(kube, ns, "java", minInstances=0)
+    delete_session(kube, ns, "s1")
+    # ... the garbage collector drops s1's references (its events are the last the scheduler
+    # gets; their keys wait in Redis) ...
+    wait_for(lambda: all("Session" not in owner_kinds(o)
+                         for o in instance_objects(kube, ns, "java", 1).values()),
+             timeout=90, message="the garbage collector to drop s1's references")
+    wait_for(lambda: f"instance/{ns}/java/1" in stack.waiting_keys(), timeout=20,
+             message="the release's key in the queue")
+    # ... and Redis loses everything (only this test's keys: the server is shared).
+    delete_prefix(stack.client, stack.settings.prefix.split(":", 1)[0] + ":")
+    assert stack.waiting_keys() == set()
+
+    stack.workers(processes=1)
+    converge(kube, ns, lambda: instance_count(kube, ns, 1) == 0, timeout=60,
+             what="the release done after the loss")
+    stats = sched.status()["stats"]
+    assert stats["redis_losses"] >= 1
+    assert stats["last_resync_reason"] == "redis lost"
+    assert stack.client.get(Layout.of(stack.settings).epoch)  # made again
+
+
 # --- leader election -----------------------------------------------------------------------
 
 
