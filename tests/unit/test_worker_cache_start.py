@@ -5,12 +5,22 @@ and is handed back until it has listed, and each of those hand-backs counts as a
 from __future__ import annotations
 
 import functools
+import importlib
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 from warmpool.queue.jobs import JobContext
-from workers import handlers, runtime
+from workers import runtime
+
+
+@pytest.fixture
+def handlers() -> ModuleType:
+    # Imported under `using`: the import registers the real handlers, which would otherwise
+    # stay registered for every later test of the session.
+    with runtime.using({}):
+        return importlib.import_module("workers.handlers")
 
 
 class FakeCache:
@@ -31,7 +41,7 @@ def _wrapped(fn: runtime.Handler) -> runtime.Handler:
 
 @pytest.mark.parametrize("wrap", [False, True])
 def test_the_cache_is_filled_before_jobs_when_the_pool_handlers_run(
-    monkeypatch: pytest.MonkeyPatch, wrap: bool
+    monkeypatch: pytest.MonkeyPatch, handlers: ModuleType, wrap: bool
 ) -> None:
     fake = FakeCache()
     monkeypatch.setattr(handlers, "cache", lambda: fake)
@@ -41,7 +51,9 @@ def test_the_cache_is_filled_before_jobs_when_the_pool_handlers_run(
     assert fake.waited == [handlers.SYNC_WAIT]
 
 
-def test_a_worker_with_other_handlers_starts_no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_with_other_handlers_starts_no_cache(
+    monkeypatch: pytest.MonkeyPatch, handlers: ModuleType
+) -> None:
     fake = FakeCache()
     monkeypatch.setattr(handlers, "cache", lambda: fake)
 
