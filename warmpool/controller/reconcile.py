@@ -92,6 +92,8 @@ def _known_holders(
             if not is_session_ref(ref) or ref.get("uid") in known:
                 continue
             known.add(ref.get("uid"))
+            if reader.session_gone(namespace, str(ref.get("name")), str(ref.get("uid"))):
+                continue  # its deletion is what this release is about: no need to ask
             session = reader.session(namespace, str(ref.get("name")), fresh=True)
             if session is not None and session.uid == ref.get("uid"):
                 found.append(session)

@@ -214,6 +214,12 @@ class ClusterCache:
             return (kind, namespace, name) in self._tombstones and self.get(
                 kind, namespace, name) is None
 
+    def deleted_uid(self, kind: str, namespace: str, name: str) -> str | None:
+        """The uid of the last deletion of that name this cache saw, or None."""
+        with self._lock:
+            tomb = self._tombstones.get((kind, namespace, name))
+            return tomb[1] if tomb else None
+
     # --- freshness --------------------------------------------------------------------------
 
     def fresh(self, namespace: str, triggers: Mapping[str, str]) -> bool:

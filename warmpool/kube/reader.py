@@ -45,6 +45,10 @@ class Reader(Protocol):
 
     def sessions(self, namespace: str, appdef_name: str) -> list[Session]: ...
 
+    def session_gone(self, namespace: str, name: str, uid: str) -> bool:
+        """Known without a request to have been deleted (that very uid); False if unsure."""
+        ...
+
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
         sessions: Sequence[Session], *, fresh: bool = False,
@@ -101,6 +105,9 @@ class LiveReader:
 
     def sessions(self, namespace: str, appdef_name: str) -> list[Session]:
         return observe.list_sessions(self.kube, namespace, appdef_name)
+
+    def session_gone(self, namespace: str, name: str, uid: str) -> bool:
+        return False
 
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
@@ -204,6 +211,9 @@ class CachedReader:
 
     def sessions(self, namespace: str, appdef_name: str) -> list[Session]:
         return self.cache.sessions_of(namespace, appdef_name)
+
+    def session_gone(self, namespace: str, name: str, uid: str) -> bool:
+        return bool(uid) and self.cache.deleted_uid(v.SESSION_KIND, namespace, name) == uid
 
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
