@@ -80,6 +80,13 @@ def worker(
     metrics_dir = metrics_dir or env_dir or None
     # Fail here, with one line, not in a restart loop of crashing or retrying children.
     loaded = [importlib.import_module(name) for name in modules]
+    for module in loaded:
+        check = getattr(module, "check_settings", None)
+        if check is not None:
+            try:
+                check()
+            except ValueError as exc:
+                raise click.ClickException(str(exc)) from None
     settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
     # The children find the API server through the same KUBECONFIG (or in-cluster config).
     check_servers(settings.redis_url,

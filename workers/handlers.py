@@ -12,6 +12,7 @@ cause do not run the same key again.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -108,9 +109,17 @@ def reader_for(namespace: str) -> Reader | None:
     return CachedReader(c, kube())
 
 
+@functools.cache
 def pool_settings() -> PoolSettings:
-    host = os.environ.get("WARMPOOL_INSTANCES_HOST")
-    return PoolSettings(instances_host=host) if host else PoolSettings()
+    """The deployment's settings from the environment (`PoolSettings.from_env`), read once:
+    `check_settings` has refused a bad value before any process started."""
+    return PoolSettings.from_env(os.environ)
+
+
+def check_settings() -> None:
+    """Raise ValueError naming the variable if a pool setting is malformed (`warmpool worker`
+    calls it at start, so a typo is one clear line, not every job failing)."""
+    PoolSettings.from_env(os.environ)
 
 
 def _ready_reader(ctx: JobContext, namespace: str) -> Reader | None:

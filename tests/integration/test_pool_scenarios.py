@@ -26,6 +26,7 @@ from tests.pool_world import (
 from tests.waiting import wait_for
 from warmpool.controller.sequential import run_until_quiet
 from warmpool.pool import vocabulary as v
+from warmpool.pool.builders import PoolSettings
 from warmpool.pool.model import parse_session
 
 
@@ -395,3 +396,29 @@ def test_a_held_sessions_user_changed_gets_a_clean_instance_never_the_old_pod(
     assert not _pods(kube, ns, k) & old_pods
     assert USERS[1] not in {emails(kube, ns, "java", i) for i in (1, 2)}
     assert_invariants(kube, ns)
+
+
+def test_sessions_per_user_one_the_second_session_gets_the_exact_error_and_holds_nothing(
+    kube, namespace
+) -> None:
+    """session-lifecycle §6, the limit Theia Cloud's chart sets to 1."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=3)
+    create_appdef(kube, ns, "other", min_instances=1)
+    settings = PoolSettings(sessions_per_user=1)
+    run_until_quiet(kube, ns, settings)
+    create_session(kube, ns, "s1", USERS[1])
+    run_until_quiet(kube, ns, settings)
+    create_session(kube, ns, "s2", USERS[1], "other")  # same user, another AppDefinition
+    create_session(kube, ns, "s3", USERS[2])
+
+    run_until_quiet(kube, ns, settings)
+
+    status = session(kube, ns, "s2").get("status") or {}
+    assert status.get("operatorStatus") == "ERROR"
+    assert status.get("operatorMessage") == "Max sessions reached."
+    assert status.get("error") == ("553:No more sessions allowed for this user, "
+                                   "you reached your limit.")
+    assert held_instance(kube, ns, "s2") is None
+    assert USERS[1] not in {emails(kube, ns, "other", 1)}
+    assert held_instance(kube, ns, "s1") == 1 and held_instance(kube, ns, "s3") == 2

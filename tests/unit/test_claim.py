@@ -8,6 +8,7 @@ import pytest
 from pool_fixtures import appdef, instance, session, with_objects
 
 from warmpool.pool import naming
+from warmpool.pool.builders import PoolSettings
 from warmpool.pool.claim import (
     ClaimError,
     ClaimHeld,
@@ -156,3 +157,58 @@ def test_the_longest_spec_names_that_keep_each_instances_selector_apart(
     assert isinstance(parsed, AppDefinition), parsed
     selectors = {naming.app_selector(name, k) for k in range(1, max_instances + 1)}
     assert len(selectors) == max_instances
+
+
+# --- sessionsPerUser (session-lifecycle §6) -------------------------------------------------
+
+def _limited(s, everyone, limit, a=None):
+    a = a or appdef(min_instances=3)
+    return decide_claim(s, a, pool(a), [x for x in everyone if x.appdef == a.name],
+                        user_sessions=[x for x in everyone if x.user == s.user],
+                        sessions_per_user=limit)
+
+
+def test_the_users_second_session_gets_theia_clouds_exact_error_and_holds_nothing() -> None:
+    first = session("s1", created="2026-01-01T00:00:01Z")
+    second = session("s2", created="2026-01-01T00:00:02Z", appdef_name="other")
+    someone_else = session("s3", user="bob@example.com", created="2026-01-01T00:00:00Z")
+    everyone = [first, second, someone_else]
+    assert _limited(first, everyone, 1) == ClaimTry((2, 1, 3))  # s3 waits before it
+    other = parse_appdefinition({"metadata": {"name": "other", "namespace": "ns", "uid": "u-o",
+                                              "generation": 1},
+                                 "spec": {"name": "other-app", "image": "img", "port": 3000,
+                                          "uid": 101, "minInstances": 3, "maxInstances": 3}})
+    assert isinstance(other, AppDefinition)
+    assert _limited(second, everyone, 1, other) == ClaimError(
+        "Max sessions reached.",
+        "553:No more sessions allowed for this user, you reached your limit.")
+    assert _limited(second, everyone, 2, other) == ClaimTry((1, 2, 3))
+
+
+def test_no_limit_zero_and_what_counts() -> None:
+    s = session("s2", created="2026-01-01T00:00:02Z")
+    failed = session("s0", created="2026-01-01T00:00:00Z", status="ERROR")
+    leaving = session("s1", created="2026-01-01T00:00:01Z", deleting=True)
+    # A failed or departing Session does not lock its user out.
+    assert isinstance(_limited(s, [s, failed, leaving], 1), ClaimTry)
+    for unlimited in (None, -1):
+        assert isinstance(_limited(s, [s, session("s1")], unlimited), ClaimTry)
+    assert _limited(s, [s], 0) == ClaimError("Max sessions reached.",
+                                             "554:No sessions allowed for this user.")
+
+
+def test_a_session_that_holds_an_instance_is_never_limited_afterwards() -> None:
+    a = appdef(min_instances=3)
+    held = session("s2", instance=2, status="HANDLED", created="2026-01-01T00:00:02Z")
+    older = session("s1", created="2026-01-01T00:00:01Z")
+    decision = decide_claim(held, a, pool(a, holders={2: held}), [held, older],
+                            user_sessions=[held, older], sessions_per_user=1)
+    assert decision == ClaimHeld(2)
+
+
+def test_the_limit_comes_from_the_environment_and_a_bad_value_names_the_variable() -> None:
+    assert PoolSettings.from_env({}).sessions_per_user is None
+    assert PoolSettings.from_env({"WARMPOOL_SESSIONS_PER_USER": "1"}).sessions_per_user == 1
+    assert PoolSettings.from_env({"WARMPOOL_SESSIONS_PER_USER": "-1"}).sessions_per_user == -1
+    with pytest.raises(ValueError, match="WARMPOOL_SESSIONS_PER_USER must be an integer"):
+        PoolSettings.from_env({"WARMPOOL_SESSIONS_PER_USER": "one"})

@@ -252,7 +252,9 @@ def test_both_roles_read_namespace_redis_url_and_config_from_the_cluster(
     config = by_kind(base, "ConfigMap")
     (config_name,) = config
     assert config_name.startswith("warmpool-config-")  # generated: a change rolls the pods
-    assert set(config[config_name]["data"]) == {"WARMPOOL_INSTANCES_HOST"}
+    data = config[config_name]["data"]
+    assert set(data) == {"WARMPOOL_INSTANCES_HOST", "WARMPOOL_SESSIONS_PER_USER"}
+    assert data["WARMPOOL_SESSIONS_PER_USER"] == "1"  # as Theia Cloud's chart sets it
     for name in ("warmpool-scheduler", "warmpool-worker"):
         c = container(base, name)
         env = env_of(c)

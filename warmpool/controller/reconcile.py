@@ -187,13 +187,17 @@ class ClaimResult:
     instance_fence: int = 0
 
 
-def _set_status(kube: Kube, session: Session, status: str, message: str) -> None:
-    """Write a Session's status only when it changes: a waiting Session must not churn."""
+def _set_status(
+    kube: Kube, session: Session, status: str, message: str, error: str = ""
+) -> None:
+    """Write a Session's status only when it changes: a waiting Session must not churn.
+    `error`: status.error as Theia Cloud writes it ("<code>:<reason>"), where it has one."""
     if session.status == status and session.message == message:
         return
-    Executor(kube, session.namespace, Unguarded()).apply(
-        [SetSessionStatus(session.name, {"operatorStatus": status, "operatorMessage": message})]
-    )
+    body = {"operatorStatus": status, "operatorMessage": message}
+    if error:
+        body["error"] = error
+    Executor(kube, session.namespace, Unguarded()).apply([SetSessionStatus(session.name, body)])
 
 
 def _disown_annotation(reader: Reader, kube: Kube, session: Session) -> None:
@@ -284,7 +288,11 @@ def claim_session(
         if session.instance_id is not None:
             own |= {session.instance_id}
         mine = reader.instances(ns, session.appdef, pool_appdef, own, sessions)
-        decision = decide_claim(session, appdef, mine, sessions, facts)
+        limit = settings.sessions_per_user
+        decision = decide_claim(
+            session, appdef, mine, sessions, facts, sessions_per_user=limit,
+            user_sessions=reader.user_sessions(ns, session.user)
+            if limit is not None and limit >= 0 else ())
         if (session.instance_id is not None and pool_appdef is not None
                 and isinstance(decision, ClaimTry | ClaimWait)):
             # Annotated with an instance it does not hold. Before calling the annotation
@@ -303,11 +311,12 @@ def claim_session(
         match decision:
             case ClaimSkip(reason=reason):
                 return ClaimResult("skipped", message=reason)
-            case ClaimError(message=message):
+            case ClaimError(message=message, code=code):
                 if session.status != v.STATUS_ERROR:
-                    _set_status(kube, session, v.STATUS_ERROR, message)
+                    _set_status(kube, session, v.STATUS_ERROR, message, code)
                     Executor(kube, ns, Unguarded()).apply([Report(
-                        "InvalidSession", f"Session {session.name}: {message}",
+                        "SessionLimit" if code else "InvalidSession",
+                        f"Session {session.name}: {message}" + (f" ({code})" if code else ""),
                         regarding={"kind": v.SESSION_KIND, "name": session.name,
                                    "apiVersion": v.SESSION_API_VERSION})])
                 return ClaimResult("error", message=message, appdef=session.appdef)

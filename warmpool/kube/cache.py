@@ -8,7 +8,8 @@ bookmarks, relist on 410) and stripped on arrival to the fields the decisions re
 informer's transform), so a pool of thousands costs megabytes, not hundreds.
 
 Indexes, kept up to date by every change:
-- (namespace, AppDefinition name) -> its Sessions, parsed once per version;
+- (namespace, AppDefinition name) -> its Sessions, parsed once per version; (namespace,
+  spec.user) -> that user's Sessions (for the sessions-per-user limit);
 - Session uid -> the external Services that reference it (the deciding write of a claim), so
   a claim finds what a Session holds without looking at every instance;
 - (namespace, kind, name after ``instance-<k>-``) -> k -> whether that object carries a trace
@@ -111,6 +112,7 @@ class ClusterCache:
         self._changed = threading.Condition(self._lock)
         self._sessions: dict[tuple[str, str], Session] = {}
         self._by_appdef: dict[tuple[str, str], set[str]] = {}
+        self._by_user: dict[tuple[str, str], set[str]] = {}
         self._holders: dict[str, set[tuple[str, str]]] = {}
         self._marks: dict[tuple[str, str, str], dict[int, bool]] = {}
         self._tombstones: OrderedDict[tuple[str, str, str], tuple[int, str]] = OrderedDict()
@@ -176,6 +178,13 @@ class ClusterCache:
     def sessions_of(self, namespace: str, appdef: str) -> list[Session]:
         with self._lock:
             names = self._by_appdef.get((namespace, appdef), ())
+            return [self._sessions[(namespace, n)] for n in names
+                    if (namespace, n) in self._sessions]
+
+    def sessions_of_user(self, namespace: str, user: str) -> list[Session]:
+        """The Sessions of `namespace` whose spec.user is `user`, whatever their AppDefinition."""
+        with self._lock:
+            names = self._by_user.get((namespace, user), ())
             return [self._sessions[(namespace, n)] for n in names
                     if (namespace, n) in self._sessions]
 
@@ -336,16 +345,19 @@ class ClusterCache:
     def _index_session(self, event_type: str, ns: str, name: str, obj: Obj) -> None:
         previous = self._sessions.pop((ns, name), None)
         if previous is not None:
-            names = self._by_appdef.get((ns, previous.appdef))
-            if names is not None:
-                names.discard(name)
-                if not names:
-                    del self._by_appdef[(ns, previous.appdef)]
+            for index, value in ((self._by_appdef, previous.appdef),
+                                 (self._by_user, previous.user)):
+                names = index.get((ns, value))
+                if names is not None:
+                    names.discard(name)
+                    if not names:
+                        del index[(ns, value)]
         if event_type == DELETED:
             return
         session = parse_session(obj)
         self._sessions[(ns, name)] = session
         self._by_appdef.setdefault((ns, session.appdef), set()).add(name)
+        self._by_user.setdefault((ns, session.user), set()).add(name)
 
     def _index_holders(
         self, event_type: str, ns: str, name: str, obj: Obj, old: Obj | None

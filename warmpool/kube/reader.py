@@ -49,6 +49,10 @@ class Reader(Protocol):
         """Known without a request to have been deleted (that very uid); False if unsure."""
         ...
 
+    def user_sessions(self, namespace: str, user: str) -> list[Session]:
+        """The namespace's Sessions of `user`, of every AppDefinition."""
+        ...
+
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
         sessions: Sequence[Session], *, fresh: bool = False,
@@ -108,6 +112,9 @@ class LiveReader:
 
     def session_gone(self, namespace: str, name: str, uid: str) -> bool:
         return False
+
+    def user_sessions(self, namespace: str, user: str) -> list[Session]:
+        return [s for s in observe.list_sessions(self.kube, namespace) if s.user == user]
 
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
@@ -214,6 +221,9 @@ class CachedReader:
 
     def session_gone(self, namespace: str, name: str, uid: str) -> bool:
         return bool(uid) and self.cache.deleted_uid(v.SESSION_KIND, namespace, name) == uid
+
+    def user_sessions(self, namespace: str, user: str) -> list[Session]:
+        return self.cache.sessions_of_user(namespace, user)
 
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,

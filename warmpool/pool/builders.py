@@ -32,6 +32,9 @@ cookie_secure = true
 OAUTH2_PROXY_IMAGE = "quay.io/oauth2-proxy/oauth2-proxy:v7.5.1"
 
 
+SESSIONS_PER_USER_SETTING = "WARMPOOL_SESSIONS_PER_USER"
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSettings:
     """Deployment-wide settings the object shapes depend on (not per AppDefinition)."""
@@ -41,6 +44,8 @@ class PoolSettings:
     # The most instances an AppDefinition may ask for; above it, it is Invalid and left as it
     # is (parse_appdefinition's max_instances_ceiling).
     max_instances_ceiling: int = MAX_INSTANCES_CEILING
+    # Theia Cloud's sessionsPerUser: None (or negative) no limit (session-lifecycle §6).
+    sessions_per_user: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
@@ -53,6 +58,12 @@ class PoolSettings:
             if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
                 raise ValueError(f"{CEILING_SETTING} must be a positive integer, got {raw!r}")
             values["max_instances_ceiling"] = int(raw)
+        if raw := environ.get(SESSIONS_PER_USER_SETTING, "").strip():
+            try:
+                values["sessions_per_user"] = int(raw)
+            except ValueError:
+                raise ValueError(f"{SESSIONS_PER_USER_SETTING} must be an integer (negative: "
+                                 f"no limit), got {raw!r}") from None
         return cls(**values)
 
     def instance_url(self, appdef: AppDefinition, instance: int) -> str:

@@ -21,6 +21,8 @@ class ClaimError:
     """The Session can never be served as it is: status ERROR with this message."""
 
     message: str
+    #: status.error where Theia Cloud writes one: "<code>:<reason>".
+    code: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,15 +130,47 @@ def waiting_sessions(facts: PoolFacts, index: HolderIndex) -> list[Session]:
     )
 
 
+MAX_SESSIONS_MESSAGE = "Max sessions reached."
+NO_SESSIONS_ERROR = "554:No sessions allowed for this user."
+MORE_SESSIONS_ERROR = "553:No more sessions allowed for this user, you reached your limit."
+
+
+def over_user_limit(
+    session: Session, user_sessions: Sequence[Session], limit: int | None
+) -> ClaimError | None:
+    """session-lifecycle §6: Theia Cloud's `sessionsPerUser`, with its exact strings.
+
+    None or negative: no limit. The count is the user's Sessions of any AppDefinition that
+    are neither being deleted nor in ERROR (so a failed Session cannot lock its user out),
+    this one included, and only those created before it: of two Sessions made at once under a
+    limit of one, the older is served and the younger refused, whichever claim runs first.
+    """
+    if limit is None or limit < 0:
+        return None
+    if limit == 0:
+        return ClaimError(MAX_SESSIONS_MESSAGE, NO_SESSIONS_ERROR)
+    mine = (session.created, session.name)
+    older = sum(1 for s in user_sessions
+                if s.uid != session.uid and s.user == session.user and s.live
+                and s.status != v.STATUS_ERROR and (s.created, s.name) < mine)
+    if older + 1 > limit:
+        return ClaimError(MAX_SESSIONS_MESSAGE, MORE_SESSIONS_ERROR)
+    return None
+
+
 def decide_claim(
     session: Session,
     appdef: AppDefinition | Invalid | None,
     instances: Mapping[int, InstanceView],
     sessions: Sequence[Session],
     facts: PoolFacts | None = None,
+    *,
+    user_sessions: Sequence[Session] = (),
+    sessions_per_user: int | None = None,
 ) -> ClaimDecision:
     """`instances`: the pool's instances, or, with `facts` (the whole pool's), at least the
-    ones `session` may hold (annotated with it, or whose Service references it)."""
+    ones `session` may hold (annotated with it, or whose Service references it).
+    `user_sessions`: the user's Sessions of the namespace, when `sessions_per_user` is set."""
     if session.deleting:
         return ClaimSkip("Session is being deleted")
     if (error := session_error(session)) is not None:
@@ -156,6 +190,9 @@ def decide_claim(
         return ClaimError(f"AppDefinition {appdef.name!r} is being deleted")
     if session.status == v.STATUS_ERROR:
         return ClaimSkip("Session is in ERROR")
+    # Before a claim, never after: a Session that holds an instance is not limited.
+    if (limited := over_user_limit(session, user_sessions, sessions_per_user)) is not None:
+        return limited
     facts = facts or pool_facts(instances)
     free = free_ids(appdef, facts)
     queue = waiting_sessions(facts, index)
