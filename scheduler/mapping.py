@@ -34,7 +34,7 @@ from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube import reflector
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import is_appdef_ref, is_session_ref
+from warmpool.pool.instances import is_appdef_ref, is_session_ref
 
 log = logging.getLogger(__name__)
 

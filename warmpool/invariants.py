@@ -14,7 +14,7 @@ from warmpool.kube import observe
 from warmpool.kube.api import Kube
 from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import HolderIndex, InstanceView, has_ref, refs
+from warmpool.pool.instances import HolderIndex, InstanceView, has_ref, refs
 from warmpool.pool.model import (
     AppDefinition,
     Session,

@@ -7,7 +7,7 @@ import itertools
 from typing import Any
 
 from warmpool.pool import builders
-from warmpool.pool.decide import InstanceView
+from warmpool.pool.instances import InstanceView
 from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS, Part
 

@@ -17,7 +17,8 @@ from warmpool.pool.actions import (
     ResetPods,
     SetSessionStatus,
 )
-from warmpool.pool.decide import InstanceView, decide_instance, unguarded_deletes
+from warmpool.pool.decide import decide_instance, unguarded_deletes
+from warmpool.pool.instances import InstanceView
 from warmpool.pool.parts import PARTS, Part
 
 

@@ -16,7 +16,7 @@ import redis
 from warmpool.controller.guard import LocalLeases, Unguarded
 from warmpool.kube.executor import FenceRegression, check_fence, observed_fence
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import InstanceView
+from warmpool.pool.instances import InstanceView
 from warmpool.pool.parts import PARTS, Part
 from warmpool.queue.jobs import JobContext, Jobs
 from warmpool.queue.settings import QueueSettings

@@ -24,7 +24,7 @@ from warmpool import invariants
 from warmpool.kube.api import Kube, KubeError, connect
 from warmpool.kube.observe import group_pool, list_pool_objects
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import holders
+from warmpool.pool.instances import holders
 from warmpool.pool.model import parse_session
 from warmpool.pool.parts import Part
 from warmpool.stack import LocalStack

@@ -20,7 +20,7 @@ from warmpool.kube.observe import group_pool
 from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import pool_facts, waiting_sessions
-from warmpool.pool.decide import HolderIndex, InstanceView, release_markers
+from warmpool.pool.instances import HolderIndex, InstanceView, release_markers
 from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS
 

@@ -35,16 +35,8 @@ from warmpool.pool.claim import (
     pool_facts,
     waiting_sessions,
 )
-from warmpool.pool.decide import (
-    HolderIndex,
-    InstanceView,
-    Plan,
-    decide_instance,
-    holders,
-    is_session_ref,
-    refs,
-    unguarded_deletes,
-)
+from warmpool.pool.decide import Plan, decide_instance, unguarded_deletes
+from warmpool.pool.instances import HolderIndex, InstanceView, holders, is_session_ref, refs
 from warmpool.pool.model import AppDefinition, Invalid, Session
 from warmpool.pool.parts import Part
 

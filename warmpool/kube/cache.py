@@ -40,7 +40,7 @@ from warmpool.kube.observe import POOL_SELECTOR, classify
 from warmpool.kube.reflector import DELETED, Backoff, Reflector, Watched, rv_int
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import holder_trace, is_session_ref
+from warmpool.pool.instances import holder_trace, is_session_ref
 from warmpool.pool.model import Session, parse_session
 from warmpool.pool.parts import Part
 

@@ -27,7 +27,7 @@ from warmpool.pool.actions import (
     ResetPods,
     SetSessionStatus,
 )
-from warmpool.pool.decide import InstanceView
+from warmpool.pool.instances import InstanceView
 
 log = logging.getLogger(__name__)
 

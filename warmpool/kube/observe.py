@@ -8,7 +8,7 @@ from typing import Any
 from warmpool.kube.api import Kube
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import InstanceView, is_appdef_ref, is_session_ref, refs
+from warmpool.pool.instances import InstanceView, is_appdef_ref, is_session_ref, refs
 from warmpool.pool.model import AppDefinition, Invalid, Session, parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS, Part
 

@@ -23,7 +23,7 @@ from warmpool.kube.cache import ClusterCache
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import PoolFacts, pool_facts
-from warmpool.pool.decide import InstanceView, refs
+from warmpool.pool.instances import InstanceView, refs
 from warmpool.pool.model import (
     AppDefinition,
     Invalid,

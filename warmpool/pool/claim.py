@@ -11,7 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import HolderIndex, InstanceView, is_session_ref, refs, release_markers
+from warmpool.pool.instances import (
+    HolderIndex,
+    InstanceView,
+    is_session_ref,
+    refs,
+    release_markers,
+)
 from warmpool.pool.model import AppDefinition, Invalid, Session, session_error
 from warmpool.pool.parts import Part
 
