@@ -56,6 +56,13 @@ def figures(results: list[ChaosResult], command: str, root: Path) -> str:
         f"| one worker's watches delayed (`watch_lag` windows; watch streams held, chunks "
         f"relayed late) | {faults['watch_lag']}; {api['watch_delay']}; "
         f"{api['watch_delayed_chunks']} |",
+        f"| lease holders SIGSTOPped past their lease TTL, then resumed (`worker_stop`) | "
+        f"{faults['worker_stop']} |",
+        f"| Redis emptied (FLUSHALL or restart without persistence) between claims and the "
+        f"scale-down racing them (`redis_flush_race`; the races run) | "
+        f"{faults['redis_flush_race']}; {ops['race_claim_flush_scale']} |",
+        f"| Redis emptied or restarted otherwise (`redis_flush`, `redis_restart`) | "
+        f"{faults['redis_flush']}, {faults['redis_restart']} |",
         f"| quiescence checks (rounds) | {sum(r.rounds for r in results)} |",
         f"| watchdog polls (consistent snapshots) | {sum(r.polls for r in results)} |",
         f"| pool-object deletions audited on a watch | "

@@ -249,6 +249,14 @@ class Workers:
         pool, j = self.slots[i]
         pool.kill(j, sig)
 
+    def index_of(self, pid: int) -> int | None:
+        """The index of the worker process with this pid (None: not one of ours now)."""
+        for i, (pool, j) in enumerate(self.slots):
+            proc = pool.procs[j]
+            if proc is not None and proc.pid == pid:
+                return i
+        return None
+
     def restart(self, i: int, timeout: float = 60.0) -> None:
         pool, j = self.slots[i]
         pool.restart(j, timeout=timeout)
@@ -400,6 +408,29 @@ class System:
         assert self.workers is not None
         self.workers.kill(i, signal.SIGKILL)
 
+    def stop_worker(self, i: int) -> None:
+        """SIGSTOP: the process freezes with its leases, threads and sockets as they are (a
+        long GC pause, a VM stall); its lease renewals and heartbeats stop with it."""
+        assert self.workers is not None
+        self.workers.kill(i, signal.SIGSTOP)
+
+    def resume_worker(self, i: int) -> None:
+        assert self.workers is not None
+        self.workers.kill(i, signal.SIGCONT)
+
+    def lease_holders(self) -> Counter[int]:
+        """Worker index -> leases it holds now, from the queue's in-flight keys in Redis."""
+        assert self.workers is not None and self.settings is not None
+        out: Counter[int] = Counter()
+        with contextlib.suppress(redis.RedisError):
+            for state in Inspector(self.redis.client(), self.settings).running():
+                parts = (state.holder or "").split(":")
+                if len(parts) >= 2 and parts[1].isdigit():
+                    i = self.workers.index_of(int(parts[1]))
+                    if i is not None:
+                        out[i] += 1
+        return out
+
     def restart_worker(self, i: int) -> None:
         assert self.workers is not None
         for attempt in range(30):
@@ -470,9 +501,13 @@ class System:
 # kind -> (weight, group). One fault per group at a time; kinds of different groups overlap.
 FAULT_KINDS: dict[str, tuple[float, str]] = {
     "worker_kill": (3.0, "worker"),
+    # SIGSTOP a lease holder past its lease TTL, then SIGCONT: it wakes and goes on writing
+    "worker_stop": (2.0, "worker"),
     "leader_kill": (2.0, "scheduler"),
     "redis_restart": (1.0, "redis"),
     "redis_flush": (1.5, "redis"),  # restart with persistence off: emptied
+    # FLUSHALL or an empty restart between a race's claims and its scale-down (an operation)
+    "redis_flush_race": (1.5, "redis"),
     "api_errors": (3.0, "api"),  # 409 / 500 / 429 for a while
     "api_lost_writes": (1.5, "api"),  # writes applied but unanswered, dropped connections
     "api_latency": (2.0, "api"),
@@ -494,6 +529,8 @@ class Fault:
     # While in effect (tail included), a repair may take this much longer than the grace:
     # the delay of a lagging worker's watches (slower, not impossible, so not `blocking`).
     slack: float = 0.0
+    # `redis_flush_race`: the flush handed to the next operation, and its "done" event
+    handoff: tuple[Callable[[], None], threading.Event] | None = None
 
     def window(self, now: float) -> tuple[float, float]:
         return self.start, (self.end if self.end is not None else now) + self.tail
@@ -523,6 +560,13 @@ def fault_params(rng: random.Random, kind: str, cfg: ChaosConfig) -> dict[str, A
     match kind:
         case "worker_kill":
             return {"worker": rng.randrange(cfg.workers), "down": rng.uniform(0.2, 3.0)}
+        case "worker_stop":
+            # Past the lease TTL by 1-2 TTLs, so its leases lapse and others take its keys.
+            return {"worker": rng.randrange(cfg.workers),
+                    "stopped": rng.uniform(cfg.lease_ttl + 1.0, 3 * cfg.lease_ttl + 1.0)}
+        case "redis_flush_race":
+            return {"mode": rng.choice(["flushall", "restart"]),
+                    "after": rng.uniform(0.0, 0.3), "down": rng.uniform(0.1, 1.0)}
         case "leader_kill":
             return {"down": rng.uniform(0.5, 3.0)}
         case "redis_restart" | "redis_flush":
@@ -552,8 +596,10 @@ def fault_params(rng: random.Random, kind: str, cfg: ChaosConfig) -> dict[str, A
 class FaultInjector:
     """Starts planned faults, each in its own thread; knows when repair was impossible."""
 
-    def __init__(self, system: System, cfg: ChaosConfig, history: History) -> None:
+    def __init__(self, system: System, cfg: ChaosConfig, history: History,
+                 ops: Operations | None = None) -> None:
         self.system, self.cfg, self.history = system, cfg, history
+        self.ops = ops  # `redis_flush_race` hands its flush to the next race operation
         self.started: Counter[str] = Counter()
         self.skipped: Counter[str] = Counter()
         self.all: list[Fault] = []
@@ -561,6 +607,7 @@ class FaultInjector:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.errors: list[str] = []
+        self.notes: list[str] = []  # what a fault found when it struck (shown in the report)
 
     def start(self, kind: str, params: dict[str, Any]) -> bool:
         group = FAULT_KINDS[kind][1]
@@ -571,6 +618,11 @@ class FaultInjector:
             fault = Fault(kind, params, start=self.history.now())
             self.all.append(fault)
             self.started[kind] += 1
+        if kind == "redis_flush_race" and self.ops is not None:
+            # Handed over here, in the runner's thread, so the very next operation is the
+            # race (the operations' sequence stays the seed's, not the fault thread's timing).
+            fault.handoff = (lambda: self._flush(**params), threading.Event())
+            self.ops.flush_race = fault.handoff
         self.history.add("fault", f"{kind} {params}")
         t = threading.Thread(target=self._run, args=(fault, group), daemon=True,
                              name=f"fault-{kind}")
@@ -631,6 +683,60 @@ class FaultInjector:
         self.system.restart_worker(worker)
         f.end = self.history.now()
         f.tail = self.cfg.lease_ttl + 2.0  # its leases lapse, then recovery re-queues its keys
+
+    def _worker_stop(self, f: Fault, worker: int, stopped: float) -> None:
+        """Freeze a lease holder past its TTL, then let it go on: after it wakes, what it
+        was doing (a claim, a scale-down, a release) continues under leases others have taken
+        since, and each write must be refused (fence, preconditions), never applied.
+
+        The process is chosen when it holds leases: the fault waits (up to 3 s) for a worker
+        with keys in flight, taking the one with the most; if none holds any by then, the
+        seeded one."""
+        deadline = time.monotonic() + 3.0
+        holders = self.system.lease_holders()
+        while not holders and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling Redis for in-flight keys, not a wait for an effect
+            holders = self.system.lease_holders()
+        if holders:
+            worker = holders.most_common(1)[0][0]
+        text = (f"stopping worker {worker} holding {holders.get(worker, 0)} leases, for "
+                f"{stopped:.1f}s (lease TTL {self.cfg.lease_ttl:g}s)")
+        self.history.add("fault", text)
+        self.notes.append(f"worker_stop: {text}")
+        self.system.stop_worker(worker)
+        try:
+            time.sleep(stopped)  # the stimulus: frozen longer than its leases live
+        finally:
+            self.system.resume_worker(worker)
+        f.end = self.history.now()
+        # Its keys were re-queued by recovery while it slept; what it held waits for that.
+        f.tail = self.cfg.lease_ttl + 2.0
+
+    def _redis_flush_race(self, f: Fault, mode: str, after: float, down: float) -> None:
+        """Redis emptied while claims race a scale-down: the next operation becomes a
+        `race_claim_scale` whose flush (FLUSHALL, or a restart without persistence) lands
+        `after` s after its claims and before its scale-down, so the claims' jobs hold
+        leases Redis no longer knows about while the scale-down's jobs take fresh ones."""
+        assert f.handoff is not None and self.ops is not None
+        flush, done = f.handoff
+        if not done.wait(60.0):  # no race operation came (no AppDefinition): flush anyway
+            if self.ops.flush_race is f.handoff:
+                self.ops.flush_race = None
+                flush()
+            else:  # taken just now: it is running
+                done.wait(60.0)
+        f.end = self.history.now()
+        f.tail = self.cfg.resync_period + self.cfg.missing_grace
+
+    def _flush(self, mode: str, after: float, down: float) -> None:
+        time.sleep(after)  # the stimulus: the claims' jobs are under way by now
+        if mode == "flushall":
+            self.system.redis.client().flushall()
+        else:
+            self.system.redis.restart(keep=False, down_for=down)
+        text = f"redis emptied ({mode}) between claims and scale-down"
+        self.history.add("fault", text)
+        self.notes.append(f"redis_flush_race: {text}")
 
     def _leader_kill(self, f: Fault, down: float) -> None:
         leader = self.system.leader()
@@ -747,6 +853,9 @@ class Operations:
         self.gc_deleted: set[str] = set()
         # (namespace, Session) whose held instance lost an object to the runner's hand
         self.damaged: set[tuple[str, str]] = set()
+        # set by the `redis_flush_race` fault: the next operation is a race with this flush
+        # between its claims and its scale-down, then sets the event
+        self.flush_race: tuple[Callable[[], None], threading.Event] | None = None
 
     def setup(self) -> None:
         for ns in self.namespaces:
@@ -767,8 +876,17 @@ class Operations:
         if not self.live_appdefs():
             ops["scale"] = ops["spec_change"] = ops["race_claim_scale"] = 0
         name = self.rng.choices(list(ops), list(ops.values()))[0]
+        race = self.flush_race
+        if race is not None and self.live_appdefs():
+            self.flush_race, name = None, "race_claim_flush_scale"
         try:
-            text = getattr(self, name)()
+            if race is not None and name == "race_claim_flush_scale":
+                try:
+                    text = self.race_claim_scale(flush=race[0])
+                finally:
+                    race[1].set()
+            else:
+                text = getattr(self, name)()
             self.done[name] += 1
             self.history.add("op", f"{name} {text}")
         except Exception as exc:  # e.g. 404: the GC or a release got there first
@@ -867,17 +985,30 @@ class Operations:
         before, info["min"] = info["min"], new
         return f"{ns}/{app} minInstances {before} -> {new} (held ids {held})"
 
-    def race_claim_scale(self) -> str:
-        """pool-spec S3: claims and a scale-down of the same instances issued at once."""
-        ns, app = self.rng.choice(self.live_appdefs())
+    def race_claim_scale(self, flush: Callable[[], None] | None = None) -> str:
+        """pool-spec S3: claims and a scale-down of the same instances issued at once.
+
+        With `flush` (the `redis_flush_race` fault), Redis is emptied between the claims and
+        the scale-down, whatever the pool: that is the case the fault is for."""
+        if flush is not None:
+            # A pool with free instances to scale down is the race; any pool will do else.
+            ready = [k for k in self.live_appdefs() if self.model.appdefs[k]["min"] > 0]
+            ns, app = self.rng.choice(ready or self.live_appdefs())
+        else:
+            ns, app = self.rng.choice(self.live_appdefs())
         info = self.model.appdefs[(ns, app)]
-        if info["min"] == 0 or len(self.model.sessions) >= self.cfg.max_sessions:
+        if flush is None and (info["min"] == 0
+                              or len(self.model.sessions) >= self.cfg.max_sessions):
             return self.scale()
         names = []
         for _ in range(self.rng.randint(1, 3)):
             names.append(self._new_session((ns, app))[1])
         wait = self.rng.uniform(0, 0.03)
-        time.sleep(wait)
+        time.sleep(wait)  # the stimulus: 0-30 ms between the claims and the scale-down
+        if flush is not None:
+            flush()
+        if info["min"] == 0:
+            return f"{ns}/{app}: Sessions {names}, Redis emptied, no instance to scale down"
         new = self.rng.randrange(0, info["min"])
         self.kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app,
                               {"spec": {"minInstances": new}})
@@ -1464,7 +1595,7 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
     namespaces = make_namespaces(direct, cfg.seed)
     system = System(cluster, cfg, workdir, namespaces)
     ops = Operations(direct, namespaces, rng, cfg, history)
-    faults = FaultInjector(system, cfg, history)
+    faults = FaultInjector(system, cfg, history, ops)
     dog = Watchdog(pinned, namespaces, cfg, history, faults, ops)
     audit = DeletionAudit(Kube(connect(str(cluster.kubeconfig))),
                           PinnedKube(connect(str(cluster.kubeconfig))), namespaces,
@@ -1514,6 +1645,7 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
         faults.wait(30)
         if faults.errors:
             notes += [f"fault could not be applied: {e}" for e in faults.errors]
+        notes += faults.notes
         api = system.proxy.stats()
         system.stop()
         for ns in namespaces:

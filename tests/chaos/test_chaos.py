@@ -1,8 +1,10 @@
 """The chaos tiers (see runner.py for what a run does and checks).
 
 CI tier (`-m chaos`): three seeds of 90 operations and about a dozen faults each, every fault
-kind in every seed (`watch_lag` included: one worker's watch events 3-8 s late for 10-20 s),
-one quiescence check in the middle and one at the end. A few minutes.
+kind in every seed (`watch_lag` included: one worker's watch events 3-8 s late for 10-20 s;
+`worker_stop`: a lease holder SIGSTOPped past its lease TTL, then resumed; `redis_flush_race`:
+Redis emptied between a race's claims and its scale-down), one quiescence check in the middle
+and one at the end. A few minutes.
 
 Long tier (`-m slow`, on demand): `pytest tests/chaos -m slow --chaos-seeds 1,2,3
 --chaos-ops 10000 [--chaos-report docs/reliability.md]`, or `python -m tests.chaos`.
@@ -27,13 +29,19 @@ CI_SEEDS = (1, 2, 3)
 @pytest.mark.chaos
 @pytest.mark.parametrize("seed", CI_SEEDS)
 def test_chaos_ci_tier(cluster: ClusterInfo, tmp_path: Path, seed: int) -> None:
-    cfg = ChaosConfig(seed=seed, ops=90, ops_per_fault=8, round_ops=45,
+    # One fault per 7 operations: 12 faults, one of each of the 12 kinds.
+    cfg = ChaosConfig(seed=seed, ops=90, ops_per_fault=7, round_ops=45,
                       outage_seconds=(4.0, 12.0), long_outages=1 if seed == 3 else 0)
     result = run_chaos(cluster, cfg, tmp_path)
     print(result.report())
     assert result.ok, result.report()
     assert result.fault_count >= 7, result.report()
     assert result.faults["watch_lag"] >= 1, result.report()
+    # issue 15: a lease holder frozen past its TTL and resumed, and Redis emptied between a
+    # race's claims and its scale-down, in every seed
+    assert result.faults["worker_stop"] >= 1, result.report()
+    assert result.faults["redis_flush_race"] >= 1, result.report()
+    assert result.ops["race_claim_flush_scale"] >= 1, result.report()
 
 
 @pytest.mark.slow
