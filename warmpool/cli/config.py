@@ -240,8 +240,11 @@ def resolve_redis_url(flag: str | None, environ: Mapping[str, str] | None = None
 
 
 def redact_url(url: str) -> str:
-    """The URL without its password, for messages and output."""
-    return re.sub(r"(^[a-z]+://[^/@]*?:)[^/@]*@", r"\1***@", url)
+    """The URL without its passwords, for messages and output: the one in the user part
+    (any scheme, redis+sentinel:// included) and `password=` / `sentinel_password=` in the
+    query, where a Sentinel URL carries the Sentinels' password."""
+    url = re.sub(r"(^[a-z][a-z0-9+.-]*://[^/@]*?:)[^/@]*@", r"\1***@", url)
+    return re.sub(r"([?&](?:sentinel_)?password=)[^&]*", r"\1***", url)
 
 
 def queue_settings(url: str, environ: Mapping[str, str] | None = None) -> QueueSettings:
@@ -262,11 +265,14 @@ def connect_redis(url: str, source: str) -> redis.Redis:
 
     shown = redact_url(url)
     try:
-        client = connect(url, socket_connect_timeout=3.0, socket_timeout=10.0)
+        # a command waits out a few seconds of a Sentinel failover, not a worker's budget
+        client = connect(url, socket_connect_timeout=3.0, socket_timeout=10.0,
+                         failover_wait=5.0)
     except (ValueError, redis_lib.RedisError) as exc:  # a malformed URL
         raise BadValue(f"bad Redis URL {shown} (from {source}): {exc}; use "
-                       "redis://[:password@]host[:port][/db], rediss://... or "
-                       "unix:///path/to/socket") from exc
+                       "redis://[:password@]host[:port][/db], rediss://..., "
+                       "unix:///path/to/socket or "
+                       "redis+sentinel://host:26379[,host2:26379]/service[/db]") from exc
     try:
         client.ping()
     except redis_lib.AuthenticationError as exc:

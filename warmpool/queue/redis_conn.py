@@ -59,15 +59,18 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
-def connect(url: str, **options: Any) -> redis.Redis:
+def connect(url: str, *, failover_wait: float = FAILOVER_WAIT, **options: Any) -> redis.Redis:
     """A client for `url`: redis://[:password@]host[:port][/db], rediss:// (TLS, options such
     as ssl_cert_reqs in the query string), unix:///path/to/socket[?db=N], or
     redis+sentinel://host:26379,host2:26379/service[/db] (see the module docstring).
 
     Responses stay bytes: dramatiq stores encoded messages, and decoding is the caller's call.
+    `failover_wait` is how long a Sentinel client's command waits for a new primary (other
+    URLs have one server and ignore it).
     """
     if is_sentinel_url(url):
-        return connect_sentinel(parse_sentinel_url(url), **options)
+        return connect_sentinel(parse_sentinel_url(url), failover_wait=failover_wait,
+                                **options)
     defaults = dict(_DEFAULTS)
     if url.startswith("unix:"):  # no TCP: keep-alive options do not apply
         defaults.pop("socket_keepalive")
