@@ -9,11 +9,16 @@ failover: no re-created client, no process restart.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
+import yaml
 
 from metrics.collectors import ClusterCollector
 from tests.cli_run import clean_env, run_json
@@ -24,6 +29,8 @@ from warmpool.queue.redis_conn import connect
 from warmpool.queue.settings import QueueSettings
 
 pytestmark = pytest.mark.redis
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +106,21 @@ def test_same_clients_carry_on_after_the_primary_is_killed(cluster: SentinelClus
     assert doc["queues"][0]["in_flight"] == 0
     broker.close()
     client.close()
+
+
+def _sentinel_readiness_probe() -> str:
+    """The Python program of deploy/components/redis-sentinel's worker readiness probe."""
+    component = yaml.safe_load(
+        (ROOT / "deploy/components/redis-sentinel/kustomization.yaml").read_text())
+    (patch,) = component["patches"]
+    (c,) = yaml.safe_load(patch["patch"])["spec"]["template"]["spec"]["containers"]
+    command: list[str] = c["readinessProbe"]["exec"]["command"]
+    assert command[:2] == ["python3", "-c"]
+    return command[2]
+
+
+def test_the_deploy_readiness_probe_passes_on_a_sentinel_url(cluster: SentinelCluster) -> None:
+    env = {**os.environ, "WARMPOOL_REDIS_URL": cluster.url}
+    proc = subprocess.run([sys.executable, "-c", _sentinel_readiness_probe()], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=5)
+    assert proc.returncode == 0, proc.stderr
