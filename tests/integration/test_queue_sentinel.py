@@ -21,7 +21,7 @@ import redis
 import yaml
 
 from metrics.collectors import ClusterCollector
-from tests.cli_run import clean_env, run_json
+from tests.cli_run import assert_one_line_error, clean_env, run, run_json
 from tests.integration.sentinel_cluster import SentinelCluster, sentinel_cluster
 from warmpool.queue.broker import build_broker, keyed_middleware
 from warmpool.queue.jobs import JobContext, Jobs
@@ -124,3 +124,12 @@ def test_the_deploy_readiness_probe_passes_on_a_sentinel_url(cluster: SentinelCl
     proc = subprocess.run([sys.executable, "-c", _sentinel_readiness_probe()], env=env,
                           cwd=ROOT, capture_output=True, text=True, timeout=5)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_cli_names_a_service_no_sentinel_monitors(cluster: SentinelCluster) -> None:
+    """Sentinels that answer but know no such service: one line saying so, exit 4."""
+    url = cluster.url.replace(f"/{cluster.service}/", "/not-monitored/").replace(
+        "redis+sentinel://", "redis+sentinel://:pw@")
+    proc = run(clean_env(WARMPOOL_REDIS_URL=url), "queue", code=4)
+    assert_one_line_error(proc, "no Sentinel of", "names a primary", "not-monitored")
+    assert ":pw@" not in proc.stderr

@@ -260,6 +260,7 @@ def queue_settings(url: str, environ: Mapping[str, str] | None = None) -> QueueS
 def connect_redis(url: str, source: str) -> redis.Redis:
     """A client on `url` that has answered PING, or `Unreachable` saying what to do."""
     import redis as redis_lib
+    from redis.sentinel import MasterNotFoundError
 
     from warmpool.queue.redis_conn import connect
 
@@ -279,6 +280,10 @@ def connect_redis(url: str, source: str) -> redis.Redis:
         raise CredentialsRefused(f"Redis at {shown} (from {source}) refused the credentials: "
                                  f"{exc}; put the password in the URL "
                                  "(redis://:PASSWORD@host:port)") from exc
+    except MasterNotFoundError as exc:  # its text is the repr of every Sentinel client
+        raise Unreachable(f"no Sentinel of {shown} (from {source}) names a primary: none "
+                          "answers, or none monitors that service; check the hosts and the "
+                          "service name (sentinel monitor <service> ...)") from exc
     except (redis_lib.ConnectionError, redis_lib.TimeoutError, OSError) as exc:
         raise Unreachable(f"nothing answers at {shown} (from {source}): "
                           f"{one_line(str(exc), 160).rstrip('.')}; start Redis there, or set "
