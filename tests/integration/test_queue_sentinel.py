@@ -4,7 +4,8 @@ embedded valkey binary), and a primary killed with SIGKILL.
 What must hold: every client warmpool makes from a `redis+sentinel://` URL (the keyed queue
 and its leases, the dramatiq broker, the metrics collector, the CLI) finds the primary through
 the Sentinels, and the very same client objects carry on against the promoted replica after a
-failover: no re-created client, no process restart.
+failover: no re-created client, no process restart; a running dramatiq worker finishes the
+job it held across the failover and runs every key exactly once.
 """
 
 from __future__ import annotations
@@ -23,10 +24,23 @@ import yaml
 from metrics.collectors import ClusterCollector
 from tests.cli_run import assert_one_line_error, clean_env, run, run_json
 from tests.integration.sentinel_cluster import SentinelCluster, sentinel_cluster
+from tests.integration.test_queue_workers import (
+    assert_never_concurrent,
+    hold,
+    read_log,
+    release,
+    runs_per_key,
+    wait_holding,
+    wait_quiescent,
+)
+from tests.waiting import wait_for
+from warmpool.queue import AddResult, KeyedQueue
 from warmpool.queue.broker import build_broker, keyed_middleware
 from warmpool.queue.jobs import JobContext, Jobs
 from warmpool.queue.redis_conn import connect
 from warmpool.queue.settings import QueueSettings
+from workers import probe, runtime
+from workers.runtime import start_worker
 
 pytestmark = pytest.mark.redis
 
@@ -133,3 +147,39 @@ def test_the_cli_names_a_service_no_sentinel_monitors(cluster: SentinelCluster) 
     proc = run(clean_env(WARMPOOL_REDIS_URL=url), "queue", code=4)
     assert_one_line_error(proc, "no Sentinel of", "names a primary", "not-monitored")
     assert ":pw@" not in proc.stderr
+
+
+def test_a_running_worker_carries_its_jobs_over_a_failover() -> None:
+    """A dramatiq worker (4 threads, the probe handlers) holds a key while its primary is
+    SIGKILLed: that job finishes on the new primary, keys added before and after all run
+    exactly once, never two runs of a key at a time, and the worker is never restarted."""
+    with sentinel_cluster() as c, runtime.using(probe.HANDLERS):
+        settings = _settings(c.url)
+        client = connect(c.url)
+        q = KeyedQueue(client, settings)
+        running = start_worker(settings, threads=4)
+        try:
+            threads = list(running.worker.workers)
+            before = [f"instance/ns/app/{i}" for i in range(1, 11)]
+            held = before[0]
+            hold(client, settings, held)
+            assert [q.add(k) for k in before] == [AddResult.ENQUEUED] * 10
+            assert wait_holding(client, settings)[0] == held
+            wait_for(lambda: runs_per_key(read_log(client, settings)).total() == 9,
+                     timeout=30, interval=0.05, message="the other keys to run")
+            assert client.execute_command("WAIT", 1, 5000) == 1
+
+            c.fail_over_by_kill()
+
+            after = [f"instance/ns/app/{i}" for i in range(11, 21)]
+            assert [q.add(k) for k in after] == [AddResult.ENQUEUED] * 10
+            release(client, settings, held)
+            wait_quiescent(client, settings)
+            records = read_log(client, settings)
+            assert runs_per_key(records) == {k: 1 for k in before + after}
+            assert_never_concurrent(records)
+            assert running.worker.workers == threads  # the same worker threads throughout
+            assert all(t.is_alive() for t in threads)
+        finally:
+            running.stop(timeout=10)
+            client.close()
