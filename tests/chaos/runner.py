@@ -76,6 +76,8 @@ from warmpool.pool.decide import is_session_ref, refs
 from warmpool.pool.model import AppDefinition, parse_appdefinition, parse_session, session_error
 from warmpool.pool.parts import Part
 from warmpool.queue.inspect import Inspector
+from warmpool.queue.layout import Layout
+from warmpool.queue.lease import holder_of
 from warmpool.queue.settings import QueueSettings
 from warmpool.testing.apiproxy import ApiProxy
 from warmpool.testing.apiproxy import Faults as ProxyFaults
@@ -350,6 +352,7 @@ class System:
         self.schedulers: list[SchedulerProcess] = []
         self.worker_log = workdir / "workers.log"
         self._lock = threading.Lock()
+        self.leases_seen = 0  # lease keys in Redis at the last `lease_holders`
 
     def start(self) -> System:
         self.redis.start()
@@ -419,12 +422,20 @@ class System:
         self.workers.kill(i, signal.SIGCONT)
 
     def lease_holders(self) -> Counter[int]:
-        """Worker index -> leases it holds now, from the queue's in-flight keys in Redis."""
+        """Worker index -> leases it holds now, from the lease keys in Redis (instance leases
+        included: a claim, keyed by its Session, takes one for its deciding write)."""
         assert self.workers is not None and self.settings is not None
         out: Counter[int] = Counter()
+        self.leases_seen = 0
+        client = self.redis.client()
         with contextlib.suppress(redis.RedisError):
-            for state in Inspector(self.redis.client(), self.settings).running():
-                parts = (state.holder or "").split(":")
+            names = list(client.scan_iter(match=Layout.of(self.settings).lease_prefix + "*",
+                                          count=1000))
+            for value in client.mget(names) if names else []:
+                if value is None:
+                    continue
+                self.leases_seen += 1
+                parts = holder_of(value.decode()).split(":")
                 if len(parts) >= 2 and parts[1].isdigit():
                     i = self.workers.index_of(int(parts[1]))
                     if i is not None:
@@ -623,6 +634,8 @@ class FaultInjector:
             # race (the operations' sequence stays the seed's, not the fault thread's timing).
             fault.handoff = (lambda: self._flush(**params), threading.Event())
             self.ops.flush_race = fault.handoff
+        elif kind == "worker_stop" and self.ops is not None:
+            self.ops.race_next = True  # the burst of claims and scale-downs it freezes in
         self.history.add("fault", f"{kind} {params}")
         t = threading.Thread(target=self._run, args=(fault, group), daemon=True,
                              name=f"fault-{kind}")
@@ -689,17 +702,19 @@ class FaultInjector:
         was doing (a claim, a scale-down, a release) continues under leases others have taken
         since, and each write must be refused (fence, preconditions), never applied.
 
-        The process is chosen when it holds leases: the fault waits (up to 3 s) for a worker
-        with keys in flight, taking the one with the most; if none holds any by then, the
+        The process is chosen when it holds leases: the next operation is a race of claims
+        and a scale-down (`Operations.race_next`), and the fault waits (up to 5 s) for a
+        worker holding leases, taking the one with the most; if none holds any by then, the
         seeded one."""
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + 5.0
         holders = self.system.lease_holders()
         while not holders and time.monotonic() < deadline:
-            time.sleep(0.02)  # polling Redis for in-flight keys, not a wait for an effect
+            time.sleep(0.005)  # polling Redis for lease holders, not a wait for an effect
             holders = self.system.lease_holders()
         if holders:
             worker = holders.most_common(1)[0][0]
-        text = (f"stopping worker {worker} holding {holders.get(worker, 0)} leases, for "
+        text = (f"stopping worker {worker} holding {holders.get(worker, 0)} leases (of "
+                f"{self.system.leases_seen}; by worker {dict(holders)}), for "
                 f"{stopped:.1f}s (lease TTL {self.cfg.lease_ttl:g}s)")
         self.history.add("fault", text)
         self.notes.append(f"worker_stop: {text}")
@@ -856,6 +871,7 @@ class Operations:
         # set by the `redis_flush_race` fault: the next operation is a race with this flush
         # between its claims and its scale-down, then sets the event
         self.flush_race: tuple[Callable[[], None], threading.Event] | None = None
+        self.race_next = False  # set by `worker_stop`: the next operation is a race
 
     def setup(self) -> None:
         for ns in self.namespaces:
@@ -879,6 +895,8 @@ class Operations:
         race = self.flush_race
         if race is not None and self.live_appdefs():
             self.flush_race, name = None, "race_claim_flush_scale"
+        elif self.race_next and ops["race_claim_scale"]:
+            self.race_next, name = False, "race_claim_scale"
         try:
             if race is not None and name == "race_claim_flush_scale":
                 try:
