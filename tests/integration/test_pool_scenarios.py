@@ -422,3 +422,36 @@ def test_sessions_per_user_one_the_second_session_gets_the_exact_error_and_holds
     assert held_instance(kube, ns, "s2") is None
     assert USERS[1] not in {emails(kube, ns, "other", 1)}
     assert held_instance(kube, ns, "s1") == 1 and held_instance(kube, ns, "s3") == 2
+
+
+def test_a_status_decided_for_a_session_is_not_written_on_one_re_created_under_its_name(
+    kube, namespace
+) -> None:
+    """Status writes carry the Session's uid (pool-spec §4): a Session deleted and made again
+    under the same name is never told it holds its predecessor's instance."""
+    from warmpool.controller.guard import Unguarded
+    from warmpool.kube.executor import Executor
+    from warmpool.pool.actions import SetSessionStatus
+
+    ns = namespace
+    old = create_session(kube, ns, "s1", USERS[1])
+    delete_session(kube, ns, "s1")
+    wait_for(lambda: kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1") is None,
+             timeout=30, message="s1 to be gone")
+    new = create_session(kube, ns, "s1", USERS[2])
+    executor = Executor(kube, ns, Unguarded())
+    handled = {"operatorStatus": "HANDLED", "operatorMessage": "instance 1"}
+    for first in (True, False):
+        stale = SetSessionStatus("s1", handled, uid=old["metadata"]["uid"], first=first)
+        assert executor.apply([stale]) == 0
+        assert (session(kube, ns, "s1").get("status") or {}).get("operatorStatus") is None
+
+    # The right uid: written whether the read knew the status was missing or not, and later
+    # fields are merged into what is there.
+    waits = {"operatorStatus": "HANDLING", "operatorMessage": "waits"}
+    assert executor.apply([SetSessionStatus("s1", waits, uid=new["metadata"]["uid"])]) == 1
+    assert session(kube, ns, "s1")["status"] == waits
+    kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1",
+                     {"status": {"lastActivity": 7}}, status=True)
+    assert executor.apply([SetSessionStatus("s1", handled, uid=new["metadata"]["uid"])]) == 1
+    assert session(kube, ns, "s1")["status"] == {**handled, "lastActivity": 7}

@@ -189,7 +189,9 @@ def _set_status(
     body = {"operatorStatus": status, "operatorMessage": message}
     if error:
         body["error"] = error
-    Executor(kube, session.namespace, Unguarded()).apply([SetSessionStatus(session.name, body)])
+    Executor(kube, session.namespace, Unguarded()).apply(
+        [SetSessionStatus(session.name, body, uid=session.uid,
+                          first=session.status == v.STATUS_NEW)])
 
 
 def _disown_annotation(reader: Reader, kube: Kube, session: Session) -> None:

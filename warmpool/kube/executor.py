@@ -122,6 +122,33 @@ class Executor:
                                  label_selector=f"{v.LABEL_APP}={app_selector}")
         return pods
 
+    def _set_status(
+        self, name: str, status: Mapping[str, Any], uid: str, first: bool
+    ) -> dict[str, Any]:
+        """Merge `status` into the Session's, if it still has `uid`: a JSON patch that tests
+        the uid, then adds each field (or, for a Session without a status yet, the status)."""
+        if not uid:
+            return self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
+                                         name, {"status": dict(status)}, status=True)
+        test = {"op": "test", "path": "/metadata/uid", "value": uid}
+        whole = [test, {"op": "add", "path": "/status", "value": dict(status)}]
+        fields = [test, *({"op": "add", "path": f"/status/{k}", "value": val}
+                          for k, val in status.items())]
+        try:
+            return self.kube.json_patch(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
+                                        name, whole if first else fields, status=True)
+        except KubeError as exc:
+            # A failed test and a missing /status are one 422 to the server, without detail.
+            if first or exc.status != 422:
+                raise
+            current = self.kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
+                                    name)
+            if current is None or (current.get("metadata") or {}).get("uid") != uid:
+                raise
+        # Read with a status that it no longer has: write the whole of it.
+        return self.kube.json_patch(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
+                                    name, whole, status=True)
+
     def apply(self, actions: Iterable[Action]) -> int:
         """Apply in order; returns the number of writes. Raises Conflict on a stale precondition."""
         writes = 0
@@ -203,13 +230,18 @@ class Executor:
                 elif self.sink is not None:
                     self.sink.wrote(annotated)
                 log.info("annotated Session %s with %s", name, annotations)
-            case SetSessionStatus(session=name, status=status):
+            case SetSessionStatus(session=name, status=status, uid=uid, first=first):
                 # A status write decides nothing that a stale read could make wrong: it reports
-                # the decision of this run, and the next run rewrites it if it has changed.
+                # the decision of this run, and the next run rewrites it if it has changed. It
+                # tests the Session's uid: a Session re-created under the name since must not
+                # be told it holds its predecessor's instance.
                 try:
-                    updated = self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns,
-                                                    name, {"status": status}, status=True)
+                    updated = self._set_status(name, status, uid, first)
                 except KubeError as exc:
+                    if exc.status == 422 and uid:
+                        log.info("Session %s was re-created: its status is not ours to write",
+                                 name)
+                        return 0
                     if exc.status != 404:  # a Session deleted meanwhile needs no status
                         raise
                 else:

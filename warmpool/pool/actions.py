@@ -66,6 +66,11 @@ class AnnotateSession:
 class SetSessionStatus:
     session: str
     status: dict[str, Any]
+    # The uid of the Session the decision was about: one re-created under the same name since
+    # is not written (its own claim reports on it).
+    uid: str = ""
+    # The Session had no status of ours when read (NEW): the write creates the status.
+    first: bool = False
 
 
 @dataclass(frozen=True, slots=True)

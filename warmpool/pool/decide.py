@@ -154,7 +154,9 @@ def _claimed(
             message = (f"AppDefinition {holder.appdef!r} was deleted before the claim of "
                        f"instance {instance.id} completed")
             actions.append(SetSessionStatus(holder.name, {"operatorStatus": v.STATUS_ERROR,
-                                                          "operatorMessage": message}))
+                                                          "operatorMessage": message},
+                                            uid=holder.uid,
+                                            first=holder.status == v.STATUS_NEW))
             actions.append(Report("ClaimNotCompleted", f"Session {holder.name}: {message}"))
         return Plan("claimed", holder, actions)
 
@@ -208,7 +210,7 @@ def _claimed(
             "operatorStatus": v.STATUS_HANDLED,
             "operatorMessage": f"Instance {instance.id} of {appdef.name} ({ext_name})",
             "url": settings.instance_url(appdef, instance.id),
-        }))
+        }, uid=holder.uid, first=holder.status == v.STATUS_NEW))
     # An outdated generation is deliberately left alone while claimed: the session keeps
     # running, and the release refreshes the instance.
     return Plan("claimed", holder, actions)
