@@ -35,6 +35,7 @@ from warmpool.kube import reflector
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.instances import is_appdef_ref, is_session_ref
+from warmpool.pool.model import parse_instance_id
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +110,8 @@ def changed(obj: Obj, old: Obj | None) -> bool:
 
 
 def instance_id(obj: Obj | None) -> int | None:
-    raw = (_meta(obj).get("annotations") or {}).get(v.ANNOTATION_INSTANCE_ID)
-    if isinstance(raw, str) and raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    return None
+    # The workers' reading exactly ('²'.isdigit() is True, but int('²') raises).
+    return parse_instance_id((_meta(obj).get("annotations") or {}).get(v.ANNOTATION_INSTANCE_ID))
 
 
 def session_appdef(obj: Obj | None) -> str | None:

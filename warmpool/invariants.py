@@ -18,11 +18,11 @@ from warmpool.pool.instances import HolderIndex, InstanceView, has_ref, refs
 from warmpool.pool.model import (
     AppDefinition,
     Session,
-    parse_appdefinition,
     parse_session,
     session_error,
 )
 from warmpool.pool.parts import PARTS, Part
+from warmpool.pool.validate import validate_appdefinition
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ def check(kube: Kube, namespace: str, *, quiet: bool = True) -> list[Violation]:
 
     appdefs: dict[str, AppDefinition | None] = {}
     for item in appdef_items:
-        parsed = parse_appdefinition(item)
+        parsed = validate_appdefinition(item, appdef_items)  # as the workers judge it
         appdefs[item["metadata"]["name"]] = parsed if isinstance(parsed, AppDefinition) else None
     names = set(appdefs) | {s.appdef for s in sessions if s.appdef}
     held: dict[str, set[str]] = defaultdict(set)

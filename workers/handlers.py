@@ -102,11 +102,13 @@ def _start_cache(broker: RedisBroker, settings: QueueSettings) -> None:
 def reader_for(namespace: str) -> Reader | None:
     """The cache's reader, or None while it has not synced once (the job then waits)."""
     c = cache()
+    ceiling = pool_settings().max_instances_ceiling
     if not c.serves(namespace):
-        return LiveReader(kube())  # a key outside the watched namespaces: ask directly
+        # a key outside the watched namespaces: ask directly
+        return LiveReader(kube(), max_instances_ceiling=ceiling)
     if not c.synced():
         return None
-    return CachedReader(c, kube())
+    return CachedReader(c, kube(), max_instances_ceiling=ceiling)
 
 
 @functools.cache

@@ -209,6 +209,12 @@ class ClusterCache:
                         out[k] = mark
             return out
 
+    def appdefs(self, namespace: str) -> list[Obj]:
+        """Every cached AppDefinition of `namespace`: an AppDefinition is valid only together
+        with the others of its namespace (warmpool.pool.validate: selector collisions)."""
+        return [o for o in self._reflector(APPDEFS, namespace).items()
+                if (o.get("metadata") or {}).get("namespace") == namespace]
+
     def pool_objects(self, namespace: str) -> list[Obj]:
         """Every cached pool object of `namespace` (a scan: for resyncs and rare paths)."""
         out: list[Obj] = []

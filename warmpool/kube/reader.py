@@ -25,13 +25,14 @@ from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import PoolFacts, pool_facts
 from warmpool.pool.instances import InstanceView, refs
 from warmpool.pool.model import (
+    MAX_INSTANCES_CEILING,
     AppDefinition,
     Invalid,
     Session,
-    parse_appdefinition,
     parse_session,
 )
 from warmpool.pool.parts import PARTS, Part
+from warmpool.pool.validate import validate_appdefinition
 
 Obj = dict[str, Any]
 
@@ -98,11 +99,18 @@ class Reader(Protocol):
 class LiveReader:
     """Every read is a request to the API server (always current, cost grows with the pool)."""
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, *, max_instances_ceiling: int = MAX_INSTANCES_CEILING) -> None:
         self.kube = kube
+        self.max_instances_ceiling = max_instances_ceiling
 
     def appdef(self, namespace: str, name: str) -> AppDefinition | Invalid | None:
-        return observe.read_appdef(self.kube, namespace, name)
+        obj = self.kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace, name)
+        if obj is None:
+            return None
+        # Valid only together with the others of its namespace (selector collisions).
+        others, _ = self.kube.list(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace)
+        return validate_appdefinition(obj, others,
+                                      max_instances_ceiling=self.max_instances_ceiling)
 
     def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
         return observe.read_session(self.kube, namespace, name)
@@ -186,9 +194,11 @@ class CachedReader:
     lagging watch delays nothing it was asked to do.
     """
 
-    def __init__(self, cache: ClusterCache, kube: Kube) -> None:
+    def __init__(self, cache: ClusterCache, kube: Kube, *,
+                 max_instances_ceiling: int = MAX_INSTANCES_CEILING) -> None:
         self.cache = cache
         self.kube = kube
+        self.max_instances_ceiling = max_instances_ceiling
 
     def appdef(self, namespace: str, name: str) -> AppDefinition | Invalid | None:
         obj = self.cache.get(v.APPDEF_KIND, namespace, name)
@@ -200,7 +210,8 @@ class CachedReader:
                 return None
             obj.setdefault("kind", v.APPDEF_KIND)
             self.cache.offer(obj)
-        return parse_appdefinition(obj)
+        return validate_appdefinition(obj, self.cache.appdefs(namespace),
+                                      max_instances_ceiling=self.max_instances_ceiling)
 
     def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
         cached = self.cache.session(namespace, name)
