@@ -72,7 +72,7 @@ from warmpool.kube import observe
 from warmpool.kube.api import Gone, Kube, connect
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.decide import is_session_ref, refs
+from warmpool.pool.instances import is_session_ref, refs
 from warmpool.pool.model import AppDefinition, parse_appdefinition, parse_session, session_error
 from warmpool.pool.parts import Part
 from warmpool.queue.inspect import Inspector
