@@ -35,6 +35,7 @@ from warmpool.kube.observe import POOL_SELECTOR
 from warmpool.kube.reflector import Reflector, Watched
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.pool.model import MAX_INSTANCES_CEILING
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.redis_conn import connect as redis_connect
 from warmpool.queue.settings import QueueSettings
@@ -311,7 +312,9 @@ def create_appdef(kube: Kube, ns: str, name: str, min_instances: int) -> dict[st
         "metadata": {"name": name, "namespace": ns},
         "spec": {"name": f"{name}-app", "image": "theiacloud/theia-cloud-demo:1.0", "uid": 101,
                  "port": 3000, "ingressname": "theia-cloud-demo-ws-ingress",
-                 "minInstances": min_instances, "maxInstances": 100_000,
+                 # At the controller's default ceiling (warmpool.pool.model): above it the
+                 # AppDefinition would be invalid and left as it is.
+                 "minInstances": min_instances, "maxInstances": MAX_INSTANCES_CEILING,
                  "requestsCpu": "100m", "requestsMemory": "64Mi", "limitsCpu": "1",
                  "limitsMemory": "512Mi"},
     })
