@@ -309,9 +309,7 @@ def main(argv: list[str]) -> int:
             "",
             "Workarounds in the harness (bench/common.py), until the code they work around "
             "has them: the latency proxy's handler gets TCP_NODELAY (without it every proxied "
-            "request waited ~40 ms for a delayed ACK, so +10 ms measured as +55 ms); the "
-            "private control planes get a /16 service range (the local one's /24 holds 127 "
-            "instances' Services).",
+            "request waited ~40 ms for a delayed ACK, so +10 ms measured as +55 ms).",
         ]
         if profile:
             doc += ["", "## Profile", "", "```", *profile, "```"]
