@@ -10,12 +10,11 @@ import time
 from collections import deque
 from typing import Any
 
-import pytest
 from pool_fixtures import appdef, instance, with_objects
 from pool_fixtures import session as model_session
 
 from tests.waiting import wait_for
-from warmpool.kube.cache import ClusterCache, strip
+from warmpool.kube.cache import strip
 from warmpool.kube.reader import CachedReader
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import pool_facts
@@ -78,19 +77,6 @@ class Scripted:
                 time.sleep(0.002)
 
 
-@pytest.fixture
-def make_cache():
-    made: list[ClusterCache] = []
-
-    def make(kube: Scripted) -> ClusterCache:
-        c = ClusterCache(lambda: kube, [NS], timeout_range=(1.0, 2.0)).start()  # type: ignore
-        assert c.wait_synced(5)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.stop()
 
 
 def test_strip_keeps_what_decisions_read_and_drops_the_rest() -> None:

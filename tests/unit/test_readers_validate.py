@@ -11,7 +11,6 @@ import pytest
 
 from scheduler.mapping import instance_id, keys_for
 from warmpool.keys import SessionKey
-from warmpool.kube.cache import ClusterCache
 from warmpool.kube.reader import CachedReader, LiveReader
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import AppDefinition, Invalid
@@ -61,27 +60,12 @@ class Listed:
         yield from ()
 
 
-@pytest.fixture
-def cache_of() -> Iterator[Any]:
-    made: list[ClusterCache] = []
-
-    def make(kube: Listed) -> ClusterCache:
-        c = ClusterCache(lambda: kube, [NS], timeout_range=(1.0, 2.0)).start()  # type: ignore
-        assert c.wait_synced(5)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.stop()
-
-
 COLLIDING = [appdef_obj("java-old", "java", "2026-01-01T00:00:00Z"),
              appdef_obj("java-new", "Java", "2026-01-02T00:00:00Z")]
 
 
-def test_the_cached_reader_makes_the_later_colliding_appdefinition_invalid(cache_of) -> None:
-    reader = CachedReader(cache_of(Listed(COLLIDING)), None)  # type: ignore[arg-type]
+def test_the_cached_reader_makes_the_later_colliding_appdefinition_invalid(make_cache) -> None:
+    reader = CachedReader(make_cache(Listed(COLLIDING)), None)  # type: ignore[arg-type]
     assert isinstance(reader.appdef(NS, "java-old"), AppDefinition)
     later = reader.appdef(NS, "java-new")
     assert isinstance(later, Invalid) and "AppDefinition 'java-old'" in later.message
@@ -93,11 +77,11 @@ def test_the_live_reader_makes_the_later_colliding_appdefinition_invalid() -> No
     assert isinstance(reader.appdef(NS, "java-new"), Invalid)
 
 
-def test_the_readers_apply_the_configured_ceiling(cache_of) -> None:
+def test_the_readers_apply_the_configured_ceiling(make_cache) -> None:
     big = [appdef_obj("big", "big", "2026-01-01T00:00:00Z", maxInstances=50)]
     assert isinstance(LiveReader(Listed(big)).appdef(NS, "big"), AppDefinition)  # type: ignore
     for reader in (LiveReader(Listed(big), max_instances_ceiling=10),  # type: ignore[arg-type]
-                   CachedReader(cache_of(Listed(big)), None,  # type: ignore[arg-type]
+                   CachedReader(make_cache(Listed(big)), None,  # type: ignore[arg-type]
                                 max_instances_ceiling=10)):
         parsed = reader.appdef(NS, "big")
         assert isinstance(parsed, Invalid) and "ceiling of 10" in parsed.message
@@ -110,7 +94,7 @@ def test_the_scheduler_maps_a_malformed_instance_id_without_raising(raw: str) ->
     assert keys_for(v.SESSION_KIND, "ADDED", obj, None) == [SessionKey(NS, "s1")]
 
 
-def test_the_worker_cache_indexes_a_session_with_a_malformed_instance_id(cache_of) -> None:
-    c = cache_of(Listed([session_obj("odd", "²"), session_obj("plain", "2")]))
+def test_the_worker_cache_indexes_a_session_with_a_malformed_instance_id(make_cache) -> None:
+    c = make_cache(Listed([session_obj("odd", "²"), session_obj("plain", "2")]))
     got = {s.name: s.instance_id for s in c.sessions_of(NS, "java")}
     assert got == {"odd": None, "plain": 2}
