@@ -12,9 +12,10 @@ Rules (see the README of the scheduler in ``scheduler/__init__.py``):
 - AppDefinition added, deleted, or modified with a new ``metadata.generation`` (or a new
   deletionTimestamp) -> ``PoolKey``: the resync job fans out to its instances and claims.
 - Session added -> ``SessionKey`` (plus its ``InstanceKey`` if it is already annotated).
-  Deleted, or modified with a deletionTimestamp -> the ``InstanceKey`` of its
-  ``theia-cloud.io/instance-id`` annotation (this is the release), else the ``PoolKey`` of its
-  AppDefinition (a claim may be in flight, not annotated yet). Otherwise modified ->
+  Deleted, or modified with a deletionTimestamp -> its ``SessionKey`` (the claims queue: its
+  job releases what the Session's uid holds, so a release never waits behind bulk work) and
+  the ``InstanceKey`` of its ``theia-cloud.io/instance-id`` annotation, else the ``PoolKey``
+  of its AppDefinition (a claim may be in flight, not annotated yet). Otherwise modified ->
   ``SessionKey`` and, if annotated, its ``InstanceKey``.
 - Pool object (Service, Deployment, ConfigMap) added, modified or deleted -> ``InstanceKey``
   of the AppDefinition named by its owner reference and the id in its name; without such a
@@ -176,12 +177,14 @@ def _session_keys(ns: str, event_type: str, obj: Obj, old: Obj | None) -> list[K
     appdef = session_appdef(obj) or session_appdef(old)
     k = instance_id(obj) or instance_id(old)
     if event_type == DELETED or _meta(obj).get("deletionTimestamp"):
-        # The release: the instance it holds, or (claim in flight) its whole pool.
+        # The release: its own key first (the claims queue: the claim job releases whatever
+        # the Session's uid still holds, ahead of bulk work), and the instance it holds, or
+        # (claim in flight) its whole pool, as the rule that needs no index.
         if appdef and k:
-            return [InstanceKey(ns, appdef, k)]
+            return [SessionKey(ns, name), InstanceKey(ns, appdef, k)]
         if appdef:
-            return [PoolKey(ns, appdef)]
-        return []
+            return [SessionKey(ns, name), PoolKey(ns, appdef)]
+        return []  # without an AppDefinition it never claimed anything
     keys: list[Key] = [SessionKey(ns, name)]
     if appdef:
         keys += [InstanceKey(ns, appdef, i) for i in (instance_id(obj), instance_id(old)) if i]

@@ -113,6 +113,38 @@ def test_holder_index_follows_the_external_services_session_references(make_cach
     wait_for(lambda: c.referenced_by("S1") == [(NS, "ws-java-2")], timeout=5)
 
 
+def test_a_deleted_sessions_holdings_are_found_on_any_part_it_is_still_referenced_by(
+        make_cache) -> None:
+    """What a release from the Session's own key looks up: the uid of the Session seen
+    deleted, and every instance any of whose objects still references it (the garbage
+    collector strips references one object at a time, the external Service's maybe first)."""
+    appdef_ref = {"apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND, "name": "java",
+                  "uid": "ad"}
+    session_ref = {"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND, "name": "a",
+                   "uid": "u-a"}
+
+    def service(k: int, rv: int, *refs: dict[str, Any]) -> dict[str, Any]:
+        return obj("Service", f"instance-{k}-java", rv, spec={},
+                   meta={"ownerReferences": [appdef_ref, *refs]})
+
+    email = obj("ConfigMap", "instance-2-java-email", 3, data={},
+                meta={"ownerReferences": [appdef_ref, session_ref],
+                      "labels": {v.LABEL_TEMPLATE_PURPOSE: v.PURPOSE_EMAILS}})
+    kube = Scripted({v.SESSION_KIND: [session("a", 2)],
+                     "Service": [service(1, 5, session_ref), service(3, 6)],
+                     "ConfigMap": [email]})
+    c = make_cache(kube)
+    reader = CachedReader(c, kube)  # type: ignore[arg-type]
+    assert reader.gone_session_uid(NS, "a") is None  # alive
+    assert reader.holdings(NS, "u-a") == [("java", 1), ("java", 2)]
+    kube.push(v.SESSION_KIND, "DELETED", session("a", 7))
+    kube.push("Service", "MODIFIED", service(1, 8))  # the collector strips one reference
+    wait_for(lambda: reader.gone_session_uid(NS, "a") == "u-a", timeout=5)
+    wait_for(lambda: reader.holdings(NS, "u-a") == [("java", 2)], timeout=5)
+    kube.push(v.SESSION_KIND, "ADDED", session("a", 9, uid="u-a2"))  # re-created, same name
+    wait_for(lambda: reader.gone_session_uid(NS, "a") is None, timeout=5)
+
+
 def test_freshness_waits_for_the_version_or_the_deletion_that_caused_a_job(make_cache) -> None:
     kube = Scripted({"Service": [ext_service(1, 5)]})
     c = make_cache(kube)

@@ -126,33 +126,39 @@ def test_session_added_already_annotated_also_gives_its_instance() -> None:
         SessionKey(NS, "s1"), InstanceKey(NS, "java", 4)]
 
 
-def test_session_deleted_with_instance_gives_only_the_instance_key() -> None:
-    assert keys_for("Session", "DELETED", session(instance="3")) == [InstanceKey(NS, "java", 3)]
+def test_session_deleted_with_instance_gives_its_own_key_then_the_instance_key() -> None:
+    # Its own key runs the release from the claims queue; the instance key is the rule
+    # that needs no index.
+    assert keys_for("Session", "DELETED", session(instance="3")) == [
+        SessionKey(NS, "s1"), InstanceKey(NS, "java", 3)]
 
 
-def test_session_deleted_without_instance_gives_the_pool_key() -> None:
+def test_session_deleted_without_instance_gives_its_own_key_and_the_pool_key() -> None:
     # A claim may be in flight (owner reference written, annotation not yet).
-    assert keys_for("Session", "DELETED", session()) == [PoolKey(NS, "java")]
+    assert keys_for("Session", "DELETED", session()) == [SessionKey(NS, "s1"), PoolKey(NS, "java")]
 
 
 def test_session_deleted_found_by_relist_maps_from_its_stub() -> None:
     stub = summarize("Session", session(instance="2"))
     assert stub["metadata"]["annotations"] == {v.ANNOTATION_INSTANCE_ID: "2"}
-    assert keys_for("Session", "DELETED", stub, stub) == [InstanceKey(NS, "java", 2)]
+    assert keys_for("Session", "DELETED", stub, stub) == [SessionKey(NS, "s1"),
+                                                          InstanceKey(NS, "java", 2)]
 
 
 def test_session_deletion_timestamp_set_is_the_release() -> None:
     old = session(instance="5")
     new = bumped(old, deletionTimestamp="2024-01-01T00:00:00Z")
     assert keys_for("Session", "MODIFIED", new, summarize("Session", old)) == [
-        InstanceKey(NS, "java", 5)]
+        SessionKey(NS, "s1"), InstanceKey(NS, "java", 5)]
     unannotated = session(deleting=True)
-    assert keys_for("Session", "MODIFIED", unannotated, None) == [PoolKey(NS, "java")]
+    assert keys_for("Session", "MODIFIED", unannotated, None) == [SessionKey(NS, "s1"),
+                                                                  PoolKey(NS, "java")]
 
 
 def test_session_deleted_uses_the_cached_annotation_if_the_final_state_lacks_it() -> None:
     old = summarize("Session", session(instance="7"))
-    assert keys_for("Session", "DELETED", session(), old) == [InstanceKey(NS, "java", 7)]
+    assert keys_for("Session", "DELETED", session(), old) == [SessionKey(NS, "s1"),
+                                                              InstanceKey(NS, "java", 7)]
 
 
 def test_session_without_appdefinition_deleted_gives_nothing() -> None:
@@ -191,7 +197,8 @@ def test_session_modified_without_appdefinition_gives_only_its_claim() -> None:
 
 def test_session_bad_annotation_is_not_an_instance() -> None:
     for bad in ("0", "-1", "x", ""):
-        assert keys_for("Session", "DELETED", session(instance=bad)) == [PoolKey(NS, "java")]
+        assert keys_for("Session", "DELETED", session(instance=bad)) == [
+            SessionKey(NS, "s1"), PoolKey(NS, "java")]
 
 
 # --- pool objects -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ they never decide which key runs where or when.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from warmpool.kube.executor import Executor, check_fence
 from warmpool.kube.reader import Reader
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.actions import AnnotateSession, Report, SetSessionStatus
+from warmpool.pool.actions import AnnotateSession, Report, ResetPods, SetSessionStatus
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.claim import (
     ClaimError,
@@ -99,6 +100,11 @@ def reconcile_instance(
     ns = key.namespace
     written: Writes = []
     fresh = False
+    # Pods this job has reset already. A plan decided again after a conflict (with the garbage
+    # collector stripping a deleted Session's references, typically) would reset them again,
+    # deleting the clean pod the first reset made room for: under this lease no claim can have
+    # come in since, so the pods are still clean.
+    reset: set[str] = set()
     for attempt in range(1, MAX_ATTEMPTS + 1):
         appdef = reader.appdef(ns, key.appdef)
         if isinstance(appdef, Invalid):
@@ -122,12 +128,17 @@ def reconcile_instance(
         if not fresh and unguarded_deletes(view, plan):
             fresh = True  # nothing on the server would refuse these deletes: read it first
             continue
+        if reset:
+            plan = dataclasses.replace(plan, actions=[
+                a for a in plan.actions
+                if not (isinstance(a, ResetPods) and a.app_selector in reset)])
         executor = Executor(kube, ns, guard, sink=reader)
         try:
             writes = executor.apply(plan.actions)
         except Conflict as exc:
             log.info("instance %s: conflict (%s), reading it again", key, exc)
             written += executor.written
+            reset |= executor.reset
             fresh = True
             continue
         written += executor.written
@@ -159,7 +170,7 @@ def _wake_waiting(
 
 @dataclass
 class ClaimResult:
-    outcome: str  # "claimed" | "held" | "waiting" | "error" | "skipped" | "gone"
+    outcome: str  # "claimed" | "held" | "waiting" | "error" | "skipped" | "released" | "gone"
     instance_id: int | None = None
     message: str = ""
     # The Session's metadata.creationTimestamp, for "Session created -> HANDLED" latency.
@@ -253,6 +264,43 @@ def _deciding_write(
     return True
 
 
+def _release(
+    reader: Reader, kube: Kube, key: SessionKey, session: Session | None, leases: Leases,
+    settings: PoolSettings,
+) -> ClaimResult:
+    """A Session deleted (or being deleted): release what it holds, from its own key.
+
+    The release is a reconcile of each instance its uid still holds, under that instance's
+    lease, exactly as the instance's own job would run it; it runs here so that a user's
+    instance is freed (and the next waiting Session served) from the claims queue, not after
+    the bulk work ahead of it in the main one (a 900-instance scale-down). The instance key
+    is still queued for it too (the scheduler's release rule); whichever runs second finds
+    nothing left to do. Safe on a stale read like every instance reconcile: a reference the
+    cache still shows but the server no longer has makes a write that the server refuses.
+    """
+    ns = key.namespace
+    uid = session.uid if session is not None else reader.gone_session_uid(ns, key.session)
+    if not uid:
+        return ClaimResult("gone")
+    out = ClaimResult("released")
+    for appdef_name, k in reader.holdings(ns, uid):
+        ikey = InstanceKey(ns, appdef_name, k)
+        with leases.try_lease(str(ikey)) as g:
+            if g is None:
+                raise Deferred(f"instance {k} is busy")
+            result = reconcile_instance(reader, kube, ikey, g, settings)
+            out.instance_id, out.appdef, out.instance, out.instance_fence = (
+                k, appdef_name, result, g.fence)
+        # The Session's deletion is accounted for on the instance too: this run began after
+        # the cache had seen it (the claim job's trigger), so the instance key the scheduler
+        # queued for the same deletion need not run again for it.
+        cause = ((f"{v.SESSION_KIND}/{key.session}#gone", uid) if session is None
+                 else (f"{v.SESSION_KIND}/{key.session}", session.resource_version))
+        out.written[str(ikey)] = [*result.written, cause]
+        out.follow_ups += result.follow_ups
+    return out if out.instance is not None else ClaimResult("gone")
+
+
 def claim_session(
     reader: Reader, kube: Kube, key: SessionKey, leases: Leases, settings: PoolSettings,
     *, hand_on: bool = True,
@@ -268,8 +316,8 @@ def claim_session(
     confirmed = False
     for _ in range(MAX_ATTEMPTS):
         session = reader.session(ns, key.session)
-        if session is None:
-            return ClaimResult("gone")
+        if session is None or session.deleting:
+            return _release(reader, kube, key, session, leases, settings)
         appdef = reader.appdef(ns, session.appdef) if session.appdef else None
         sessions = reader.sessions(ns, session.appdef)
         if all(s.uid != session.uid for s in sessions):

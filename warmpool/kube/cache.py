@@ -114,6 +114,9 @@ class ClusterCache:
         self._by_appdef: dict[tuple[str, str], set[str]] = {}
         self._by_user: dict[tuple[str, str], set[str]] = {}
         self._holders: dict[str, set[tuple[str, str]]] = {}
+        # Session uid -> (namespace, kind, name) of every pool object referencing it: what a
+        # release must look at, whichever of its references the garbage collector left.
+        self._traces: dict[str, set[tuple[str, str, str]]] = {}
         self._marks: dict[tuple[str, str, str], dict[int, bool]] = {}
         self._tombstones: OrderedDict[tuple[str, str, str], tuple[int, str]] = OrderedDict()
         self._stop = threading.Event()
@@ -192,6 +195,12 @@ class ClusterCache:
         """(namespace, name) of the external Services that reference the Session `uid`."""
         with self._lock:
             return sorted(self._holders.get(session_uid, ()))
+
+    def traces_of(self, session_uid: str) -> list[tuple[str, str, str]]:
+        """(namespace, kind, name) of the pool objects of any part that reference the
+        Session `uid`."""
+        with self._lock:
+            return sorted(self._traces.get(session_uid, ()))
 
     def instance_marks(
         self, namespace: str, kind: str, names: Sequence[tuple[int | None, str]]
@@ -330,6 +339,7 @@ class ClusterCache:
                 self._index_holders(event_type, ns, name, obj, old)
             if watched in (SERVICES, DEPLOYMENTS, CONFIGMAPS):
                 self._index_marks(event_type, ns, watched.kind, name, obj)
+                self._index_traces(event_type, ns, watched.kind, name, obj, old)
             self._changed.notify_all()
 
     def _index_marks(self, event_type: str, ns: str, kind: str, name: str, obj: Obj) -> None:
@@ -347,6 +357,22 @@ class ClusterCache:
                     del self._marks[key]
             return
         self._marks.setdefault(key, {})[k] = holder_trace(part, obj)
+
+    def _index_traces(
+        self, event_type: str, ns: str, kind: str, name: str, obj: Obj, old: Obj | None
+    ) -> None:
+        entry = (ns, kind, name)
+        for o in (old, obj):
+            for ref in _session_refs(o):
+                found = self._traces.get(ref)
+                if found is not None:
+                    found.discard(entry)
+                    if not found:
+                        del self._traces[ref]
+        if event_type == DELETED:
+            return
+        for ref in _session_refs(obj):
+            self._traces.setdefault(ref, set()).add(entry)
 
     def _index_session(self, event_type: str, ns: str, name: str, obj: Obj) -> None:
         previous = self._sessions.pop((ns, name), None)

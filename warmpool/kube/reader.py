@@ -23,7 +23,7 @@ from warmpool.kube.cache import ClusterCache
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import PoolFacts, pool_facts
-from warmpool.pool.instances import InstanceView, refs
+from warmpool.pool.instances import InstanceView, is_appdef_ref, is_session_ref, refs
 from warmpool.pool.model import (
     MAX_INSTANCES_CEILING,
     AppDefinition,
@@ -48,6 +48,16 @@ class Reader(Protocol):
 
     def session_gone(self, namespace: str, name: str, uid: str) -> bool:
         """Known without a request to have been deleted (that very uid); False if unsure."""
+        ...
+
+    def gone_session_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of the Session of that name seen deleted, while none of that name is
+        known to exist; None if unknown (a reader without a watch never knows)."""
+        ...
+
+    def holdings(self, namespace: str, session_uid: str) -> list[tuple[str, int]]:
+        """(AppDefinition, id) of each instance with an object that references the Session
+        `uid`: what its release must free."""
         ...
 
     def user_sessions(self, namespace: str, user: str) -> list[Session]:
@@ -121,6 +131,12 @@ class LiveReader:
     def session_gone(self, namespace: str, name: str, uid: str) -> bool:
         return False
 
+    def gone_session_uid(self, namespace: str, name: str) -> str | None:
+        return None
+
+    def holdings(self, namespace: str, session_uid: str) -> list[tuple[str, int]]:
+        return _holdings(observe.list_pool_objects(self.kube, namespace), session_uid)
+
     def user_sessions(self, namespace: str, user: str) -> list[Session]:
         return [s for s in observe.list_sessions(self.kube, namespace) if s.user == user]
 
@@ -167,6 +183,21 @@ class LiveReader:
 
     def deleted(self, kind: str, namespace: str, name: str, uid: str) -> None:
         return None
+
+
+def _holdings(objects: Iterable[Obj], session_uid: str) -> list[tuple[str, int]]:
+    """(AppDefinition, id) of the instances whose objects among `objects` reference the
+    Session `session_uid` (any part: the garbage collector strips references one object at
+    a time), by each object's AppDefinition owner reference and the id in its name."""
+    out: set[tuple[str, int]] = set()
+    for obj in objects:
+        owners = refs(obj)
+        if not any(is_session_ref(r) and r.get("uid") == session_uid for r in owners):
+            continue
+        k = naming.instance_id_from_name(str(obj["metadata"].get("name") or ""))
+        if k is not None:
+            out |= {(str(r["name"]), k) for r in owners if is_appdef_ref(r) and r.get("name")}
+    return sorted(out)
 
 
 def _name_rests(appdef: AppDefinition, part: Part) -> list[tuple[int | None, str]]:
@@ -232,6 +263,16 @@ class CachedReader:
 
     def session_gone(self, namespace: str, name: str, uid: str) -> bool:
         return bool(uid) and self.cache.deleted_uid(v.SESSION_KIND, namespace, name) == uid
+
+    def gone_session_uid(self, namespace: str, name: str) -> str | None:
+        if not self.cache.deleted(v.SESSION_KIND, namespace, name):
+            return None
+        return self.cache.deleted_uid(v.SESSION_KIND, namespace, name) or None
+
+    def holdings(self, namespace: str, session_uid: str) -> list[tuple[str, int]]:
+        return _holdings([obj for ns, kind, name in self.cache.traces_of(session_uid)
+                          if ns == namespace
+                          and (obj := self.cache.get(kind, ns, name)) is not None], session_uid)
 
     def user_sessions(self, namespace: str, user: str) -> list[Session]:
         return self.cache.sessions_of_user(namespace, user)
