@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes import config as kube_config
 from kubernetes import watch as kube_watch
-from kubernetes.client import ApiClient
+from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError
@@ -51,15 +51,24 @@ def _wrap(exc: DynamicApiError) -> Exception:
     return KubeError(exc.status, exc.summary())
 
 
+#: Connections kept open to the API server per client. The library's default (5 per CPU)
+#: is below what a worker sends at once (8 threads, each sending a plan's independent writes
+#: together): every request over it opened a new TLS connection and threw it away after.
+CONNECTIONS = 64
+
+
 def connect(kubeconfig: str | None = None) -> ApiClient:
     """An API client from a kubeconfig file, else in-cluster config (never the global default)."""
+    cfg = Configuration()
+    cfg.connection_pool_maxsize = CONNECTIONS
     if kubeconfig:
-        return kube_config.new_client_from_config(config_file=kubeconfig)
+        return kube_config.new_client_from_config(config_file=kubeconfig,
+                                                  client_configuration=cfg)
     try:
-        kube_config.load_incluster_config()
+        kube_config.load_incluster_config(client_configuration=cfg)
     except kube_config.ConfigException:
-        return kube_config.new_client_from_config()
-    return ApiClient()
+        return kube_config.new_client_from_config(client_configuration=cfg)
+    return ApiClient(cfg)
 
 
 # s beyond a watch's server-side timeout before the client gives up reading from it

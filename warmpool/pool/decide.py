@@ -200,6 +200,8 @@ def _claimed(
         actions.append(RefreshPods(naming.app_selector(appdef.spec_name, instance.id)))
     if (holder.instance_id != instance.id
             or holder.annotations.get(v.ANNOTATION_START_STRATEGY) != v.START_STRATEGY_EAGER):
+        # After the completing patches (I1: a Session annotated with k finds k's objects
+        # owned by it); the executor sends it together with the pod refresh.
         actions.append(AnnotateSession(holder.name, {
             v.ANNOTATION_INSTANCE_ID: str(instance.id),
             v.ANNOTATION_START_STRATEGY: v.START_STRATEGY_EAGER,
