@@ -14,10 +14,11 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from warmpool.controller.guard import Guard, Leases, Unguarded
+from warmpool.controller.guard import Leases, Unguarded
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Conflict, Kube, KubeError
 from warmpool.kube.executor import Executor, check_fence
+from warmpool.kube.guard import Guard
 from warmpool.kube.reader import Reader
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v

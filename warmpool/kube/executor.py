@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from warmpool.controller.guard import Guard
 from warmpool.kube.api import Conflict, Kube, KubeError
+from warmpool.kube.guard import Guard
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import (
     Action,
