@@ -78,7 +78,7 @@ def _known_holders(
     (the claim was decided elsewhere). Taken as stale, that reference would be stripped and
     the claim undone; so a reference to an unknown Session is checked by name first.
     """
-    known = {s.uid for s in sessions}
+    known: set[str | None] = {s.uid for s in sessions}  # a reference may lack a uid
     found = list(sessions)
     for _, obj in view.existing():
         for ref in refs(obj):
