@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from dramatiq.message import Message
 
 from warmpool.queue.layout import Layout
 from warmpool.queue.messages import MessageFactory
+from warmpool.queue.replies import raw, scored, text
 from warmpool.queue.scripts import Scripts
 
 
@@ -30,7 +32,7 @@ class DeadLetter:
     failures: int | None
 
 
-def _key_of(messages: MessageFactory, msg: Message) -> str | None:
+def _key_of(messages: MessageFactory, msg: Message[Any]) -> str | None:
     """The work key of a keyed message, or None for a plain dramatiq message."""
     if len(msg.args) != 1 or not isinstance(msg.args[0], str):
         return None
@@ -43,7 +45,7 @@ def _key_of(messages: MessageFactory, msg: Message) -> str | None:
 def list_dead(
     client: redis.Redis, layout: Layout, messages: MessageFactory, limit: int = 1000
 ) -> list[DeadLetter]:
-    entries = client.zrange(layout.xq, 0, limit - 1, withscores=True)
+    entries = scored(client.zrange(layout.xq, 0, limit - 1, withscores=True))
     if not entries:
         return []
     bodies = client.hmget(layout.xq_messages, [rid for rid, _ in entries])
@@ -51,7 +53,7 @@ def list_dead(
     for (rid, score), body in zip(entries, bodies, strict=True):
         if body is None:
             continue
-        msg = Message.decode(body)
+        msg = Message.decode(raw(body))
         out.append(
             DeadLetter(
                 message_id=rid.decode(),
@@ -77,17 +79,17 @@ def retry_dead(
         found = client.hget(layout.dead, key_or_id)
         if found is None:
             return "missing"
-        rid = found.decode()
+        rid = text(found)
     body = client.hget(layout.xq_messages, rid)
     if body is None:
         return "missing"
-    msg = Message.decode(body)
+    msg = Message.decode(raw(body))
     key = _key_of(messages, msg)
     if key is not None:
         return scripts.redrive(rid, key, *messages.body(key))
     new_rid = str(uuid.uuid4())
     options = {k: v for k, v in msg.options.items() if k not in ("traceback", "retries")}
-    fresh = Message(
+    fresh: Message[Any] = Message(
         queue_name=msg.queue_name,
         actor_name=msg.actor_name,
         args=msg.args,
