@@ -1,5 +1,5 @@
 # Entry points. The README's first commands are `make demo` and `make test`; CI runs .ci/run,
-# which starts Redis and then calls `make test`.
+# which starts Redis and then calls `make lint` and `make test`.
 .PHONY: venv demo test test-fast lint cluster-up cluster-down
 
 PYTHON ?= python3
@@ -25,8 +25,13 @@ test: .venv/.installed
 test-fast: .venv/.installed
 	.venv/bin/python -m pytest tests/unit
 
+## Static checks, no server: ruff; mypy (pyproject.toml [tool.mypy]: strict on the pool model,
+## the queue and the controller); the import contracts ([tool.importlinter]). PYTHONPATH makes
+## lint-imports read this checkout's packages, whichever checkout the .venv was installed from.
 lint: .venv/.installed
 	.venv/bin/ruff check .
+	.venv/bin/mypy
+	PYTHONPATH=$(CURDIR) .venv/bin/lint-imports
 
 cluster-up: .venv/.installed
 	.venv/bin/warmpool cluster up

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from bench.common import (
     REPO,
@@ -234,18 +235,18 @@ def main(argv: list[str]) -> int:
         if args.instances < 1000:
             for r in got:
                 r.note += f"; {args.instances}, not 1,000: see sizes above the table"
-        for r in results:
-            if r.profile:
-                profile.extend([f"convergence {r.name}, worker processes + scheduler "
-                                f"(py-spy --gil, {args.profile}):", *r.profile])
+        for result in results:
+            if result.profile:
+                profile.extend([f"convergence {result.name}, worker processes + scheduler "
+                                f"(py-spy --gil, {args.profile}):", *result.profile])
         return got
 
     def claim() -> list[Row]:
         from bench import claim_latency
 
+        quick: dict[str, Any] = {"window": 10.0, "grace": 5.0, "claims": 3} if args.quick else {}
         got, out = claim_latency.run(args.instances, args.small, profile_dir=args.profile,
-                                     **({"window": 10.0, "grace": 5.0, "claims": 3}
-                                        if args.quick else {}))
+                                     **quick)
         if args.instances < 1000:
             for r in got[:1]:
                 r.note += f"; {args.instances}, not 1,000: see sizes above the table"

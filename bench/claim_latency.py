@@ -30,6 +30,7 @@ what passed through the proxy during the churn per Session served (scale-down in
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import threading
 import time
@@ -66,6 +67,7 @@ from warmpool.kube.api import Kube, connect
 from warmpool.kube.reflector import Reflector, Watched
 from warmpool.pool import vocabulary as v
 from warmpool.queue.embedded import resolve_redis_url
+from warmpool.queue.replies import text
 from warmpool.testing.apiproxy import ApiProxy, Traffic
 
 APPDEF = "java"
@@ -306,7 +308,8 @@ class IsolatedClaims:
 def _new_starts(stack: Stack, since: int) -> tuple[Counter[str], int]:
     """Job starts logged since index `since`, by key kind; and the new index."""
     raw = stack.client.lrange(stack.starts_key, since, -1)
-    return Counter(r.decode().partition(" ")[2].split("/", 1)[0] for r in raw), since + len(raw)
+    return (Counter(text(r).partition(" ")[2].split("/", 1)[0] for r in raw),
+            since + len(raw))
 
 
 def _wait_handled(kube: Kube, ns: str, name: str, timeout: float) -> bool:
@@ -424,7 +427,7 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                         stack.clear_starts()
                         try:
                             res = churn_run(direct, ns, counter, small, rate, hold, window,
-                                            grace, "w", lambda s=stack: s.wait_idle(180),
+                                            grace, "w", functools.partial(stack.wait_idle, 180),
                                             proxy)
                         finally:
                             if profiler is not None:
@@ -444,7 +447,7 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                             stack.clear_starts()
                             st = churn_run(direct, ns, counter, None, steady_rate, hold,
                                            min(window, 30.0), grace, "q",
-                                           lambda s=stack: s.wait_idle(180), proxy)
+                                           functools.partial(stack.wait_idle, 180), proxy)
                             kinds = [k.split("/", 1)[0] for _, k in stack.starts()]
                             st.session_runs = kinds.count("session")
                             st.instance_runs = kinds.count("instance")

@@ -198,10 +198,10 @@ def run(instances: int = 100, events: int = 10_000, rate: float = 200.0,
             res.running_runs = sum(len(s) for s in starts.values())
             res.job_times = dur_summary("instance jobs", stack.durations("instance"))
             with lock:
-                seen = [v for i, v in delivered.items() if i >= events]
-            res.running_events = len(seen)
+                running_seen = [v for i, v in delivered.items() if i >= events]
+            res.running_events = len(running_seen)
             by_key: dict[str, list[float]] = defaultdict(list)
-            for key, t in seen:
+            for key, t in running_seen:
                 by_key[key].append(t)
             for key, ts in by_key.items():
                 runs = sorted(starts.get(key, []))

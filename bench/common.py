@@ -38,6 +38,7 @@ from warmpool.pool import vocabulary as v
 from warmpool.pool.model import MAX_INSTANCES_CEILING
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.redis_conn import connect as redis_connect
+from warmpool.queue.replies import text
 from warmpool.queue.settings import QueueSettings
 from warmpool.testing import apiproxy
 from workers.process import WorkerPool
@@ -515,7 +516,7 @@ class Stack:
     def _log(self, name: str) -> list[tuple[float, str]]:
         out = []
         for raw in self.client.lrange(name, 0, -1):
-            t, _, key = raw.decode().partition(" ")
+            t, _, key = text(raw).partition(" ")
             out.append((float(t), key))
         return out
 

@@ -27,6 +27,7 @@ table has always divided by (see `changes`).
 from __future__ import annotations
 
 import argparse
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -171,8 +172,8 @@ def run_config(name: str, instances: int, small: int, url: str, timeout: float,
                     gen = set_min_instances(direct, ns, APPDEF, target)
                 if driver is not None and i == 0:
                     driver.start()
-                elapsed = counter.wait(target, gen, timeout,
-                                       idle=(lambda s=stack: s.wait_idle(60)) if stack else None)
+                idle = functools.partial(stack.wait_idle, 60) if stack else None
+                elapsed = counter.wait(target, gen, timeout, idle=idle)
                 result.phases.append((label, elapsed))
                 say(f"convergence {name}: {label} in {fmt_s(elapsed)}")
                 if elapsed is None:

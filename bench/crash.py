@@ -53,6 +53,7 @@ from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.layout import Layout
 from warmpool.queue.lease import holder_of
 from warmpool.queue.redis_conn import connect as redis_connect
+from warmpool.queue.replies import text
 from warmpool.testing.apiproxy import ApiProxy
 
 APPDEF = "java"
@@ -127,7 +128,7 @@ def keyed_case(info: ClusterInfo, proxy: ApiProxy, url: str) -> tuple[CrashResul
         raw = stack.client.get(Layout.of(stack.settings).lease(key))
         if raw is None:
             raise RuntimeError("the claim's lease is not held at its deciding write")
-        pid = int(holder_of(raw.decode()).split(":")[1])
+        pid = int(holder_of(text(raw)).split(":")[1])
         assert stack.workers is not None
         stack.workers.kill(stack.workers.index_of(pid))
         t_kill = time.monotonic()

@@ -45,7 +45,8 @@ def declare(broker: RedisBroker, tag: str) -> dramatiq.Actor:
         claim_session(LiveReader(kube), kube, SessionKey(namespace, session), LocalLeases(),
                       PoolSettings())
 
-    return dramatiq.actor(bench_claim, actor_name=ACTOR, queue_name=QUEUE, broker=broker)
+    # = dramatiq.actor(bench_claim, ...), in the spelling its typed overloads take
+    return dramatiq.actor(actor_name=ACTOR, queue_name=QUEUE, broker=broker)(bench_claim)
 
 
 def run(redis_url: str, tag: str, kubeconfig: str, threads: int, ready: MpEvent) -> None:

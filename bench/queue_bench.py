@@ -16,6 +16,7 @@ on a 2-core machine that total, not Redis latency, is what bounds the rate.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 import uuid
@@ -196,7 +197,7 @@ def measure(processes: int, threads: int, jobs: int, rounds: int, url: str,
                                     lambda: _stage_raw(client, settings, jobs), pids))
             keys = [f"instance/bench/r{r}/{i}" for i in range(1, jobs + 1)]
             keyed_spent.append(_timed(client, settings, keyed_counter, jobs,
-                                      lambda k=keys: _stage_keyed(q, k), pids))
+                                      functools.partial(_stage_keyed, q, keys), pids))
         raw_rates = [jobs / x.seconds for x in raw_spent]
         keyed_rates = [jobs / x.seconds for x in keyed_spent]
         profile: list[str] = []

@@ -8,6 +8,10 @@
   its producer added (`AddCounter`).
 - `WorkerPoolCollector`: the worker parent's view of its children.
 
+The roles these collectors read (the scheduler, `workers.process.WorkerPool`) import this
+package to export their series; so the collectors name what they read of them as protocols
+(`SchedulerView`, `WorkerPoolView`) instead of importing them back.
+
 None of them uses prometheus-client's value classes, so they are right whether or not
 ``PROMETHEUS_MULTIPROC_DIR`` is set in the process that serves them.
 """
@@ -17,9 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -40,10 +44,46 @@ from warmpool.queue.observer import NullObserver
 from warmpool.queue.settings import QueueSettings
 
 if TYPE_CHECKING:
-    from scheduler.app import Scheduler
-    from workers.process import WorkerPool
+    from multiprocessing.process import BaseProcess
+
+    from warmpool.kube.reflector import Reflector
 
 log = logging.getLogger(__name__)
+
+
+class SchedulerStatsView(Protocol):
+    """The counters `SchedulerCollector` reads (`scheduler.app.SchedulerStats`)."""
+
+    @property
+    def last_resync(self) -> float | None: ...
+    @property
+    def dropped_not_leader(self) -> int: ...
+    @property
+    def enqueue_errors(self) -> int: ...
+    @property
+    def redis_losses(self) -> int: ...
+
+
+class SchedulerView(Protocol):
+    """What `SchedulerCollector` reads of a scheduler (`scheduler.app.Scheduler`)."""
+
+    @property
+    def stats(self) -> SchedulerStatsView: ...
+    @property
+    def reflectors(self) -> Sequence[Reflector]: ...
+    def event_counts(self) -> Mapping[tuple[str, str], int]: ...
+    def resync_counts(self) -> Mapping[str, int]: ...
+    def is_leader(self) -> bool: ...
+    def synced(self) -> bool: ...
+
+
+class WorkerPoolView(Protocol):
+    """What `WorkerPoolCollector` reads of the worker parent (`workers.process.WorkerPool`)."""
+
+    @property
+    def procs(self) -> Sequence[BaseProcess | None]: ...
+    @property
+    def restarts(self) -> int: ...
 
 
 def _text(value: bytes | str) -> str:
@@ -207,7 +247,7 @@ REDIS_LOST_HELP = ("Times this process found the Redis epoch missing or replaced
 
 
 class SchedulerCollector(Collector):
-    def __init__(self, app: Scheduler, adds: AddCounter | None = None) -> None:
+    def __init__(self, app: SchedulerView, adds: AddCounter | None = None) -> None:
         self.app = app
         self.adds = adds
 
@@ -313,7 +353,7 @@ def add_families(adds: AddCounter) -> Iterator[Metric]:
 class WorkerPoolCollector(Collector):
     """The worker parent's own series: its children, alive and restarted."""
 
-    def __init__(self, pool: WorkerPool) -> None:
+    def __init__(self, pool: WorkerPoolView) -> None:
         self.pool = pool
 
     def collect(self) -> Iterator[Metric]:

@@ -27,15 +27,14 @@ from metrics.collectors import (
     AddCounter,
     ClusterCollector,
     SchedulerCollector,
+    SchedulerView,
     WorkerPoolCollector,
+    WorkerPoolView,
 )
 from warmpool.queue.settings import QueueSettings
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
-
-    from scheduler.app import Scheduler
-    from workers.process import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ def prepare_multiprocess_dir(path: str | Path) -> Path:
     return d
 
 
-def host_registry(path: str | Path, pool: WorkerPool | None = None) -> CollectorRegistry:
+def host_registry(path: str | Path, pool: WorkerPoolView | None = None) -> CollectorRegistry:
     Path(path).mkdir(parents=True, exist_ok=True)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(path))
@@ -63,7 +62,7 @@ def host_registry(path: str | Path, pool: WorkerPool | None = None) -> Collector
 
 
 def scheduler_registry(
-    app: Scheduler, client: redis.Redis | None, settings: QueueSettings,
+    app: SchedulerView, client: redis.Redis | None, settings: QueueSettings,
     adds: AddCounter | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry()

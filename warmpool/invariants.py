@@ -8,7 +8,9 @@ does reuse the pure readers (names, holders) so that "instance k" means the same
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from warmpool.kube import observe
 from warmpool.kube.api import Kube
@@ -142,5 +144,5 @@ def _check_pool(
     return out
 
 
-def _emails(obj: dict) -> str:
+def _emails(obj: Mapping[str, Any]) -> str:
     return (obj.get("data") or {}).get(v.EMAILS_KEY) or ""

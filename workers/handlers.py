@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from dramatiq.brokers.redis import RedisBroker
 
 from metrics import worker as job_metrics
-from warmpool.controller.guard import Guard
 from warmpool.controller.reconcile import (
     Deferred,
     Writes,
@@ -34,6 +33,7 @@ from warmpool.controller.reconcile import (
 from warmpool.keys import InstanceKey, PoolKey, SessionKey, parse_key
 from warmpool.kube.api import Kube, connect
 from warmpool.kube.cache import ClusterCache
+from warmpool.kube.guard import Guard
 from warmpool.kube.reader import CachedReader, LiveReader, Reader
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.model import Invalid

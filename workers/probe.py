@@ -86,7 +86,8 @@ def _declare_raw(broker: RedisBroker, settings: QueueSettings) -> None:
     def probe_raw() -> None:
         broker.client.incr(counter)
 
-    dramatiq.actor(probe_raw, actor_name=RAW_ACTOR, queue_name=settings.queue_name, broker=broker)
+    # = dramatiq.actor(probe_raw, ...), in the spelling its typed overloads take
+    dramatiq.actor(actor_name=RAW_ACTOR, queue_name=settings.queue_name, broker=broker)(probe_raw)
 
 
 #: The probe for every key kind (`runtime.using(probe.HANDLERS)` in a test process).

@@ -96,15 +96,16 @@ def declare_actors(broker: RedisBroker, settings: QueueSettings) -> dict[str, dr
     """One keyed actor per kind, named as in `warmpool.queue.routing.ACTOR_FOR_KIND`: the
     claim actor on the claims queue at `CLAIM_PRIORITY`, the others on the main queue at
     `BULK_PRIORITY`, so a claim neither queues behind nor waits in a worker behind bulk work."""
+    # dramatiq.actor(**options)(fn), which is what dramatiq.actor(fn, **options) does: only
+    # this spelling is one of its typed overloads
     return {
         kind: dramatiq.actor(
-            _actor_fn(kind, name),
             actor_name=name,
             queue_name=settings.claims_queue_name if kind == CLAIM_KIND else settings.queue_name,
             priority=CLAIM_PRIORITY if kind == CLAIM_KIND else BULK_PRIORITY,
             broker=broker,
             keyed=True,
-        )
+        )(_actor_fn(kind, name))
         for kind, name in ACTOR_FOR_KIND.items()
     }
 

@@ -47,7 +47,8 @@ class CliError(click.ClickException):
     def __init__(self, message: str, exit_code: int | None = None) -> None:
         super().__init__(one_line(message))
         if exit_code is not None:
-            self.exit_code = exit_code
+            # click types exit_code as a ClassVar, yet reads it off the instance (as here)
+            self.exit_code = exit_code  # type: ignore[misc]
 
     def show(self, file: Any = None) -> None:
         click.secho(f"error: {self.format_message()}", fg="red", err=True)
@@ -121,9 +122,10 @@ def translate(exc: BaseException) -> CliError:
     try:
         from warmpool.cluster.local import ClusterError
     except ImportError:  # pragma: no cover - the package ships it
-        ClusterError = ()  # type: ignore[assignment]
-    if ClusterError and isinstance(exc, ClusterError):
-        return CliError(exc.message)
+        pass
+    else:
+        if isinstance(exc, ClusterError):
+            return CliError(exc.message)
     if isinstance(exc, PermissionError | FileNotFoundError):
         return Unreachable(str(exc))
     if isinstance(exc, OSError):

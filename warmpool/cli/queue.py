@@ -35,6 +35,7 @@ from warmpool.keys import parse_key
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.layout import Layout
 from warmpool.queue.lease import fence_of, holder_of
+from warmpool.queue.replies import members, raw, text
 from warmpool.queue.settings import QueueSettings
 
 SCAN_CAP = 10_000  # keys read from one set or pattern; the counts stay exact beyond it
@@ -77,7 +78,7 @@ def _pending(client: redis.Redis, lo: Layout, running: set[str], limit: int, now
     for body in bodies:
         if body is None:
             continue
-        args = Message.decode(body).args
+        args = Message.decode(raw(body)).args
         if len(args) == 1 and isinstance(args[0], str):
             in_list.append(args[0])
     flags = client.smismember(lo.dirty, in_list) if in_list else []
@@ -100,7 +101,7 @@ def overview_view(client: redis.Redis, settings: QueueSettings, limit: int) -> d
     lo = insp.layout
     stats = insp.stats()
     now = _server_ms(client)
-    running = [k.decode() for k in client.zrange(lo.inflight, 0, -1)]
+    running = [k.decode() for k in members(client.zrange(lo.inflight, 0, -1))]
     flags = client.smismember(lo.dirty, running) if running else []
     rerun = [k for k, dirty in zip(running, flags, strict=True) if dirty]
     holders = client.mget([lo.lease(k) for k in rerun]) if rerun else []
@@ -123,7 +124,7 @@ def overview_view(client: redis.Redis, settings: QueueSettings, limit: int) -> d
         "queues": [row],
         "workers_alive": stats.workers_alive,
         "pending": pending,
-        "rerun": [{"key": k, "holder": holder_of(h.decode()) if h else None}
+        "rerun": [{"key": k, "holder": holder_of(text(h)) if h else None}
                   for k, h in zip(rerun, holders, strict=True)][:limit],
         "delayed": [{"key": k, "due_in_seconds": rounded(s)}
                     for k, s in insp.delayed(limit)],
@@ -134,14 +135,14 @@ def key_view(client: redis.Redis, settings: QueueSettings, key: str) -> dict[str
     st = Inspector(client, settings).key(key)
     lo = Layout.of(settings)
     raw_id = client.hget(lo.dead, key) if st.dead else None
-    dead_id = raw_id.decode() if raw_id else None
+    dead_id = text(raw_id) if raw_id else None
     failures, error = st.failures, st.last_error
     if dead_id is not None:  # dead-lettering moves the count and the error into the letter
         body = client.hget(lo.xq_messages, dead_id)
         if body is not None:
             from dramatiq.message import Message
 
-            options = Message.decode(body).options
+            options = Message.decode(raw(body)).options
             failures = max(failures, int(options.get("retries") or 0))
             error = error or options.get("traceback")
     return {

@@ -23,7 +23,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import urllib3
 from kubernetes import client, config
@@ -129,7 +129,9 @@ class FakeKubelet:
                 _log(f"patch {ns}/{name}: {exc.status} {exc.reason}")
 
     def list_all(self) -> str:
-        resp = self.core.list_pod_for_all_namespaces(_preload_content=False)
+        # _preload_content=False: the raw response, not the V1PodList the client is typed with
+        resp = cast(urllib3.HTTPResponse,
+                    self.core.list_pod_for_all_namespaces(_preload_content=False))
         data = json.loads(resp.data)
         for pod in data.get("items") or []:
             self.handle(pod)
@@ -139,10 +141,10 @@ class FakeKubelet:
 
     def watch(self, resource_version: str) -> str:
         """Follow changes until the server ends the watch; returns the last resourceVersion."""
-        resp = self.core.list_pod_for_all_namespaces(
+        resp = cast(urllib3.HTTPResponse, self.core.list_pod_for_all_namespaces(  # as above
             watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
             timeout_seconds=WATCH_SECONDS, _preload_content=False,
-        )
+        ))
         try:
             for line in iter_resp_lines(resp):
                 if not line:

@@ -672,7 +672,7 @@ def status(state_dir: Path | None = None) -> dict[str, Any]:
     components = {}
     for name in COMPONENTS:
         entry = pids.get(name)
-        alive = bool(entry) and _is_ours(int(entry["pid"]), str(entry["marker"]))
+        alive = bool(entry and _is_ours(int(entry["pid"]), str(entry["marker"])))
         components[name] = {"pid": int(entry["pid"]) if entry else None, "running": alive}
     return {
         "state_dir": str(state_dir),

@@ -3,7 +3,8 @@
 The Redis keyed queue gives a job its lease (``ensure_held`` checks it has not expired, ``fence``
 grows with every acquisition, ``lift_fence`` raises the counter past a fence seen on an object);
 tests of the pool core without Redis use the in-process versions below. Keeping the contract
-this small is what lets the same reconcile code run in both.
+this small is what lets the same reconcile code run in both. The lease protocol itself,
+`Guard`, is the executor's (``warmpool.kube.guard``); `Leases` is the reconcile's own.
 """
 
 from __future__ import annotations
@@ -14,16 +15,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
-
-class Guard(Protocol):
-    fence: int
-
-    def ensure_held(self) -> None:
-        """Raise (the lease implementation's LeaseLost) if the lease is no longer this job's."""
-
-    def lift_fence(self, seen: int) -> None:
-        """An object carries fence `seen`, above ours: make every later acquisition's fence
-        exceed it, so the next holder is not refused for what earlier holders wrote."""
+from warmpool.kube.guard import Guard
 
 
 class Leases(Protocol):

@@ -15,10 +15,11 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
-from warmpool.controller.guard import Guard, Leases, Unguarded
+from warmpool.controller.guard import Leases, Unguarded
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Conflict, Kube, KubeError
 from warmpool.kube.executor import Executor, check_fence
+from warmpool.kube.guard import Guard
 from warmpool.kube.reader import Reader
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
@@ -78,7 +79,7 @@ def _known_holders(
     (the claim was decided elsewhere). Taken as stale, that reference would be stripped and
     the claim undone; so a reference to an unknown Session is checked by name first.
     """
-    known = {s.uid for s in sessions}
+    known: set[str | None] = {s.uid for s in sessions}  # a reference may lack a uid
     found = list(sessions)
     for _, obj in view.existing():
         for ref in refs(obj):

@@ -7,6 +7,7 @@ turns calls into dicts and API errors into the few outcomes the controller disti
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 from collections.abc import Iterator, Mapping
@@ -123,7 +124,7 @@ class Kube:
         self, api_version: str, kind: str, namespace: str | None, *,
         label_selector: str | None = None, field_selector: str | None = None,
         page_size: int = 500,
-    ) -> Iterator[tuple[list[Obj], str]]:
+    ) -> Iterator[tuple[builtins.list[Obj], str]]:  # `list` here: the method above
         """The items in pages of `page_size`, each with the list's resourceVersion.
 
         Every page of one list is served from the same snapshot, so the resourceVersion of
@@ -165,7 +166,7 @@ class Kube:
 
     def json_patch(
         self, api_version: str, kind: str, namespace: str, name: str,
-        ops: list[dict[str, Any]], *, status: bool = False,
+        ops: builtins.list[dict[str, Any]], *, status: bool = False,
     ) -> Obj:
         """An RFC 6902 JSON patch: its `test` operations are preconditions on any field (the
         status subresource honours no metadata in a merge patch); a failed test is a 422."""
@@ -182,7 +183,9 @@ class Kube:
         """Delete with preconditions; False if it was already gone. A stale precondition: 409."""
         preconditions = {k: val for k, val in (("uid", uid), ("resourceVersion", resource_version))
                          if val}
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        body: dict[str, Any] = {
+            "kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background",
+        }
         if preconditions:
             body["preconditions"] = preconditions
         try:

@@ -121,7 +121,8 @@ class ClusterCache:
         self._tombstones: OrderedDict[tuple[str, str, str], tuple[int, str]] = OrderedDict()
         self._stop = threading.Event()
         self.reflectors: dict[tuple[str | None, Watched], Reflector] = {}
-        for ns in self.namespaces or [None]:
+        everywhere: list[str | None] = [None]  # no namespaces given: one of each for all
+        for ns in self.namespaces or everywhere:
             kube = kube_factory()  # one client per namespace: its watches hold connections
             for watched in WATCHES:
                 self.reflectors[(ns, watched)] = Reflector(

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from warmpool.controller.guard import Guard
 from warmpool.kube.api import Conflict, Kube, KubeError
+from warmpool.kube.guard import Guard
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import (
     Action,
@@ -191,7 +191,7 @@ class Executor:
         if not uid:
             return self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
                                          name, {"status": dict(status)}, status=True)
-        test = {"op": "test", "path": "/metadata/uid", "value": uid}
+        test: dict[str, Any] = {"op": "test", "path": "/metadata/uid", "value": uid}
         whole = [test, {"op": "add", "path": "/status", "value": dict(status)}]
         fields = [test, *({"op": "add", "path": f"/status/{k}", "value": val}
                           for k, val in status.items())]
@@ -295,7 +295,8 @@ class Executor:
             case AnnotateSession(session=name, annotations=annotations, resource_version=rv):
                 # Safe on a stale read: the Session's resourceVersion is the precondition (a
                 # Session changed since, or re-created under the same name, gets a 409).
-                patch: dict[str, Any] = {"metadata": {"annotations": annotations}}
+                # `patch`: a dict[str, Any], as bound by the Patch case above
+                patch = {"metadata": {"annotations": annotations}}
                 try:
                     annotated = self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns,
                                                       name, patch, resource_version=rv or None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from warmpool.kube.api import Kube
@@ -47,7 +47,7 @@ def observe_instance(kube: Kube, appdef: AppDefinition, instance: int) -> Instan
     return InstanceView(instance, objects)
 
 
-def classify(obj: dict[str, Any]) -> Part | None:
+def classify(obj: Mapping[str, Any]) -> Part | None:
     """Which of the five an object is, from its kind and labels (when names cannot be computed)."""
     kind = obj.get("kind")
     labels = builders.labels_of(obj)
@@ -57,8 +57,9 @@ def classify(obj: dict[str, Any]) -> Part | None:
         internal = labels.get(v.LABEL_SERVICE_TYPE) == v.SERVICE_TYPE_INTERNAL
         return Part.INTERNAL_SERVICE if internal else Part.EXTERNAL_SERVICE
     if kind == "ConfigMap":
-        return {v.PURPOSE_PROXY: Part.PROXY_CONFIGMAP,
-                v.PURPOSE_EMAILS: Part.EMAIL_CONFIGMAP}.get(labels.get(v.LABEL_TEMPLATE_PURPOSE))
+        by_purpose: dict[str | None, Part] = {v.PURPOSE_PROXY: Part.PROXY_CONFIGMAP,
+                                              v.PURPOSE_EMAILS: Part.EMAIL_CONFIGMAP}
+        return by_purpose.get(labels.get(v.LABEL_TEMPLATE_PURPOSE))
     return None
 
 

@@ -203,7 +203,7 @@ def _holdings(objects: Iterable[Obj], session_uid: str) -> list[tuple[str, int]]
 def _name_rests(appdef: AppDefinition, part: Part) -> list[tuple[int | None, str]]:
     """What follows ``instance-<k>-`` in the names of `part` of `appdef`'s instances: one
     text for any k, except where the name's cut depends on the number of digits of k."""
-    rests = []
+    rests: list[tuple[int | None, str]] = []
     for digits in range(1, _MAX_DIGITS + 1):
         split = naming.split_instance_name(builders.object_name(appdef, part, 10 ** (digits - 1)))
         assert split is not None

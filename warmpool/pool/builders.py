@@ -128,7 +128,7 @@ def build(
         owners.append(holder.owner_reference())
         if part.is_service:
             labels.update(session_labels(appdef, holder))
-    metadata = {
+    metadata: dict[str, Any] = {
         "name": object_name(appdef, part, instance),
         "namespace": appdef.namespace,
         "labels": labels,

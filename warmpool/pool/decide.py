@@ -228,6 +228,7 @@ def _free(
     keep = appdef is not None and not appdef.deleting and instance.id <= appdef.min_instances
     releasing = release_markers(instance)
     actions: list[Action] = []
+    obj: Mapping[str, Any] | None  # each loop below: a part's object (the second: or None)
     if not keep:
         # The external Service goes first: it is the object a claim's deciding write touches,
         # so this delete (resourceVersion-guarded) and a claim of the same instance cannot

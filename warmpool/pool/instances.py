@@ -128,7 +128,8 @@ class HolderIndex:
             return (not claimed_for.startswith(f"{s.uid}/")
                     or claimed_for == naming.claimed_for(s.uid, s.user))
 
-        return sorted((self.live[u] for u in uids & self.live.keys()
+        # the live Sessions' uids (str) among the referenced ones (a reference may lack one)
+        return sorted((self.live[u] for u in self.live.keys() & uids
                        if user_unchanged(self.live[u])), key=rank)
 
 

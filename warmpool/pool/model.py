@@ -100,7 +100,7 @@ class Session:
 
 
 def _int_field(spec: Mapping[str, Any], key: str, *, required: bool) -> int | Invalid | None:
-    value = spec.get(key)
+    value: object = spec.get(key)  # narrowed to int below (an Any would stay Any in mypy 1.x)
     if value is None:
         return Invalid(f"spec.{key} is missing") if required else None
     if isinstance(value, bool) or not isinstance(value, int):

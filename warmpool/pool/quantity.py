@@ -42,7 +42,8 @@ def parse_quantity(text: str) -> Decimal | None:
     number = Decimal(m["number"])
     suffix = m["suffix"] or ""
     if suffix in _BINARY:
-        return number * (1024 ** _BINARY[suffix])
+        factor: int = 1024 ** _BINARY[suffix]  # int ** int is typed Any (negative exponents)
+        return number * factor
     if suffix in _DECIMAL:
         return number.scaleb(_DECIMAL[suffix])
     if suffix:

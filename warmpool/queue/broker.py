@@ -54,7 +54,7 @@ class _Consumer(_RedisConsumer):
         if is_acked(message):
             self.queued_message_ids.discard(message.message_id)
             return
-        super().ack(message)
+        super().ack(message)  # type: ignore[no-untyped-call]  # dramatiq leaves it unannotated
 
     def nack(self, message: MessageProxy) -> None:
         if is_acked(message):
@@ -63,7 +63,7 @@ class _Consumer(_RedisConsumer):
         jobs = keyed_middleware(self.broker).jobs
         layout = jobs.queue.layout
         if q_name(self.queue_name) != layout.claims_queue:
-            super().nack(message)
+            super().nack(message)  # type: ignore[no-untyped-call]  # unannotated in dramatiq
             return
         try:
             jobs.scripts.nack(

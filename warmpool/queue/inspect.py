@@ -12,6 +12,7 @@ import redis
 
 from warmpool.queue.layout import Layout
 from warmpool.queue.lease import fence_of, holder_of
+from warmpool.queue.replies import members, scored, text
 from warmpool.queue.settings import QueueSettings
 
 
@@ -125,13 +126,13 @@ class Inspector:
         )
 
     def running(self, limit: int = 100) -> list[KeyState]:
-        keys = self.client.zrange(self.layout.inflight, 0, limit - 1)
+        keys = members(self.client.zrange(self.layout.inflight, 0, limit - 1))
         return [self.key(k.decode()) for k in keys]
 
     def delayed(self, limit: int = 100) -> list[tuple[str, float]]:
         """(key, seconds until due), soonest first."""
         now = self._now_ms()
-        entries = self.client.zrange(self.layout.delayed, 0, limit - 1, withscores=True)
+        entries = scored(self.client.zrange(self.layout.delayed, 0, limit - 1, withscores=True))
         return [(k.decode(), max(0.0, (score - now) / 1000)) for k, score in entries]
 
     def workers(self) -> list[WorkerInfo]:
@@ -139,7 +140,7 @@ class Inspector:
         now = self._now_ms()
         timeout = self.settings.heartbeat_timeout
         out = []
-        for wid, seen in self.client.zrange(lo.heartbeats, 0, -1, withscores=True):
+        for wid, seen in scored(self.client.zrange(lo.heartbeats, 0, -1, withscores=True)):
             worker_id = wid.decode()
             age = max(0.0, (now - seen) / 1000)
             with self.client.pipeline(transaction=False) as p:
@@ -148,5 +149,5 @@ class Inspector:
                 unacked = sum(p.execute())
             process = self.client.get(lo.worker(worker_id))
             out.append(WorkerInfo(worker_id, age, age < timeout, int(unacked),
-                                  process.decode() if process else None))
+                                  text(process) if process else None))
         return out

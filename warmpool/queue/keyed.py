@@ -126,14 +126,16 @@ class KeyedQueue:
     defer = add_after
 
     def list_dead(self, limit: int = 1000) -> list[DeadLetter]:
-        return deadletters.list_dead(self, limit)
+        return deadletters.list_dead(self.client, self.layout, self.messages, limit)
 
     def retry_dead(self, key_or_id: str) -> str:
         """Run a dead-lettered key (or dead message id) again, failures reset."""
-        return deadletters.retry_dead(self, key_or_id)
+        return deadletters.retry_dead(
+            self.client, self.layout, self.scripts, self.messages, key_or_id
+        )
 
     def purge_dead(self) -> int:
-        return deadletters.purge_dead(self)
+        return deadletters.purge_dead(self.client, self.layout)
 
     def forget(self, key: str) -> None:
         """Reset the key's failure count and error (client-go's Forget), without running it."""

@@ -33,6 +33,7 @@ from dramatiq.common import current_millis, dq_name
 
 from warmpool.queue.epoch import Epoch
 from warmpool.queue.jobs import Jobs
+from warmpool.queue.replies import text
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class Maintenance:
         layout = self.jobs.queue.layout
         while True:
             cursor, raw = self.client.sscan(layout.dirty, cursor, count=self.settings.batch)
-            keys = self.scripts.orphans([k.decode() for k in raw])
+            keys = self.scripts.orphans([text(k) for k in raw])
             if keys:
                 results = self.scripts.repair([(k, *self.messages.body(k)) for k in keys])
                 repaired += results.count("repaired")

@@ -44,9 +44,9 @@ class MessageFactory:
             return self.claims_queue
         return self.queue_name
 
-    def message(self, key: str, **options: Any) -> tuple[str, Message]:
+    def message(self, key: str, **options: Any) -> tuple[str, Message[Any]]:
         rid = new_id()
-        msg: Message = Message(
+        msg: Message[Any] = Message(
             queue_name=self.queue_of(key),
             actor_name=self.router(key),
             args=(key,),

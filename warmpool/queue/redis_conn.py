@@ -230,7 +230,8 @@ class _SentinelConnection(SentinelManagedConnection):
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         if not self._sock:
             self.connect()
-        super().send_packed_command(command, check_health)
+        # unannotated in redis-py (its connection classes are), so: the one ignore here
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
 
 class _SentinelSSLConnection(_SentinelConnection, SentinelManagedSSLConnection):
@@ -267,5 +268,5 @@ def connect_sentinel(spec: SentinelURL, *, failover_wait: float = FAILOVER_WAIT,
     conn.pop("ssl", None)
     manager = Sentinel(list(spec.sentinels), sentinel_kwargs=sentinel_kwargs, **conn)
     connection_class = _SentinelSSLConnection if spec.tls else _SentinelConnection
-    client = manager.master_for(spec.service, connection_class=connection_class)
+    client: redis.Redis = manager.master_for(spec.service, connection_class=connection_class)
     return client

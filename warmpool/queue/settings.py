@@ -116,7 +116,8 @@ class QueueSettings:
             raw = env.get(ENV_PREFIX + field.name.upper())
             if raw is None or field.name == "redis_url":
                 continue
-            default = field.default
+            # a str, int, float or bool (or None): its type parses the variable's text
+            default: Any = field.default
             values[field.name] = type(default)(raw) if default is not None else raw
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
