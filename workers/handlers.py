@@ -223,7 +223,7 @@ def resync(ctx: JobContext) -> None:
         if reader is None:
             return
         started = job_metrics.resync_started(ctx)
-        keys = resync_pool(reader, kube(), key)
+        keys = resync_pool(reader, kube(), key, pool_settings())
         # An empty resync may be a refused AppDefinition: its Sessions still wait for it.
         refused = not keys and isinstance(reader.appdef(key.namespace, key.appdef), Invalid)
         job_metrics.resync_done(ctx, key, keys, started, refused=refused)

@@ -413,8 +413,21 @@ def claim_session(
     raise Deferred("the pool kept changing under the claim", after=0.2)
 
 
-def resync_pool(reader: Reader, kube: Kube, key: PoolKey) -> list[Key]:
-    """Every key of one pool: each id that exists, is held or should exist; each waiting claim."""
+def resync_pool(
+    reader: Reader, kube: Kube, key: PoolKey, settings: PoolSettings, *,
+    every_instance: bool = False,
+) -> list[Key]:
+    """The keys of one pool that have work: each instance whose decision, on this read, has
+    actions (or that references a Session the read does not know), each waiting claim.
+
+    A resync is the backstop for work whose key was lost (Redis lost it, a failover dropped
+    the last writes): that work shows in the cache as an instance whose decision is not
+    empty, so an instance whose decision is empty is not queued. Every other instance would
+    only run to find nothing to do: at a thousand instances, a thousand runs per resync.
+    Skipping one on a stale read is safe: the change the read lacks has a watch event still
+    to come, which queues the key. `every_instance`: every id that exists, is held or should
+    exist (the sequential driver, which reconciles the whole pool each round).
+    """
     appdef = reader.appdef(key.namespace, key.appdef)
     if isinstance(appdef, Invalid):
         Executor(kube, key.namespace, Unguarded()).apply([Report(
@@ -428,9 +441,30 @@ def resync_pool(reader: Reader, kube: Kube, key: PoolKey) -> list[Key]:
     ids = set(pool) | {s.instance_id for s in sessions if s.instance_id}
     if appdef is not None:
         ids |= set(range(1, appdef.min_instances + 1))
+    if not every_instance:
+        template = reader.proxy_template(key.namespace) if appdef is not None else None
+        ids = {k for k in ids if _has_work(reader, key, appdef, pool.get(k, InstanceView(k, {})),
+                                           sessions, template, settings)}
     keys: list[Key] = [InstanceKey(key.namespace, key.appdef, k) for k in sorted(ids)]
     # Every Session no Service references: waiting, or annotated with what it does not hold.
     facts = pool_facts(pool)
     keys += [SessionKey(key.namespace, s.name) for s in sessions
              if s.live and s.uid not in facts.referenced and s.status != v.STATUS_ERROR]
     return keys
+
+
+def _has_work(
+    reader: Reader, key: PoolKey, appdef: AppDefinition | None, view: InstanceView,
+    sessions: list[Session], template: str | None, settings: PoolSettings,
+) -> bool:
+    """Whether instance `view.id`'s own job would act: its decision on this read has actions,
+    or an object references a Session the read does not know (the job asks the server)."""
+    known = {s.uid for s in sessions}
+    if any(is_session_ref(r) and r.get("uid") not in known
+           for _, obj in view.existing() for r in refs(obj)):
+        return True
+    elsewhere = {s.uid: reader.referencing(key.namespace, key.appdef, s)
+                 for s in holders(view, key.appdef, sessions) if s.instance_id != view.id}
+    plan = decide_instance(view, key.appdef, appdef, sessions, proxy_template=template,
+                           settings=settings, held_elsewhere=elsewhere)
+    return bool(plan.actions)

@@ -70,7 +70,7 @@ def run_until_quiet(
             try:
                 match key:
                     case PoolKey():
-                        queue.extend(resync_pool(reader, kube, key))
+                        queue.extend(resync_pool(reader, kube, key, settings, every_instance=True))
                     case InstanceKey():
                         with leases.try_lease(str(key)) as guard:
                             assert guard is not None
