@@ -761,10 +761,7 @@ class ApiProxy:
     def stop(self) -> None:
         if self._outage_timer is not None:
             self._outage_timer.cancel()
-        with self._lock:
-            holds, self._holds = self._holds, []
-        for hold in holds:
-            hold.release()
+        self.release_holds()
         self._unlisten()
         self.cut_watches()
         self.cut_connections()
@@ -854,6 +851,13 @@ class ApiProxy:
         with self._lock:
             self._holds.append(hold)
         return hold
+
+    def release_holds(self) -> None:
+        """Release every hold (what is held now is forwarded) and hold nothing more."""
+        with self._lock:
+            holds, self._holds = self._holds, []
+        for hold in holds:
+            hold.release()
 
     def _take_hold(self, client: str, method: str, path: str, body: bytes | None
                    ) -> HeldRequest | None:
