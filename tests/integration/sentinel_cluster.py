@@ -203,11 +203,18 @@ def _start(binary: str, directory: Path, name: str, lines: list[str], *, sentine
 
 @contextmanager
 def sentinel_cluster(replicas: int = 1, sentinels: int = 3,
-                     down_after_ms: int = 1000, failover_timeout_ms: int = 3000
-                     ) -> Iterator[SentinelCluster]:
-    """A primary, `replicas` replicas and `sentinels` Sentinels (quorum: a majority)."""
+                     down_after_ms: int = 1000, failover_timeout_ms: int = 3000,
+                     directory: Path | None = None) -> Iterator[SentinelCluster]:
+    """A primary, `replicas` replicas and `sentinels` Sentinels (quorum: a majority).
+
+    In a temp dir removed afterwards, or in `directory` (created; kept, with every node's
+    config and log: the chaos runner's work directory)."""
     binary = _binary()
-    directory = Path(tempfile.mkdtemp(prefix="warmpool-sentinel-"))
+    keep = directory is not None
+    if directory is None:
+        directory = Path(tempfile.mkdtemp(prefix="warmpool-sentinel-"))
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
     cluster = SentinelCluster(directory)
     data = ['save ""', "appendonly no", "repl-diskless-sync-delay 0"]
     try:
@@ -229,4 +236,5 @@ def sentinel_cluster(replicas: int = 1, sentinels: int = 3,
         yield cluster
     finally:
         cluster.stop()
-        shutil.rmtree(directory, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(directory, ignore_errors=True)
