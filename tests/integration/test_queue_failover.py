@@ -15,17 +15,20 @@ The workers reach the API server through the fault proxy with 20 ms added per re
 the failover happens, so the claims and the scale-down are still running when the primary
 dies (not a wait: it only widens the window the kill lands in).
 
-After each failover, waiting for conditions only (`converge`, polling the always-invariants
-meanwhile): every Session is served or waits with a reason (HANDLING and a message), no
-instance has two holders and no Session two instances, every claimed instance kept the very
-objects it had before (uids recorded before the kill), the pool is as its spec says, and the
-worker processes and the scheduler are the ones started before the kill: same PIDs, never
+The always-invariants (I1/I3/I4 for held instances) are polled from before the kill to the
+end. After each failover, waiting for conditions only (`converge`): every Session is served
+or waits with a reason (HANDLING and a message), no instance has two holders and no Session
+two instances, every claimed instance kept the very objects it had before (uids recorded
+before the kill), the pool is as its spec says, and the worker processes and the scheduler
+are the ones started before the kill: same PIDs, never
 exited, never restarted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +83,24 @@ class System:
         assert not self.workers.dead(), f"worker processes {self.workers.dead()} exited"
         assert self.workers.restarts == 0
         assert self.scheduler.alive(), "the scheduler exited"
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        """Poll the always-invariants in the background while the block runs (the kill and
+        the promotion, when nothing else polls), into the same `Watchdog`."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(0.2):
+                with contextlib.suppress(Exception):  # the API server busy: next time
+                    self.dog.quiet()
+        t = threading.Thread(target=loop, name="failover-watchdog", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join(30)
 
     def converge(self, expect: Callable[[], object], what: str, timeout: float = 120
                  ) -> None:
@@ -146,16 +167,17 @@ def test_primary_killed_during_a_claim_storm(system: System, kube: Kube, namespa
     names = [f"s{i}" for i in range(1, 21)]
 
     system.api.set(latency=LATENCY)
-    for name in names[:10]:
-        create_session(kube, ns, name, USERS[int(name[1:])])
-    # The kill lands in the storm: some claims done, the others on their way.
-    wait_for(lambda: sum(held_instance(kube, ns, n) is not None for n in names[:10]) >= 3,
-             timeout=60, interval=0.05, message="the first claims")
-    old = system.redis.kill_primary()
-    served_at_kill = sum(held_instance(kube, ns, n) is not None for n in names[:10])
-    for name in names[10:]:  # no primary now: these claims start during the failover
-        create_session(kube, ns, name, USERS[int(name[1:])])
-    new = system.redis.wait_promoted(old)
+    with system.watching():
+        for name in names[:10]:
+            create_session(kube, ns, name, USERS[int(name[1:])])
+        # The kill lands in the storm: some claims done, the others on their way.
+        wait_for(lambda: sum(held_instance(kube, ns, n) is not None for n in names[:10]) >= 3,
+                 timeout=60, interval=0.05, message="the first claims")
+        old = system.redis.kill_primary()
+        served_at_kill = sum(held_instance(kube, ns, n) is not None for n in names[:10])
+        for name in names[10:]:  # no primary now: these claims start during the failover
+            create_session(kube, ns, name, USERS[int(name[1:])])
+        new = system.redis.wait_promoted(old)
     system.api.reset()
 
     def storm_over() -> bool:
@@ -198,13 +220,14 @@ def test_primary_killed_during_a_scale_down(system: System, kube: Kube, namespac
     before = system.processes()
 
     system.api.set(latency=LATENCY)
-    patch_appdef_spec(kube, ns, "java", minInstances=3)
-    # The kill lands in the scale-down: the first free instance above 3 has started going.
-    wait_for(lambda: any(instance_count(kube, ns, k) < 5 for k in range(6, POOL + 1)),
-             timeout=60, interval=0.02, message="the scale-down to start")
-    old = system.redis.kill_primary()
-    left_at_kill = sum(instance_count(kube, ns, k) > 0 for k in range(6, POOL + 1))
-    new = system.redis.wait_promoted(old)
+    with system.watching():
+        patch_appdef_spec(kube, ns, "java", minInstances=3)
+        # The kill lands in the scale-down: the first free instance above 3 has started going.
+        wait_for(lambda: any(instance_count(kube, ns, k) < 5 for k in range(6, POOL + 1)),
+                 timeout=60, interval=0.02, message="the scale-down to start")
+        old = system.redis.kill_primary()
+        left_at_kill = sum(instance_count(kube, ns, k) > 0 for k in range(6, POOL + 1))
+        new = system.redis.wait_promoted(old)
     system.api.reset()
 
     system.converge(lambda: all(instance_count(kube, ns, k) == 0
