@@ -182,7 +182,7 @@ def test_primary_killed_during_a_claim_storm(system: System, kube: Kube, namespa
 
     def storm_over() -> bool:
         st = statuses(kube, ns, names)
-        held = [k for status, _, k in st.values() if status == v.STATUS_HANDLED]
+        held = [k for status, _, k in st.values() if status == v.STATUS_HANDLED and k]
         waiting = [m for status, m, k in st.values()
                    if status == v.STATUS_HANDLING and m and k is None]
         return sorted(held) == list(range(1, POOL + 1)) and len(waiting) == 10

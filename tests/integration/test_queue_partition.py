@@ -41,7 +41,6 @@ from warmpool.pool import vocabulary as v
 from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.layout import Layout
 from warmpool.queue.lease import fence_of, holder_of
-from warmpool.queue.redis_conn import connect
 from warmpool.queue.settings import QueueSettings
 from warmpool.testing.apiproxy import ApiProxy
 from warmpool.testing.tcpproxy import TcpProxy
@@ -65,7 +64,7 @@ def settings(redis_url: str, redis_client: redis.Redis) -> Iterator[QueueSetting
 
 def lease_of(client: redis.Redis, settings: QueueSettings, key: str) -> str | None:
     raw = client.get(Layout.of(settings).lease_prefix + key)
-    return raw.decode() if raw is not None else None
+    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def pid_of(lease: str | None) -> int | None:
@@ -96,7 +95,7 @@ def test_a_worker_cut_off_from_redis_mid_claim_loses_its_lease_and_its_late_writ
                        env={"KUBECONFIG": str(a_kubeconfig)})
         b = WorkerPool(settings, processes=2, threads=2,
                        env={"KUBECONFIG": str(cluster.kubeconfig)})
-        queue = KeyedQueue(connect(settings.redis_url), settings)
+        queue = KeyedQueue(redis_client, settings)
         try:
             a.start()
             (a_pid,) = a.pids
