@@ -7,6 +7,9 @@ while everyone else's stays up -- a network partition of one host, on loopback.
         link.sever()   # every open connection reset, new ones refused (closed on accept)
         ...
         link.heal()    # new connections are relayed again
+        link.lose_reply(b"marker")  # the next reply holding b"marker" is dropped, its
+                                    # connection closed: the server acted, the client never
+                                    # heard (a reply lost with a dying host or link)
 
 Bytes are relayed as they arrive, both ways, one thread per direction. A severed proxy keeps
 its listening socket (the port stays ours, so the process's URL stays valid) but closes every
@@ -37,6 +40,7 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
+        self._lose: bytes | None = None  # drop the next server reply containing this
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -86,6 +90,12 @@ class TcpProxy:
     def heal(self) -> None:
         with self._lock:
             self._severed = False
+
+    def lose_reply(self, marker: bytes) -> None:
+        """Drop the next chunk the server sends that contains `marker`, and close that
+        connection: whatever the request did on the server stands, its answer is lost."""
+        with self._lock:
+            self._lose = marker
 
     def open_connections(self) -> int:
         with self._lock:
@@ -145,15 +155,18 @@ class TcpProxy:
             _close(client)
             _close(server)
             return
-        threading.Thread(target=self._pump, args=(server, client, pair), daemon=True).start()
+        threading.Thread(target=self._pump, args=(server, client, pair, True),
+                         daemon=True).start()
         self._pump(client, server, pair)
 
     def _pump(self, src: socket.socket, dst: socket.socket,
-              pair: tuple[socket.socket, socket.socket]) -> None:
+              pair: tuple[socket.socket, socket.socket], replies: bool = False) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
+                    break
+                if replies and self._drop(data):
                     break
                 dst.sendall(data)
         except OSError:
@@ -162,6 +175,14 @@ class TcpProxy:
             self._pairs.discard(pair)
         for sock in pair:
             _close(sock)
+
+    def _drop(self, data: bytes) -> bool:
+        with self._lock:
+            if self._lose is None or self._lose not in data:
+                return False
+            self._lose = None
+            self._counts["lost_replies"] += 1
+            return True
 
 
 def _close(sock: socket.socket) -> None:
