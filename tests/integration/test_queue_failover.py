@@ -5,13 +5,13 @@ Three real Sentinels, a primary and a replica (`sentinel_cluster`); two worker p
 `redis+sentinel://` URL and nothing else about Redis; the real control plane. The primary is
 SIGKILLed
 
-- during a claim storm: 20 Sessions on a pool of 10 instances, the kill after the first
-  claims are served and with the rest in flight, the last 10 Sessions created while there is
+- during a claim storm: 20 Sessions on a pool of 10 instances, the kill once the first
+  claim is served and with the rest in flight, the last 10 Sessions created while there is
   no primary at all;
 - during a scale-down: minInstances 10 -> 3 with 5 instances claimed (2 of them above the new
   minimum), the kill once the first free instance above it has started going.
 
-The workers reach the API server through the fault proxy with 20 ms added per request while
+The workers reach the API server through the fault proxy with 30 ms added per request while
 the failover happens, so the claims and the scale-down are still running when the primary
 dies (not a wait: it only widens the window the kill lands in).
 
@@ -61,7 +61,7 @@ from workers.process import WorkerPool
 pytestmark = pytest.mark.redis
 
 POOL = 10
-LATENCY = 0.02  # s per API request of the workers while the primary dies
+LATENCY = 0.03  # s per API request of the workers while the primary dies
 
 
 @dataclass
@@ -171,8 +171,8 @@ def test_primary_killed_during_a_claim_storm(system: System, kube: Kube, namespa
         for name in names[:10]:
             create_session(kube, ns, name, USERS[int(name[1:])])
         # The kill lands in the storm: some claims done, the others on their way.
-        wait_for(lambda: sum(held_instance(kube, ns, n) is not None for n in names[:10]) >= 3,
-                 timeout=60, interval=0.05, message="the first claims")
+        wait_for(lambda: any(held_instance(kube, ns, n) is not None for n in names[:10]),
+                 timeout=60, interval=0.02, message="the first claim")
         old = system.redis.kill_primary()
         served_at_kill = sum(held_instance(kube, ns, n) is not None for n in names[:10])
         for name in names[10:]:  # no primary now: these claims start during the failover
