@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from tests.chaos.report import figures, write_figures
-from tests.chaos.runner import ROOT, ChaosConfig, ChaosResult, run_chaos
+from tests.chaos.runner import ROOT, ChaosConfig, ChaosResult, fault_kinds, run_chaos
 from warmpool.cluster import local
 
 EXIT_ENVIRONMENT = 3  # the control plane died under the run: run the same command again
@@ -40,6 +40,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="30 s API outages per seed [default: one per 2500 operations]")
     p.add_argument("--outage-seconds", default="3,10",
                    help="MIN,MAX seconds of the short API outages [default: 3,10]")
+    p.add_argument("--sentinels", type=int, default=0,
+                   help="run Redis as a primary, a replica and this many Sentinels, every "
+                   "process on the redis+sentinel:// URL; the Redis fault is then "
+                   "redis_failover [default: 0, one Redis server]")
+    p.add_argument("--kinds", default=None,
+                   help="comma-separated fault kinds to inject [default: every kind that "
+                   "fits the Redis: see FAULT_KINDS in tests/chaos/runner.py]")
     p.add_argument("--report", type=Path, default=ROOT / "docs" / "reliability.md",
                    help="where to write the figures ('-': nowhere)")
     p.add_argument("--workdir", type=Path, default=None)
@@ -57,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    kinds = (tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+             if args.kinds else None)
+    try:  # an unknown kind, or one that does not fit the Redis: say so before starting
+        fault_kinds(ChaosConfig(seed=0, sentinels=args.sentinels, kinds=kinds))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="warmpool-chaos-"))
     if os.environ.get("WARMPOOL_TEST_KUBECONFIG"):
         from tests.conftest import _external_cluster
@@ -76,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             lo, hi = (float(x) for x in args.outage_seconds.split(","))
             cfg = ChaosConfig(seed=seed, ops=args.ops, ops_per_fault=args.ops_per_fault,
                               round_ops=args.round_ops, long_outages=long_outages,
-                              outage_seconds=(lo, hi))
+                              outage_seconds=(lo, hi), sentinels=args.sentinels,
+                              kinds=kinds)
             if cfg.command() in done:
                 print(f"chaos: seed {seed} already in {args.results}", flush=True)
                 results.append(done[cfg.command()])

@@ -15,6 +15,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="comma-separated seeds of the long tier [default: 1,2,3]")
     group.addoption("--chaos-ops", type=int, default=10000,
                     help="operations per seed in the long tier [default: 10000]")
+    group.addoption("--chaos-sentinels", type=int, default=0,
+                    help="long tier: Redis as a primary, a replica and this many Sentinels, "
+                    "with the redis_failover fault [default: 0, one server]")
     group.addoption("--chaos-report", default=None,
                     help="write the long tier's figures to this file (e.g. docs/reliability.md)")
 

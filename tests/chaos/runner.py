@@ -17,7 +17,9 @@ lowered (to 0, below claimed ids); spec changes (generation bumps); pool objects
 hand.
 
 Faults (see `FAULT_KINDS`): worker processes SIGKILLed and restarted, the scheduler leader
-SIGKILLed, Redis restarted with its data or emptied, the API answering 409/500/429, losing
+SIGKILLed, Redis restarted with its data or emptied (or, on a run with Sentinels,
+`ChaosConfig.sentinels`, its primary SIGKILLed or SIGSTOPped and a replica promoted:
+`redis_failover`), the API answering 409/500/429, losing
 responses to writes, dropping connections and watch streams, slow, or unreachable (outages),
 and one worker process's watch events delivered seconds late (`watch_lag`: that worker alone
 reaches the API through the proxy's second port, so its watch-fed reads fall behind the
@@ -65,6 +67,7 @@ import redis
 from kubernetes.client import ApiClient
 
 from scheduler.process import SchedulerProcess
+from tests.integration.sentinel_cluster import SentinelCluster, sentinel_cluster
 from tests.pool_world import USERS, create_appdef, create_session
 from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
@@ -78,6 +81,7 @@ from warmpool.pool.parts import Part
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.layout import Layout
 from warmpool.queue.lease import holder_of
+from warmpool.queue.redis_conn import connect as redis_connect
 from warmpool.queue.settings import QueueSettings
 from warmpool.testing.apiproxy import ApiProxy
 from warmpool.testing.apiproxy import Faults as ProxyFaults
@@ -112,15 +116,21 @@ class ChaosConfig:
     history: int = 80
     poll: float = 0.4
     kinds: tuple[str, ...] | None = None  # restrict the fault kinds (None: all)
+    # Redis as a primary, a replica and this many Sentinels, every process given the
+    # redis+sentinel:// URL (0: one private server). Decides the Redis faults: with Sentinels
+    # only `redis_failover`, without them the restarts and flushes of the one server.
+    sentinels: int = 0
     lag_seconds: tuple[float, float] = (10.0, 20.0)  # a `watch_lag` window lasts this long
     lag_delay: tuple[float, float] = (3.0, 8.0)  # and delays the lagging worker's watches so
 
     def command(self) -> str:
         """The long tier's command line that replays this configuration."""
         lo, hi = self.outage_seconds
+        extra = (f" --sentinels {self.sentinels}" if self.sentinels else "") + (
+            f" --kinds {','.join(self.kinds)}" if self.kinds is not None else "")
         return (f"python -m tests.chaos --seeds {self.seed} --ops {self.ops} "
                 f"--ops-per-fault {self.ops_per_fault} --round-ops {self.round_ops} "
-                f"--long-outages {self.long_outages} --outage-seconds {lo:g},{hi:g}")
+                f"--long-outages {self.long_outages} --outage-seconds {lo:g},{hi:g}{extra}")
 
 
 # --- a consistent view of the cluster ---------------------------------------------------------
@@ -337,13 +347,48 @@ class PrivateRedis:
             self.server.terminate()
 
 
+class SentinelRedis:
+    """Redis as a primary, a replica and Sentinels of our own (`tests.integration.
+    sentinel_cluster`, in the run's work directory, logs kept), reached by every process
+    through the redis+sentinel:// URL; `redis_failover` fails its primary over."""
+
+    def __init__(self, directory: Path, sentinels: int) -> None:
+        self.directory, self.sentinels = directory, sentinels
+        self.cluster: SentinelCluster | None = None
+        self._stack = contextlib.ExitStack()
+
+    @property
+    def url(self) -> str:
+        assert self.cluster is not None
+        return self.cluster.url
+
+    def start(self) -> SentinelRedis:
+        self.cluster = self._stack.enter_context(
+            sentinel_cluster(replicas=1, sentinels=self.sentinels, directory=self.directory))
+        return self
+
+    def client(self) -> redis.Redis:
+        # The runner's own look at the queue: a failover in progress answers within seconds.
+        return redis_connect(self.url, failover_wait=5.0, socket_timeout=5)
+
+    def restart(self, keep: bool, down_for: float = 0.0) -> None:
+        raise NotImplementedError("a Sentinel run fails its primary over instead "
+                                  "(redis_failover); restarts are single-server faults")
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._stack.close()
+
+
 class System:
     """Private Redis, the API proxy, worker processes and two schedulers, for two namespaces."""
 
     def __init__(self, cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
                  namespaces: list[str]) -> None:
         self.cluster, self.cfg, self.workdir, self.namespaces = cluster, cfg, workdir, namespaces
-        self.redis = PrivateRedis(workdir / "redis")
+        self.redis: PrivateRedis | SentinelRedis = (
+            SentinelRedis(workdir / "sentinel", cfg.sentinels) if cfg.sentinels
+            else PrivateRedis(workdir / "redis"))
         self.proxy = ApiProxy(upstream=cluster.server, token=cluster.token, seed=cfg.seed,
                               kubeconfig_path=workdir / "proxy-kubeconfig")
         self.settings: QueueSettings | None = None
@@ -519,6 +564,9 @@ FAULT_KINDS: dict[str, tuple[float, str]] = {
     "redis_flush": (1.5, "redis"),  # restart with persistence off: emptied
     # FLUSHALL or an empty restart between a race's claims and its scale-down (an operation)
     "redis_flush_race": (1.5, "redis"),
+    # Sentinel runs only: the primary SIGKILLed or SIGSTOPped, a replica promoted, the old
+    # primary back as a replica (its unreplicated writes lost)
+    "redis_failover": (3.0, "redis"),
     "api_errors": (3.0, "api"),  # 409 / 500 / 429 for a while
     "api_lost_writes": (1.5, "api"),  # writes applied but unanswered, dropped connections
     "api_latency": (2.0, "api"),
@@ -547,11 +595,30 @@ class Fault:
         return self.start, (self.end if self.end is not None else now) + self.tail
 
 
+#: The Redis faults of a run with one server, and of a run with Sentinels.
+SINGLE_REDIS_KINDS = frozenset({"redis_restart", "redis_flush", "redis_flush_race"})
+SENTINEL_KINDS = frozenset({"redis_failover"})
+
+
+def fault_kinds(cfg: ChaosConfig) -> list[str]:
+    """The kinds a run may plan: the chosen ones (all by default) that fit its Redis."""
+    unfit = SINGLE_REDIS_KINDS if cfg.sentinels else SENTINEL_KINDS
+    if cfg.kinds is not None:
+        unknown = set(cfg.kinds) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}")
+        wrong = set(cfg.kinds) & unfit
+        if wrong:
+            raise ValueError(f"fault kinds {sorted(wrong)} need "
+                             f"{'one Redis server' if cfg.sentinels else 'Sentinels'}")
+    return [k for k in FAULT_KINDS if (cfg.kinds is None or k in cfg.kinds)
+            and FAULT_KINDS[k][0] > 0 and k not in unfit]
+
+
 def plan_faults(rng: random.Random, cfg: ChaosConfig) -> dict[int, list[tuple[str, dict]]]:
     """op index -> faults to start before that operation (seeded)."""
     count = cfg.faults if cfg.faults is not None else max(1, cfg.ops // cfg.ops_per_fault)
-    kinds = [k for k in FAULT_KINDS if (cfg.kinds is None or k in cfg.kinds)
-             and FAULT_KINDS[k][0] > 0]
+    kinds = fault_kinds(cfg)
     weights = [FAULT_KINDS[k][0] for k in kinds]
     plan: dict[int, list[tuple[str, dict]]] = {}
     # Every kind at least once when there is room for it, the rest by weight.
@@ -560,7 +627,8 @@ def plan_faults(rng: random.Random, cfg: ChaosConfig) -> dict[int, list[tuple[st
     for kind in chosen:
         at = rng.randrange(cfg.ops)
         plan.setdefault(at, []).append((kind, fault_params(rng, kind, cfg)))
-    for _ in range(cfg.long_outages):
+    for _ in range(cfg.long_outages if cfg.kinds is None or "api_outage_long" in cfg.kinds
+                   else 0):
         at = rng.randrange(cfg.ops)
         plan.setdefault(at, []).append(("api_outage_long", {
             "seconds": cfg.long_outage_seconds, "mode": rng.choice(["refuse", "503"])}))
@@ -582,6 +650,10 @@ def fault_params(rng: random.Random, kind: str, cfg: ChaosConfig) -> dict[str, A
             return {"down": rng.uniform(0.5, 3.0)}
         case "redis_restart" | "redis_flush":
             return {"down": rng.uniform(0.1, 2.0)}
+        case "redis_failover":
+            # "stop": the old primary frozen with its connections open (commands sent to it
+            # wait, then may land on it after the promotion), resumed `down` s later
+            return {"mode": rng.choice(["kill", "stop"]), "down": rng.uniform(0.2, 3.0)}
         case "api_errors":
             return {"seconds": rng.uniform(2, 8), "scope": rng.choice(["mutating", "all"]),
                     "p_409": rng.choice([0, 0.1, 0.3]), "p_500": rng.choice([0.05, 0.1, 0.3]),
@@ -775,6 +847,31 @@ class FaultInjector:
         self.system.redis.restart(keep=False, down_for=down)
         f.end = self.history.now()
         # Queued keys are gone: what they were for waits for the next event or resync.
+        f.tail = self.cfg.resync_period + self.cfg.missing_grace
+
+    def _redis_failover(self, f: Fault, mode: str, down: float) -> None:
+        """The Sentinels' primary SIGKILLed (or SIGSTOPped) now; a replica is promoted
+        (`down-after-milliseconds` 1 s, then the election); `down` s after the promotion the
+        old primary comes back (restarted empty, or resumed) and the Sentinels make it a
+        replica of the new one, so the next failover has a replica to promote. Writes the old
+        primary acknowledged but had not replicated are lost (the epoch tells the
+        processes); every client carries on against the new primary, no process restarts."""
+        redis_ = self.system.redis
+        assert isinstance(redis_, SentinelRedis) and redis_.cluster is not None
+        cluster = redis_.cluster
+        old = cluster.kill_primary(pause=mode == "stop")
+        try:
+            new = cluster.wait_promoted(old, timeout=60)
+            text = (f"primary {old.port} {'stopped' if mode == 'stop' else 'killed'}, "
+                    f"replica {new.port} promoted after {self.history.now() - f.start:.1f}s")
+            self.history.add("fault", text)
+            self.notes.append(f"redis_failover: {text}")
+            time.sleep(down)  # the stimulus: how long the old primary stays away
+        finally:
+            cluster.rejoin(old)
+        f.end = self.history.now()
+        # Keys and leases written just before the failover may be lost with the old primary
+        # (asynchronous replication): what they were for waits for the epoch's resync.
         f.tail = self.cfg.resync_period + self.cfg.missing_grace
 
     def _window(self, f: Fault, seconds: float, tail: float, **settings: Any) -> None:

@@ -379,3 +379,37 @@ def test_traffic_by_verb_and_client(proxy: ApiProxy, via: Kube, namespace: str) 
     assert proxy.traffic("main") == proxy.traffic()
     assert proxy.traffic("someone-else").total_requests(watches=True) == 0
     assert items
+
+
+def test_hold_keeps_one_clients_write_from_the_server_until_released(
+    proxy: ApiProxy, via: Kube, kube: Kube, namespace: str
+) -> None:
+    """A held write has been sent but not forwarded: the server does not see it until the
+    hold is released, and a resourceVersion that went stale meanwhile is then refused."""
+    created = kube.create(cm(namespace, "held"))
+    rv = created["metadata"]["resourceVersion"]
+    hold = proxy.hold(method="PATCH", path="/configmaps/held")
+    outcome: list[object] = []
+
+    def late_write() -> None:
+        try:
+            outcome.append(via.merge_patch("v1", "ConfigMap", namespace, "held",
+                                           {"data": {"v": "late"}}, resource_version=rv))
+        except Exception as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=late_write, daemon=True)
+    t.start()
+    (held,) = hold.wait_held(1)
+    assert held.method == "PATCH" and held.json()["data"] == {"v": "late"}
+    assert kube.get("v1", "ConfigMap", namespace, "held")["data"] == {"v": "1"}
+    kube.merge_patch("v1", "ConfigMap", namespace, "held", {"data": {"v": "meanwhile"}})
+    hold.release()
+    (answered,) = hold.wait_answered(1)
+    t.join(30)
+    assert answered.status == 409
+    assert isinstance(outcome[0], Conflict)
+    assert kube.get("v1", "ConfigMap", namespace, "held")["data"] == {"v": "meanwhile"}
+    # only the next `count` matching requests are held
+    via.merge_patch("v1", "ConfigMap", namespace, "held", {"data": {"v": "after"}})
+    assert proxy.stats()["held"] == 1

@@ -7,7 +7,8 @@ Redis emptied between a race's claims and its scale-down), one quiescence check 
 and one at the end. A few minutes.
 
 Long tier (`-m slow`, on demand): `pytest tests/chaos -m slow --chaos-seeds 1,2,3
---chaos-ops 10000 [--chaos-report docs/reliability.md]`, or `python -m tests.chaos`.
+--chaos-ops 10000 [--chaos-sentinels 3] [--chaos-report docs/reliability.md]`, or
+`python -m tests.chaos [--sentinels 3]` (with Sentinels, the Redis fault is `redis_failover`).
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def test_chaos_long_tier(cluster: ClusterInfo, tmp_path: Path,
                          request: pytest.FixtureRequest) -> None:
     seeds = [int(s) for s in str(option(request.config, "chaos_seeds", "1,2,3")).split(",")]
     ops = int(option(request.config, "chaos_ops", 10000))  # type: ignore[call-overload]
+    sentinels = int(option(request.config, "chaos_sentinels", 0))  # type: ignore[call-overload]
     results = []
     for seed in seeds:
         cfg = ChaosConfig(seed=seed, ops=ops, ops_per_fault=25, round_ops=250,
-                          long_outages=max(1, ops // 2500))
+                          long_outages=max(1, ops // 2500), sentinels=sentinels)
         result = run_chaos(cluster, cfg, tmp_path / f"seed-{seed}",
                            progress=lambda m: print(m, file=sys.stderr))
         print(result.report())

@@ -40,15 +40,38 @@ class Node:
     name: str
     port: int
     process: subprocess.Popen[bytes]
+    argv: list[str] = field(default_factory=list)
+    cwd: Path | None = None
 
     def client(self) -> redis.Redis:
         return redis.Redis("127.0.0.1", self.port, socket_connect_timeout=1, socket_timeout=2)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no last words to the replicas, as a crashed host."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(10)
+
+    def pause(self) -> None:
+        """SIGSTOP: the server freezes with its connections open (a stalled VM): clients'
+        commands sent to it wait, unanswered, instead of failing."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def restart(self) -> None:
+        """Start a killed node again on its port, from its config file (which the Sentinels
+        may have rewritten): it comes back as it was, and the Sentinels reconfigure it."""
+        assert self.argv and self.process.poll() is not None
+        self.process = subprocess.Popen(self.argv, cwd=self.cwd, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        _wait(lambda: self.process.poll() is None and self.client().ping(), 15,
+              f"{self.name} to answer again")
 
 
 @dataclass
@@ -100,8 +123,20 @@ class SentinelCluster:
     def fail_over_by_kill(self, timeout: float = 30.0) -> Node:
         """SIGKILL the current primary; wait until the Sentinels name another and it answers
         as a primary. Returns the new primary."""
+        return self.wait_promoted(self.kill_primary(), timeout)
+
+    def kill_primary(self, pause: bool = False) -> Node:
+        """SIGKILL (or, with `pause`, SIGSTOP) the current primary, without waiting for
+        anything; returns it (for `wait_promoted` and `rejoin`)."""
         old = self.node(self.primary_port())
-        old.kill()
+        if pause:
+            old.pause()
+        else:
+            old.kill()
+        return old
+
+    def wait_promoted(self, old: Node, timeout: float = 30.0) -> Node:
+        """Until the Sentinels name a primary other than `old` and it answers as one."""
         port = int(_wait(lambda: (p := self.primary_port()) not in (0, old.port) and p,
                             timeout, "the Sentinels to promote a replica"))
         new = self.node(port)
@@ -109,9 +144,32 @@ class SentinelCluster:
                  f"{new.name} to take the primary role")
         return new
 
+    def rejoin(self, old: Node, timeout: float = 60.0) -> None:
+        """Bring a failed-over primary back (restarted if killed, resumed if paused) and wait
+        until it is a replica of the current primary, in sync, and every Sentinel counts it:
+        the topology can fail over again."""
+        if old.alive():
+            old.resume()
+        else:
+            old.restart()
+        primary = self.primary_port()
+
+        def replica_in_sync() -> bool:
+            info = old.client().info("replication")
+            return (info.get("role") == "slave" and int(info.get("master_port", 0)) == primary
+                    and info.get("master_link_status") == "up")
+        _wait(replica_in_sync, timeout, f"{old.name} to rejoin as a replica of {primary}")
+        def seen_up(s: Node) -> bool:
+            return any(int(r["port"]) == old.port and not r["is_sdown"]
+                       and not r["is_disconnected"]
+                       for r in s.client().sentinel_slaves(self.service))
+        for s in self.sentinels:
+            _wait(lambda s=s: seen_up(s), timeout, f"{s.name} to see {old.name} up again")
+
     def stop(self) -> None:
         for n in self.sentinels + self.servers:
             if n.process.poll() is None:
+                n.resume()  # a paused node cannot act on SIGTERM
                 n.process.terminate()
         for n in self.sentinels + self.servers:
             try:
@@ -138,20 +196,27 @@ def _start(binary: str, directory: Path, name: str, lines: list[str], *, sentine
     argv = [binary, str(conf)] + (["--sentinel"] if sentinel else [])
     process = subprocess.Popen(argv, cwd=workdir, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    node = Node(name, port, process)
+    node = Node(name, port, process, argv, workdir)
     _wait(lambda: process.poll() is None and node.client().ping(), 15, f"{name} to answer")
     return node
 
 
 @contextmanager
 def sentinel_cluster(replicas: int = 1, sentinels: int = 3,
-                     down_after_ms: int = 1000, failover_timeout_ms: int = 3000
-                     ) -> Iterator[SentinelCluster]:
-    """A primary, `replicas` replicas and `sentinels` Sentinels (quorum: a majority)."""
+                     down_after_ms: int = 1000, failover_timeout_ms: int = 3000,
+                     directory: Path | None = None) -> Iterator[SentinelCluster]:
+    """A primary, `replicas` replicas and `sentinels` Sentinels (quorum: a majority).
+
+    In a temp dir removed afterwards, or in `directory` (created; kept, with every node's
+    config and log: the chaos runner's work directory)."""
     binary = _binary()
-    directory = Path(tempfile.mkdtemp(prefix="warmpool-sentinel-"))
+    keep = directory is not None
+    if directory is None:
+        directory = Path(tempfile.mkdtemp(prefix="warmpool-sentinel-"))
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
     cluster = SentinelCluster(directory)
-    data = ['save ""', "appendonly no"]
+    data = ['save ""', "appendonly no", "repl-diskless-sync-delay 0"]
     try:
         primary = _start(binary, directory, "primary", data, sentinel=False)
         cluster.servers.append(primary)
@@ -171,4 +236,5 @@ def sentinel_cluster(replicas: int = 1, sentinels: int = 3,
         yield cluster
     finally:
         cluster.stop()
-        shutil.rmtree(directory, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(directory, ignore_errors=True)

@@ -24,11 +24,14 @@ that many seconds before relaying it, in order, while the stream goes on reading
 cache falls behind by that much, its connection healthy (chunks held when the setting is
 lowered still wait their time, and those after them wait behind them).
 
-and actions: `cut_watches()` (cut every open watch stream now), `stall_watches()` (every open
-watch stream goes silent with its connection left open, as when a NAT entry or a peer dies
-without a FIN; held until the client gives up or the proxy stops), `outage(seconds, mode)`: for
-`seconds`, "refuse" closes the listening socket and every open connection (clients get
-connection refused), "503" answers everything with 503 Service Unavailable and cuts watches.
+and actions: `hold(client, method, path)` (the next matching requests of that client wait,
+unforwarded, until `release()`: a writer frozen between its decision and its write, then
+let go; see `Hold`), `cut_watches()` (cut every open watch stream now), `stall_watches()`
+(every open watch stream goes silent with its connection left open, as when a NAT entry or a
+peer dies without a FIN; held until the client gives up or the proxy stops),
+`outage(seconds, mode)`: for `seconds`, "refuse" closes the listening socket and every open
+connection (clients get connection refused), "503" answers everything with 503 Service
+Unavailable and cuts watches.
 
 Clients: the proxy's first port is client "main" (`kubeconfig_path`); `add_client(name)` listens
 on one more port and returns a kubeconfig for it, so a fault can single out one process (the
@@ -290,11 +293,16 @@ class _Handler(BaseHTTPRequestHandler):
         if plan.status:
             return self._answer(plan.status, f"injected {plan.status} by the test proxy",
                                 retry_after=plan.retry_after)
+        held = p._take_hold(self.client, method, path, body)
         try:
             resp = self._forward(method, path, body)
         except (OSError, http.client.HTTPException) as exc:
             p._record("upstream_error", method, path)
+            if held is not None:
+                held.answered(502)
             return self._answer(502, f"the test proxy could not reach the API server: {exc}")
+        if held is not None:
+            held.answered(resp.status)
         if method == "DELETE" and 200 <= resp.status < 300:
             p._deleted_path(path, body)  # before the reply: the server has deleted it anyway
         if plan.lost_response:
@@ -541,6 +549,73 @@ class _Server(socketserver.ThreadingTCPServer):
 
 
 @dataclass
+class HeldRequest:
+    method: str
+    path: str
+    body: bytes | None
+    status: int | None = None  # the API server's answer, once released and forwarded
+    hold: Hold | None = field(default=None, repr=False)
+
+    def json(self) -> Any:
+        return json.loads(self.body or b"null")
+
+    def answered(self, status: int) -> None:
+        self.status = status
+        if self.hold is not None:
+            self.hold._notify()
+
+
+class Hold:
+    """Requests of one client that wait at the proxy, unforwarded, until `release()`.
+
+    From `ApiProxy.hold(...)` on, the next `count` requests of `client` whose method is
+    `method` (None: any) and whose URL path contains `path` (None: any) are held: the client
+    has sent them and waits for the answer, the API server has not seen them. `wait_held(n)`
+    returns once n are held (a test's deterministic "the writer is now between its decision
+    and its write"); `release()` forwards them, and `wait_answered(n)` returns the held
+    requests once the server has answered n of them (`HeldRequest.status`, e.g. 409 for a
+    write whose resourceVersion precondition no longer holds)."""
+
+    def __init__(self, client: str, method: str | None, path: str | None, count: int) -> None:
+        self.client, self.method, self.path, self.count = client, method, path, count
+        self.requests: list[HeldRequest] = []
+        self._taken = 0  # requests matched so far (under the proxy's lock)
+        self._released = threading.Event()
+        self._cond = threading.Condition()
+
+    def matches(self, client: str, method: str, path: str) -> bool:
+        return (client == self.client and self._taken < self.count
+                and (self.method is None or method == self.method)
+                and (self.path is None or self.path in urlsplit(path).path))
+
+    def release(self) -> None:
+        self._released.set()
+
+    def wait_held(self, n: int = 1, timeout: float = 30.0) -> list[HeldRequest]:
+        return self._wait(lambda: len(self.requests) >= n, timeout, f"{n} held request(s)")
+
+    def wait_answered(self, n: int = 1, timeout: float = 30.0) -> list[HeldRequest]:
+        return self._wait(lambda: sum(r.status is not None for r in self.requests) >= n,
+                          timeout, f"answers to {n} held request(s)")
+
+    def _wait(self, done: Callable[[], bool], timeout: float, what: str) -> list[HeldRequest]:
+        with self._cond:
+            if not self._cond.wait_for(done, timeout):
+                raise TimeoutError(f"{what} after {timeout:g}s: {self.requests}")
+            return list(self.requests)
+
+    def _held(self, request: HeldRequest) -> None:
+        with self._cond:
+            self.requests.append(request)
+            self._cond.notify_all()
+        self._released.wait()
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
+@dataclass
 class _Plan:
     outage: bool = False
     delay: float = 0.0
@@ -599,6 +674,7 @@ class ApiProxy:
         self._listeners: dict[str, list[Any]] = {MAIN_CLIENT: [port, None, None, None]}
         self._outage: str | None = None
         self._outage_timer: threading.Timer | None = None
+        self._holds: list[Hold] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._kubeconfig_path = kubeconfig_path
 
@@ -685,6 +761,7 @@ class ApiProxy:
     def stop(self) -> None:
         if self._outage_timer is not None:
             self._outage_timer.cancel()
+        self.release_holds()
         self._unlisten()
         self.cut_watches()
         self.cut_connections()
@@ -763,6 +840,37 @@ class ApiProxy:
     def in_outage(self) -> str | None:
         with self._lock:
             return self._outage
+
+    def hold(self, client: str = MAIN_CLIENT, method: str | None = None,
+             path: str | None = None, count: int = 1) -> Hold:
+        """Hold the next `count` matching requests of `client` before they are forwarded,
+        until the returned `Hold` is released (see `Hold`). `stop()` releases every hold."""
+        if client not in self._listeners:
+            raise ValueError(f"no client {client!r}")
+        hold = Hold(client, method.upper() if method else None, path, count)
+        with self._lock:
+            self._holds.append(hold)
+        return hold
+
+    def release_holds(self) -> None:
+        """Release every hold (what is held now is forwarded) and hold nothing more."""
+        with self._lock:
+            holds, self._holds = self._holds, []
+        for hold in holds:
+            hold.release()
+
+    def _take_hold(self, client: str, method: str, path: str, body: bytes | None
+                   ) -> HeldRequest | None:
+        with self._lock:
+            hold = next((h for h in self._holds if h.matches(client, method, path)), None)
+            if hold is None:
+                return None
+            hold._taken += 1
+            request = HeldRequest(method, path, body, hold=hold)
+            self._counts["held"] += 1
+            self.events.append((time.time(), "held", f"{method} {path}"))
+        hold._held(request)  # blocks this request's handler until the hold is released
+        return request
 
     def cut_watches(self) -> int:
         """Cut every open watch stream now; returns how many."""
