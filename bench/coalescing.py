@@ -16,7 +16,8 @@ the workers' `bench.counting` wrapper (every job start logged, then the real han
   relay, so a little later). Counted: runs, and "needless" runs (a run of a key with no event
   of that key delivered since the key's previous run started, allowing 50 ms of skew
   between the two watches: the queue owed it nothing; goal 0); latency event -> the first
-  start of that instance's key at or after it.
+  start of that instance's key at or after it (the same 50 ms of skew allowed: a start up to
+  50 ms before the bench saw the event counts, as latency 0).
 
   python -m bench coalescing [--instances 100] [--events 10000] [--rate 200]
 """
@@ -206,10 +207,14 @@ def run(instances: int = 100, events: int = 10_000, rate: float = 200.0,
             for key, ts in by_key.items():
                 runs = sorted(starts.get(key, []))
                 ts.sort()
-                for t in ts:  # the first start of the key at or after the event
-                    j = bisect.bisect_left(runs, t)
+                for t in ts:
+                    # The first start of the key at or after the event, allowing the same
+                    # skew between the bench's watch and the system's as for needless runs:
+                    # the scheduler's watch may deliver a change a little before the bench's
+                    # does, and the run it causes then starts "before" the event.
+                    j = bisect.bisect_left(runs, t - SKEW)
                     if j < len(runs):
-                        res.latencies.append(runs[j] - t)
+                        res.latencies.append(max(0.0, runs[j] - t))
                     else:
                         res.unmatched += 1
                 prev = float("-inf")

@@ -538,6 +538,10 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     daemon_threads = True
     block_on_close = False
+    # socketserver's default listen backlog is 5: a worker opening a dozen connections at
+    # once (its threads' writes sent together) overflowed it, and each connection beyond
+    # waited for the client's SYN retransmission, a second, as if the API server were slow.
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], proxy: ApiProxy, client: str) -> None:
         self.proxy = proxy
