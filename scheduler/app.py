@@ -51,8 +51,8 @@ class Producer(Protocol):
 
 #: The periodic resync is the backstop for losses the epoch cannot see (a key evicted alone, a
 #: failover that dropped only the last writes): a release whose key was lost waits for it. From
-#: the caches, one pool key per AppDefinition, whose jobs read the worker caches: a minute
-#: costs a few instance runs per second at a thousand instances.
+#: the caches, one pool key per AppDefinition, whose job decides each instance on the worker's
+#: cache and queues only those with work: a quiet pool costs one run a minute.
 RESYNC_PERIOD = 60.0
 
 
