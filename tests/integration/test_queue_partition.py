@@ -174,10 +174,6 @@ def test_a_worker_cut_off_from_redis_mid_claim_loses_its_lease_and_its_late_writ
             b.stop(timeout=15)
 
 
-@pytest.mark.xfail(strict=True, reason="open defect found by the chaos fault redis_failover: "
-                   "a fetch whose reply is lost strands its messages in the live worker's "
-                   "ack set; their keys stay dirty and never run again until that worker "
-                   "process exits (dramatiq requeues the acks of dead workers only)")
 def test_the_messages_of_a_fetch_whose_reply_was_lost_still_run(
     settings: QueueSettings, redis_client: redis.Redis,
 ) -> None:

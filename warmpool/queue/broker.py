@@ -7,17 +7,22 @@ Differences from dramatiq's defaults, and why:
   * `heartbeat_timeout` from our settings (5 s instead of 60 s), used when maintenance
     requeues dead workers' messages;
   * KeyedMiddleware first (see its docstring);
-  * a rejected (nacked) claims message is dead-lettered in the main queue's `.XQ`.
+  * a rejected (nacked) claims message is dead-lettered in the main queue's `.XQ`;
+  * each consumer reclaims the deliveries of its own ack set it never received (see
+    `HeldDeliveries`): dramatiq requeues the ack sets of dead workers only.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Iterable
 
 import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
-from dramatiq.common import q_name
+from dramatiq.common import dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, ShutdownNotifications, TimeLimit
 
@@ -29,6 +34,8 @@ from warmpool.queue.routing import Router, actor_for_key
 from warmpool.queue.settings import QueueSettings
 
 DEAD_MESSAGE_TTL_MS = 7 * 24 * 3600 * 1000
+
+log = logging.getLogger(__name__)
 
 
 class _QuietSkips(logging.Filter):
@@ -45,21 +52,124 @@ def _quiet_skips() -> None:
         logger.addFilter(_QuietSkips())
 
 
+class HeldDeliveries:
+    """The deliveries this process's consumers hold, per dramatiq queue, by redis message id:
+    received from a fetch and not yet acked, nacked or requeued (in the worker's work queue,
+    running, or waiting for their eta). Kept on the broker, not the consumer: dramatiq
+    replaces a consumer after a connection error while its worker threads still run, and
+    later ack, what the old one delivered.
+
+    `check` finds the ids of the worker's ack set in Redis that no consumer holds -- a fetch
+    whose reply was lost left them there, and nothing else would ever requeue them while the
+    process lives -- and reclaims those seen missing by two consecutive checks (`period`
+    apart), each atomically only if still unacked (`Scripts.reclaim`).
+
+    Why this cannot take a delivery that is on its way: a queue's fetches and its checks run
+    on its one consumer thread, the check only when the prefetch cache is empty, so every id
+    a fetch answered with is held before the next check starts; the held ids are read before
+    the ack set and an id leaves `held` only after its ack reached Redis, so an id read in
+    the set and not held was never received. The second sighting and the script's
+    still-in-the-set test are a margin on top (for a reply in flight on a connection the
+    consumer gave up on, were it ever read).
+    """
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        self._lock = threading.Lock()
+        self._held: dict[str, set[str]] = {}
+        self._suspects: dict[str, set[str]] = {}
+        self._next_check: dict[str, float] = {}
+
+    def add(self, queue: str, rid: str) -> None:
+        with self._lock:
+            self._held.setdefault(queue, set()).add(rid)
+
+    def discard(self, queue: str, rids: Iterable[str]) -> None:
+        with self._lock:
+            held = self._held.get(queue)
+            if held:
+                held.difference_update(rids)
+
+    def clear(self, queue: str) -> None:
+        with self._lock:
+            self._held.pop(queue, None)
+
+    def held(self, queue: str) -> set[str]:
+        with self._lock:
+            return set(self._held.get(queue, ()))
+
+    def due(self, queue: str, now: float) -> bool:
+        if now < self._next_check.get(queue, 0.0):
+            return False
+        self._next_check[queue] = now + self.period
+        return True
+
+    def check(self, queue: str, acks: set[str], held: set[str]) -> list[str]:
+        """The ids to reclaim now: in `acks` (read after `held`), not held, and not held at
+        the previous check either. Remembers the rest of the missing ones for the next."""
+        missing = acks - held
+        confirmed = missing & self._suspects.get(queue, set())
+        self._suspects[queue] = missing - confirmed
+        return sorted(confirmed)
+
+
+def _rid(message: MessageProxy) -> str:
+    return str(message.options.get("redis_message_id") or "")
+
+
 class _Consumer(_RedisConsumer):
     """dramatiq's Redis consumer, minus the ack round trip for deliveries already acked by
-    the keyed `done` script (which performs exactly dispatch.lua's ack writes), and with the
-    claims queue's rejected messages dead-lettered where the main queue's go (one place)."""
+    the keyed `done` script (which performs exactly dispatch.lua's ack writes), with the
+    claims queue's rejected messages dead-lettered where the main queue's go (one place),
+    and with what it delivers tracked in the broker's `HeldDeliveries`, so that before a
+    fetch it can reclaim the deliveries of its ack set it never received."""
+
+    broker: KeyedRedisBroker
+
+    def __next__(self) -> MessageProxy | None:
+        if not self.message_cache:
+            self._check_acks()
+        message: MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
+        if message is not None and _rid(message):
+            self.broker.held.add(self.queue_name, _rid(message))
+        return message
+
+    def _check_acks(self) -> None:
+        held = self.broker.held
+        if not held.due(self.queue_name, time.monotonic()):
+            return
+        jobs = keyed_middleware(self.broker).jobs
+        acks = jobs.queue.layout.acks(self.broker.broker_id, self.queue_name)
+        try:
+            mine = held.held(self.queue_name)  # before the ack set: see HeldDeliveries
+            in_redis = {x.decode() if isinstance(x, bytes) else str(x)
+                        for x in self.broker.client.smembers(acks)}
+            lost = held.check(self.queue_name, in_redis, mine)
+            if lost:
+                moved = jobs.scripts.reclaim(acks, self.queue_name, lost)
+                log.warning("reclaimed %d of %d deliveries on %s that this worker never "
+                            "received (a fetch whose reply was lost)", moved, len(lost),
+                            self.queue_name)
+        except redis.RedisError as e:
+            log.warning("checking this worker's ack set on %s failed: %s", self.queue_name, e)
 
     def ack(self, message: MessageProxy) -> None:
-        if is_acked(message):
+        try:
+            if not is_acked(message):
+                super().ack(message)  # type: ignore[no-untyped-call]  # dramatiq: unannotated
+        finally:
             self.queued_message_ids.discard(message.message_id)
-            return
-        super().ack(message)  # type: ignore[no-untyped-call]  # dramatiq leaves it unannotated
+        self.broker.held.discard(self.queue_name, [_rid(message)])  # only once acked
 
     def nack(self, message: MessageProxy) -> None:
-        if is_acked(message):
+        try:
+            if not is_acked(message):
+                self._nack(message)
+        finally:
             self.queued_message_ids.discard(message.message_id)
-            return
+        self.broker.held.discard(self.queue_name, [_rid(message)])  # only once nacked
+
+    def _nack(self, message: MessageProxy) -> None:
         jobs = keyed_middleware(self.broker).jobs
         layout = jobs.queue.layout
         if q_name(self.queue_name) != layout.claims_queue:
@@ -73,11 +183,26 @@ class _Consumer(_RedisConsumer):
             )
         except redis.ConnectionError as e:
             raise ConnectionClosed(e) from None
-        finally:
-            self.queued_message_ids.discard(message.message_id)
+
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
+        messages = list(messages)
+        super().requeue(messages)  # type: ignore[no-untyped-call]  # unannotated in dramatiq
+        self.broker.held.discard(self.queue_name, [_rid(m) for m in messages])
+
+    def close(self) -> None:
+        # A delay queue's deliveries wait in its consumer thread's memory, which dramatiq
+        # drops with the consumer (after requeueing them, or, on a connection error, not):
+        # whatever is left in the ack set then is not held any more.
+        if self.queue_name == dq_name(q_name(self.queue_name)):
+            self.broker.held.clear(self.queue_name)
+        super().close()
 
 
 class KeyedRedisBroker(RedisBroker):
+    def __init__(self, *, reclaim_period: float = 1.0, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
+        self.held = HeldDeliveries(reclaim_period)
+
     @property
     def consumer_class(self) -> type[_RedisConsumer]:
         return _Consumer
@@ -101,6 +226,7 @@ def build_broker(
         client = connect(settings.redis_url)
     keyed = KeyedMiddleware(Jobs(client, settings, router=router, observer=observer))
     broker = KeyedRedisBroker(
+        reclaim_period=settings.recovery_period,
         client=client,
         namespace=settings.namespace,
         heartbeat_timeout=int(settings.heartbeat_timeout * 1000),

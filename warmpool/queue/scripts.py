@@ -498,6 +498,27 @@ redis.call("HDEL", msgs, rid)
 return 1
 """
 
+# ARGV: acks, queue list, msgs, rid... -> how many went back. The deliveries of a live
+# worker's ack set that its consumer does not hold (a fetch whose reply was lost: the fetch ran,
+# its ids moved to the ack set, the bodies never arrived), back at the head of their queue:
+# they have waited longest. Each only if still in the ack set, so a late ack or requeue that
+# got there first wins and nothing is queued twice; a message whose body is gone (acked by a
+# duplicate delivery's skip) is only forgotten, as in dispatch.lua's "requeue". A keyed key
+# keeps its `pending` pointer (same id), so it has a message again; a duplicate delivery, if
+# the consumer did hold it after all, is skipped by `start` (busy or stale) and acked.
+RECLAIM = r"""
+local acks, list, msgs = ARGV[1], ARGV[2], ARGV[3]
+local moved = 0
+for i = #ARGV, 4, -1 do
+  local rid = ARGV[i]
+  if redis.call("SREM", acks, rid) > 0 and redis.call("HEXISTS", msgs, rid) == 1 then
+    redis.call("LPUSH", list, rid)
+    moved = moved + 1
+  end
+end
+return moved
+"""
+
 # ARGV: seen -> the counter after: max(counter, seen). A job found an object written under a
 # fence above ours: either we are a stale holder (the counter is already past `seen`: nothing
 # changes) or Redis lost the counter and restarted it low. Raising it to `seen` makes the next
@@ -528,6 +549,7 @@ _BODIES = {
     "repair": REPAIR,
     "redrive": REDRIVE,
     "nack": NACK,
+    "reclaim": RECLAIM,
     "lift_fence": LIFT_FENCE,
 }
 
@@ -752,3 +774,12 @@ class Scripts:
     def nack(self, acks: str, rid: str, messages: str) -> bool:
         """Dead-letter a delivery dramatiq rejected, into the main queue's `.XQ`."""
         return bool(self._call("nack", acks, rid, messages))
+
+    def reclaim(self, acks: str, queue: str, rids: Sequence[str]) -> int:
+        """Put deliveries of `acks` (a live worker's, on dramatiq queue `queue`) that its
+        consumer does not hold back on their queue, each only if still unacked."""
+        if not rids:
+            return 0
+        layout = self.layout
+        return int(self._call("reclaim", acks, layout.messages_list_of(queue),
+                              layout.messages_of(queue), *rids))
