@@ -189,6 +189,45 @@ def test_a_retirement_decided_on_a_cache_without_the_services_deletes_nothing_of
     assert_invariants(kube, ns)
 
 
+def test_a_cache_that_missed_its_appdefinitions_deletion_rebuilds_nothing(
+    kube: Kube, namespace: str, cache: ClusterCache
+) -> None:
+    """The server refuses no create whose owner is gone: a worker whose cache has not seen the
+    AppDefinition deleted would rebuild an instance the garbage collector is removing (and a
+    claim could take it, then see its parts collected under it: found by the long chaos
+    tier, seed 7). The plan's first create waits for the AppDefinition read from the server."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    _wait_caught_up(kube, ns, cache, objects=10)
+    cache.stop()  # frozen: the AppDefinition and instance 2 as they were
+    appdef = _appdef(kube, ns)
+    for part in PARTS:  # instance 2 half gone, as the collector leaves it mid-way
+        if part is not Part.EXTERNAL_SERVICE:
+            kube.delete(part.api_version, part.kind, ns, builders.object_name(appdef, part, 2))
+    kube.delete(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, "java")
+    wait_for(lambda: kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, "java") is None,
+             timeout=30, message="the AppDefinition to be gone")
+    for part in PARTS:
+        if part is not Part.EXTERNAL_SERVICE:
+            name = builders.object_name(appdef, part, 2)
+            cached = cache.get(part.kind, ns, name)
+            assert cached is not None
+            cache.offer_gone(part.kind, ns, name, cached["metadata"]["uid"])
+    assert cache.get(v.APPDEF_KIND, ns, "java") is not None  # the cache still has it
+
+    counting = CountingKube(kube.api_client)
+    reader = CachedReader(cache, counting)
+    key = InstanceKey(ns, "java", 2)
+    with LocalLeases().try_lease(str(key)) as guard:  # above every fence written so far
+        assert guard is not None
+        result = reconcile_instance(reader, counting, key, guard, PoolSettings())
+
+    assert counting.calls["create"] == 0, counting.calls
+    assert result.plan.state == "retired"  # what is left goes, with its AppDefinition
+    assert cache.get(v.APPDEF_KIND, ns, "java") is None  # and the cache learnt it
+
+
 def test_a_claim_read_from_the_cache_makes_no_read_requests(
     kube: Kube, kube_api: Any, namespace: str, cache: ClusterCache
 ) -> None:

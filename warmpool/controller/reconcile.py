@@ -23,7 +23,7 @@ from warmpool.kube.guard import Guard
 from warmpool.kube.reader import Reader
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.actions import AnnotateSession, Report, ResetPods, SetSessionStatus
+from warmpool.pool.actions import AnnotateSession, Create, Report, ResetPods, SetSessionStatus
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.claim import (
     ClaimError,
@@ -106,8 +106,9 @@ def reconcile_instance(
     # deleting the clean pod the first reset made room for: under this lease no claim can have
     # come in since, so the pods are still clean.
     reset: set[str] = set()
+    appdef_confirmed = False
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        appdef = reader.appdef(ns, key.appdef)
+        appdef = reader.appdef(ns, key.appdef, fresh=appdef_confirmed)
         if isinstance(appdef, Invalid):
             # Bad input never deletes anything: leave the instance exactly as it is.
             return InstanceResult(Plan("invalid", None), 0, attempt, written=written)
@@ -129,6 +130,18 @@ def reconcile_instance(
         if not fresh and unguarded_deletes(view, plan):
             fresh = True  # nothing on the server would refuse these deletes: read it first
             continue
+        if (not appdef_confirmed and appdef is not None
+                and any(isinstance(a, Create) for a in plan.actions)):
+            # Nothing on the server refuses a create whose owner is gone: a cache that has not
+            # seen its AppDefinition deleted would rebuild the instance the garbage collector
+            # is removing (and a claim could take it, only to see its parts collected under
+            # it). The AppDefinition is read from the server once before the first create;
+            # if it is gone, deleting, or another one now, the plan is decided again on that.
+            appdef_confirmed = True
+            now = reader.appdef(ns, key.appdef, fresh=True)
+            if not (isinstance(now, AppDefinition) and now.uid == appdef.uid
+                    and not now.deleting):
+                continue
         if reset:
             plan = dataclasses.replace(plan, actions=[
                 a for a in plan.actions

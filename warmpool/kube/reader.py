@@ -38,7 +38,10 @@ Obj = dict[str, Any]
 
 
 class Reader(Protocol):
-    def appdef(self, namespace: str, name: str) -> AppDefinition | Invalid | None: ...
+    def appdef(self, namespace: str, name: str, *, fresh: bool = False
+               ) -> AppDefinition | Invalid | None:
+        """An AppDefinition by name; `fresh`: straight from the API server."""
+        ...
 
     def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
         """A Session by name; `fresh`: straight from the API server."""
@@ -113,7 +116,8 @@ class LiveReader:
         self.kube = kube
         self.max_instances_ceiling = max_instances_ceiling
 
-    def appdef(self, namespace: str, name: str) -> AppDefinition | Invalid | None:
+    def appdef(self, namespace: str, name: str, *, fresh: bool = False
+               ) -> AppDefinition | Invalid | None:
         obj = self.kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace, name)
         if obj is None:
             return None
@@ -231,7 +235,20 @@ class CachedReader:
         self.kube = kube
         self.max_instances_ceiling = max_instances_ceiling
 
-    def appdef(self, namespace: str, name: str) -> AppDefinition | Invalid | None:
+    def appdef(self, namespace: str, name: str, *, fresh: bool = False
+               ) -> AppDefinition | Invalid | None:
+        if fresh:
+            cached = self.cache.get(v.APPDEF_KIND, namespace, name)
+            obj = self.kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace, name)
+            if obj is None:
+                if cached is not None:
+                    self.cache.offer_gone(v.APPDEF_KIND, namespace, name,
+                                          str((cached.get("metadata") or {}).get("uid") or ""))
+                return None
+            obj.setdefault("kind", v.APPDEF_KIND)
+            self.cache.offer(obj)
+            return validate_appdefinition(obj, self.cache.appdefs(namespace),
+                                          max_instances_ceiling=self.max_instances_ceiling)
         obj = self.cache.get(v.APPDEF_KIND, namespace, name)
         if obj is None:
             if self.cache.deleted(v.APPDEF_KIND, namespace, name):
