@@ -29,8 +29,11 @@ def test_a_claims_completing_patches_go_together_then_refresh_and_annotation() -
     status = SetSessionStatus("s1", {"operatorStatus": "HANDLED"}, uid="u")
     assert _waves([ext, *rest, refresh, annotate, status]) == [
         [ext], rest, [refresh, annotate], [status]]
-    # The annotation never goes with the completing patches (I1), with or without a refresh.
+    # The annotation never goes with the completing patches (I1), before or after it, with or
+    # without a refresh.
     assert _waves([*rest, annotate, status]) == [rest, [annotate], [status]]
+    assert _waves([annotate, *rest]) == [[annotate], rest]
+    assert _waves([refresh, annotate, *rest]) == [[refresh, annotate], rest]
     # A refresh asks the pods to re-read what the run before it wrote: no write joins it.
     assert _waves([refresh, patch(Part.EMAIL_CONFIGMAP, "email")]) == [
         [refresh], [patch(Part.EMAIL_CONFIGMAP, "email")]]

@@ -288,9 +288,11 @@ def _release(
     lease, exactly as the instance's own job would run it; it runs here so that a user's
     instance is freed (and the next waiting Session served) from the claims queue, not after
     the bulk work ahead of it in the main one (a 900-instance scale-down). The instance key
-    is still queued for it too (the scheduler's release rule); whichever runs second finds
-    nothing left to do. Safe on a stale read like every instance reconcile: a reference the
-    cache still shows but the server no longer has makes a write that the server refuses.
+    is still queued for it too (the scheduler's release rule): started after this release,
+    it is skipped (the deletion is noted as accounted for on it); started before, it did the
+    release and this run finds nothing left to do. Safe on a stale read like every instance
+    reconcile: a reference the cache still shows but the server no longer has makes a write
+    that the server refuses.
     """
     ns = key.namespace
     uid = session.uid if session is not None else reader.gone_session_uid(ns, key.session)

@@ -113,11 +113,15 @@ def _waves(actions: list[Action]) -> list[list[Action]]:
             close()
             run.append(action)
             continue
+        if isinstance(action, AnnotateSession):
+            # Joins a refresh run alone, never writes (I1), and ends its run.
+            if not (len(run) == 1 and isinstance(run[0], RefreshPods)):
+                close()
+            run.append(action)
+            close()
+            continue
         target = _parallel_target(action)
-        after_refresh = any(isinstance(a, RefreshPods) for a in run)
-        if (target is None or target in seen
-                or (after_refresh and not isinstance(action, AnnotateSession))
-                or (isinstance(action, AnnotateSession) and run and not after_refresh)):
+        if target is None or target in seen or any(isinstance(a, RefreshPods) for a in run):
             close()
             if target is None:
                 waves.append([action])
@@ -135,8 +139,6 @@ def _parallel_target(action: Action) -> tuple[str, str] | None:
             return (part.kind, name)
         case Create(part=part, body=body) if part is not Part.EXTERNAL_SERVICE:
             return (part.kind, str(body["metadata"]["name"]))
-        case AnnotateSession(session=name):
-            return (v.SESSION_KIND, name)
     return None
 
 
@@ -213,12 +215,13 @@ class Executor:
     def apply(self, actions: Iterable[Action]) -> int:
         """Apply in order; returns the number of writes. Raises Conflict on a stale precondition.
 
-        Order is kept where it is meaning: each run of writes that nothing orders among
+        Order is kept where it has a meaning: each run of writes that nothing orders among
         themselves (`_waves`) is sent at once, and a run starts only after the one before it
-        has been answered. A claim's four completing patches and its annotation are one run:
-        its latency is then about five round trips, not nine. A failure in a run is raised
-        once the whole run has been answered (the writes that went through are recorded, as
-        a sequential plan's earlier writes are); the next attempt reads again.
+        has been answered. A claim's four completing patches are one run, its pod refresh and
+        its annotation the next: its latency is then about five round trips, not nine. A
+        failure in a run is raised once the whole run has been answered (the writes that
+        went through are recorded, as a sequential plan's earlier writes are); the next
+        attempt reads again.
         """
         writes = 0
         for wave in _waves(list(actions)):
