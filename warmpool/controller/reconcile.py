@@ -263,6 +263,7 @@ def _deciding_write(
                           "annotations": {v.ANNOTATION_FENCE: str(guard.fence),
                                           v.ANNOTATION_CLAIMED_FOR: naming.claimed_for(
                                               session.uid, session.user)}}}
+    guard.ensure_held()  # as the executor does before every write: a holder past its TTL stops
     try:
         updated = kube.merge_patch("v1", "Service", appdef.namespace, meta["name"], patch,
                                    resource_version=meta["resourceVersion"])
