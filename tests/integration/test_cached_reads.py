@@ -32,7 +32,7 @@ from warmpool.kube.reader import CachedReader
 from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
-from warmpool.pool.model import parse_appdefinition
+from warmpool.pool.model import parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS, Part
 
 
@@ -228,6 +228,45 @@ def test_a_cache_that_missed_its_appdefinitions_deletion_rebuilds_nothing(
     assert cache.get(v.APPDEF_KIND, ns, "java") is None  # and the cache learnt it
 
 
+def test_a_retried_claim_on_a_lagging_cache_takes_the_held_path_not_a_second_instance(
+    kube: Kube, namespace: str, cache: ClusterCache
+) -> None:
+    """Finding 11: a claim's deciding write landed on instance 2 and its answer was lost; the
+    retry runs on a cache behind on the Services, which shows the Session holding nothing and
+    instance 1 free. Nothing on the server refuses a deciding write on instance 1: the claim
+    must ask the server what the Session holds first."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=3)
+    run_until_quiet(kube, ns)
+    created = create_session(kube, ns, "s1", USERS[1])
+    assert cache.wait_fresh(ns, {f"{v.SESSION_KIND}/s1": created["metadata"]["resourceVersion"]},
+                            30)
+    _wait_caught_up(kube, ns, cache)
+    cache.stop()  # frozen: s1 holds nothing, instances 1-3 free
+    appdef = _appdef(kube, ns)
+    name = builders.object_name(appdef, Part.EXTERNAL_SERVICE, 2)
+    ext = kube.get("v1", "Service", ns, name)
+    assert ext is not None
+    meta = created["metadata"]
+    ref = {"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
+           "name": meta["name"], "uid": meta["uid"]}
+    kube.merge_patch("v1", "Service", ns, name, {"metadata": {  # what a deciding write sets
+        "ownerReferences": [*ext["metadata"]["ownerReferences"], ref],
+        "labels": builders.session_labels(appdef, parse_session(created))}},
+        resource_version=ext["metadata"]["resourceVersion"])
+
+    result = claim_session(CachedReader(cache, kube), kube, SessionKey(ns, "s1"), LocalLeases(),
+                           PoolSettings())
+
+    assert (result.outcome, result.instance_id) == ("held", 2)
+    one = kube.get("v1", "Service", ns, builders.object_name(appdef, Part.EXTERNAL_SERVICE, 1))
+    assert one is not None
+    assert not [r for r in one["metadata"].get("ownerReferences", [])
+                if r.get("uid") == meta["uid"]], "a second deciding write was made"
+    run_until_quiet(kube, ns)
+    assert_invariants(kube, ns)
+
+
 def test_a_claim_read_from_the_cache_makes_no_read_requests(
     kube: Kube, kube_api: Any, namespace: str, cache: ClusterCache
 ) -> None:
@@ -247,8 +286,9 @@ def test_a_claim_read_from_the_cache_makes_no_read_requests(
     assert result.outcome == "claimed" and result.instance_id == 1
     reads = {verb: n for verb, n in counting.calls.items()
              if verb == "get" or verb.startswith("list")}
-    # Only the pod list of the instance's refresh (one pod, by its selector) is a read.
-    assert reads == {"list Pod": 1}, counting.calls
+    # The reads: the Services labelled with the Session's uid (none: it has claimed nothing
+    # the cache could have missed) and the pod list of the instance's refresh (one pod).
+    assert reads == {"list Service": 1, "list Pod": 1}, counting.calls
     assert sum(counting.calls.values()) <= 12, counting.calls
     run_until_quiet(kube, ns)
     assert_invariants(kube, ns)

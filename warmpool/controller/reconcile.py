@@ -331,6 +331,7 @@ def claim_session(
     """
     ns = key.namespace
     confirmed = False
+    asked_server = False
     for _ in range(MAX_ATTEMPTS):
         session = reader.session(ns, key.session)
         if session is None or session.deleting:
@@ -394,6 +395,15 @@ def claim_session(
                                    instance=result, instance_fence=fence)
             case ClaimTry(candidates=candidates):
                 assert isinstance(appdef, AppDefinition)
+                if not asked_server:
+                    # The read says this Session holds nothing; a cache behind on the Services
+                    # may have missed its own earlier deciding write (a retry after a lost
+                    # answer, finding 11), and nothing on the server refuses a second one on
+                    # another instance. Ask the server once; what it shows is now in the
+                    # cache, and the claim decides again (the held path).
+                    asked_server = True
+                    if reader.claimed_on_server(ns, session.uid):
+                        continue
                 busy = False
                 for i, k in enumerate(candidates):
                     ikey = InstanceKey(ns, appdef.name, k)

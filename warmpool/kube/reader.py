@@ -63,6 +63,12 @@ class Reader(Protocol):
         `uid`: what its release must free."""
         ...
 
+    def claimed_on_server(self, namespace: str, session_uid: str) -> list[tuple[str, int]]:
+        """`holdings` among the Services the API server labels with the Session's uid (one
+        LIST by label, its answer the size of the Session's claims, not of the pool); a
+        cache keeps what it read."""
+        ...
+
     def user_sessions(self, namespace: str, user: str) -> list[Session]:
         """The namespace's Sessions of `user`, of every AppDefinition."""
         ...
@@ -141,6 +147,9 @@ class LiveReader:
     def holdings(self, namespace: str, session_uid: str) -> list[tuple[str, int]]:
         return _holdings(observe.list_pool_objects(self.kube, namespace), session_uid)
 
+    def claimed_on_server(self, namespace: str, session_uid: str) -> list[tuple[str, int]]:
+        return _holdings(_labelled_services(self.kube, namespace, session_uid), session_uid)
+
     def user_sessions(self, namespace: str, user: str) -> list[Session]:
         return [s for s in observe.list_sessions(self.kube, namespace) if s.user == user]
 
@@ -187,6 +196,17 @@ class LiveReader:
 
     def deleted(self, kind: str, namespace: str, name: str, uid: str) -> None:
         return None
+
+
+def _labelled_services(kube: Kube, namespace: str, session_uid: str) -> list[Obj]:
+    """The Services of `namespace` labelled with the Session uid (a claim's deciding write
+    sets the label with the owner reference, in one patch)."""
+    items, _ = kube.list("v1", "Service", namespace,
+                         label_selector=f"{v.LABEL_SESSION_UUID}={session_uid}")
+    for item in items:
+        item.setdefault("kind", "Service")
+        item.setdefault("apiVersion", "v1")
+    return items
 
 
 def _holdings(objects: Iterable[Obj], session_uid: str) -> list[tuple[str, int]]:
@@ -290,6 +310,12 @@ class CachedReader:
         return _holdings([obj for ns, kind, name in self.cache.traces_of(session_uid)
                           if ns == namespace
                           and (obj := self.cache.get(kind, ns, name)) is not None], session_uid)
+
+    def claimed_on_server(self, namespace: str, session_uid: str) -> list[tuple[str, int]]:
+        services = _labelled_services(self.kube, namespace, session_uid)
+        for svc in services:
+            self.cache.offer(svc)
+        return _holdings(services, session_uid)
 
     def user_sessions(self, namespace: str, user: str) -> list[Session]:
         return self.cache.sessions_of_user(namespace, user)
