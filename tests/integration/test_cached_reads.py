@@ -84,7 +84,8 @@ def _appdef(kube: Kube, ns: str):
 
 
 def _claim_behind_the_caches_back(kube: Kube, ns: str, k: int, session: dict[str, Any]) -> None:
-    """What a claim's deciding write does to instance k (and nothing more: its job died)."""
+    """What a claim's deciding write does to instance k (and nothing more: its job died): the
+    Session's reference and labels on the external Service, in one patch."""
     appdef = _appdef(kube, ns)
     name = builders.object_name(appdef, Part.EXTERNAL_SERVICE, k)
     ext = kube.get("v1", "Service", ns, name)
@@ -92,9 +93,22 @@ def _claim_behind_the_caches_back(kube: Kube, ns: str, k: int, session: dict[str
     meta = session["metadata"]
     ref = {"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
            "name": meta["name"], "uid": meta["uid"]}
-    kube.merge_patch("v1", "Service", ns, name,
-                     {"metadata": {"ownerReferences": [*ext["metadata"]["ownerReferences"], ref]}},
-                     resource_version=ext["metadata"]["resourceVersion"])
+    kube.merge_patch("v1", "Service", ns, name, {"metadata": {
+        "ownerReferences": [*ext["metadata"]["ownerReferences"], ref],
+        "labels": builders.session_labels(appdef, parse_session(session))}},
+        resource_version=ext["metadata"]["resourceVersion"])
+
+
+def _pool_with_a_session_seen(kube: Kube, ns: str, cache: ClusterCache, min_instances: int,
+                              objects: int = 15) -> dict[str, Any]:
+    """A converged pool and a new Session s1, both as the cache has them; returns s1."""
+    create_appdef(kube, ns, min_instances=min_instances)
+    run_until_quiet(kube, ns)
+    created = create_session(kube, ns, "s1", USERS[1])
+    assert cache.wait_fresh(ns, {f"{v.SESSION_KIND}/s1": created["metadata"]["resourceVersion"]},
+                            30)
+    _wait_caught_up(kube, ns, cache, objects=objects)
+    return created
 
 
 def _wait_caught_up(kube: Kube, ns: str, cache: ClusterCache, objects: int = 15) -> None:
@@ -154,12 +168,7 @@ def test_a_retirement_decided_on_a_cache_without_the_services_deletes_nothing_of
     AppDefinition's new minInstances. Nothing there says the instance is held; the server does.
     """
     ns = namespace
-    create_appdef(kube, ns, min_instances=1)
-    run_until_quiet(kube, ns)
-    created = create_session(kube, ns, "s1", USERS[1])
-    assert cache.wait_fresh(ns, {f"{v.SESSION_KIND}/s1": created["metadata"]["resourceVersion"]},
-                            30)
-    _wait_caught_up(kube, ns, cache, objects=5)
+    _pool_with_a_session_seen(kube, ns, cache, min_instances=1, objects=5)
     cache.stop()  # frozen: s1 unannotated, instance 1 free at generation 1
     run_until_quiet(kube, ns)  # the claim, decided and completed on the server
     appdef = _appdef(kube, ns)
@@ -236,24 +245,10 @@ def test_a_retried_claim_on_a_lagging_cache_takes_the_held_path_not_a_second_ins
     instance 1 free. Nothing on the server refuses a deciding write on instance 1: the claim
     must ask the server what the Session holds first."""
     ns = namespace
-    create_appdef(kube, ns, min_instances=3)
-    run_until_quiet(kube, ns)
-    created = create_session(kube, ns, "s1", USERS[1])
-    assert cache.wait_fresh(ns, {f"{v.SESSION_KIND}/s1": created["metadata"]["resourceVersion"]},
-                            30)
-    _wait_caught_up(kube, ns, cache)
+    created = _pool_with_a_session_seen(kube, ns, cache, min_instances=3)
     cache.stop()  # frozen: s1 holds nothing, instances 1-3 free
-    appdef = _appdef(kube, ns)
-    name = builders.object_name(appdef, Part.EXTERNAL_SERVICE, 2)
-    ext = kube.get("v1", "Service", ns, name)
-    assert ext is not None
-    meta = created["metadata"]
-    ref = {"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
-           "name": meta["name"], "uid": meta["uid"]}
-    kube.merge_patch("v1", "Service", ns, name, {"metadata": {  # what a deciding write sets
-        "ownerReferences": [*ext["metadata"]["ownerReferences"], ref],
-        "labels": builders.session_labels(appdef, parse_session(created))}},
-        resource_version=ext["metadata"]["resourceVersion"])
+    _claim_behind_the_caches_back(kube, ns, 2, created)
+    appdef, meta = _appdef(kube, ns), created["metadata"]
 
     result = claim_session(CachedReader(cache, kube), kube, SessionKey(ns, "s1"), LocalLeases(),
                            PoolSettings())
