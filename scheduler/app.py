@@ -40,6 +40,8 @@ WATCHED: tuple[Watched, ...] = (
     Watched("Deployment", "apps/v1", POOL_SELECTOR),
     Watched("ConfigMap", "v1", POOL_SELECTOR),
 )
+#: Watched too where Session routes are in use (the HTTPRoute CRD must exist).
+ROUTES = Watched(v.ROUTE_KIND, v.ROUTE_API_VERSION)
 
 
 class Producer(Protocol):
@@ -63,6 +65,7 @@ class SchedulerConfig:
     epoch_period: float = 2.0  # how often the Redis epoch is read (with an `epoch` given)
     watch_timeout: tuple[float, float] = (300.0, 600.0)
     leader: LeaderConfig | None = None  # None: no election, always leading
+    routes: bool = False  # watch HTTPRoutes (PoolSettings.routing)
 
 
 @dataclass
@@ -108,15 +111,18 @@ class Scheduler:
         namespaces: list[str | None] = list(config.namespaces) if config.namespaces else [None]
         self.reflectors: list[Reflector] = []
         self._sessions: list[Reflector] = []
+        self._appdefs: list[Reflector] = []
         for ns in namespaces:
             kube = kube_factory()  # one client per namespace: its watches hold connections
-            for watched in WATCHED:
+            for watched in (*WATCHED, ROUTES) if config.routes else WATCHED:
                 r = Reflector(kube, watched, ns, self._handler(watched.kind),
                               summarize=mapping.summarize,
                               timeout_range=config.watch_timeout, backoff=Backoff())
                 self.reflectors.append(r)
                 if watched.kind == v.SESSION_KIND:
                     self._sessions.append(r)
+                if watched.kind == v.APPDEF_KIND:
+                    self._appdefs.append(r)
         self.elector: LeaderElector | None = None
         if config.leader is not None:
             self.elector = LeaderElector(kube_factory(), config.leader,
@@ -181,12 +187,20 @@ class Scheduler:
                     return mapping.session_appdef(stub)
         return None
 
+    def _routed_by(self, namespace: str, route: str) -> list[str]:
+        """The AppDefinitions of `namespace` whose spec.ingressname is `route`."""
+        return sorted(str(stub["metadata"]["name"]) for r in self._appdefs
+                      if r.namespace in (None, namespace) for stub in r.items()
+                      if (stub.get("metadata") or {}).get("namespace") == namespace
+                      and (stub.get("spec") or {}).get("ingressname") == route)
+
     def _handler(self, kind: str) -> Callable[[str, dict[str, Any], dict[str, Any] | None], None]:
         def handle(event_type: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
             with self._counts_lock:
                 self._events[(kind, event_type)] = self._events.get((kind, event_type), 0) + 1
             keys = mapping.keys_for(kind, event_type, obj, old,
-                                    session_appdef_of=self._session_appdef)
+                                    session_appdef_of=self._session_appdef,
+                                    routed_by=self._routed_by)
             if log.isEnabledFor(logging.DEBUG):
                 meta = obj.get("metadata") or {}
                 log.debug("%s %s %s/%s -> %s", event_type, kind, meta.get("namespace"),

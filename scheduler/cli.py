@@ -108,9 +108,15 @@ def scheduler(
                   namespaces=[*(ns_list or ()), *([leader.namespace] if leader else [])])
     adds = AddCounter()
     producer = KeyedQueue.from_settings(settings, observer=adds)
+    from warmpool.pool.builders import PoolSettings
+
+    try:
+        routing = PoolSettings.from_env(os.environ).routing
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     config = SchedulerConfig(namespaces=ns_list, resync_period=resync_period,
                              epoch_period=settings.epoch_period, watch_timeout=watch_timeout,
-                             leader=leader)
+                             leader=leader, routes=routing)
     from warmpool.queue.epoch import Epoch
 
     epoch = Epoch(producer.client, producer.layout, create=True)

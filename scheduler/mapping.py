@@ -17,6 +17,10 @@ Rules (see the README of the scheduler in ``scheduler/__init__.py``):
   the ``InstanceKey`` of its ``theia-cloud.io/instance-id`` annotation, else the ``PoolKey``
   of its AppDefinition (a claim may be in flight, not annotated yet). Otherwise modified ->
   ``SessionKey`` and, if annotated, its ``InstanceKey``.
+- HTTPRoute: a Session's route (Theia Cloud's session labels) -> the ``InstanceKey`` of each
+  instance it sends to (before and after), under its Session's AppDefinition, else that
+  Session's ``SessionKey``; any other route (a shared one) -> the ``PoolKey`` of each
+  AppDefinition whose ``spec.ingressname`` names it (its claims wait for it).
 - Pool object (Service, Deployment, ConfigMap) added, modified or deleted -> ``InstanceKey``
   of the AppDefinition named by its owner reference and the id in its name; without such a
   reference (the Java operator strips it) -> the ``PoolKey`` of each owning Session's
@@ -33,7 +37,7 @@ from typing import Any
 
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube import reflector
-from warmpool.pool import naming
+from warmpool.pool import naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.instances import is_appdef_ref, is_session_ref
 from warmpool.pool.model import parse_instance_id
@@ -46,10 +50,13 @@ ADDED, MODIFIED, DELETED, EVENT_TYPES = reflector.ADDED, reflector.MODIFIED, ref
 APPDEF = v.APPDEF_KIND
 SESSION = v.SESSION_KIND
 POOL_KINDS = ("Service", "Deployment", "ConfigMap")
+ROUTE = v.ROUTE_KIND
 
 Obj = Mapping[str, Any]
 # (namespace, session name) -> that Session's spec.appDefinition, if the scheduler knows it.
 SessionAppdef = Callable[[str, str], str | None]
+# (namespace, route name) -> the AppDefinitions whose spec.ingressname names that route.
+RoutedBy = Callable[[str, str], list[str]]
 
 _DIGEST_SKIP_META = ("resourceVersion", "managedFields")
 # Bookkeeping other controllers write into metadata that no decision reads: the deployment
@@ -92,6 +99,19 @@ def summarize(kind: str, obj: Obj) -> dict[str, Any]:
         appdef = (obj.get("spec") or {}).get("appDefinition")
         if appdef:
             stub["spec"] = {"appDefinition": appdef}
+    elif kind == APPDEF:
+        ingress = (obj.get("spec") or {}).get("ingressname")
+        if isinstance(ingress, str) and ingress:
+            stub["spec"] = {"ingressname": ingress}
+    elif kind == ROUTE:
+        labels = meta.get("labels") or {}
+        if routes.is_session_route(obj):
+            stub_meta["labels"] = {k: labels[k] for k in (v.LABEL_COMPONENT, v.LABEL_PART_OF)}
+            stub_meta["ownerReferences"] = [
+                {k: r.get(k) for k in ("apiVersion", "kind", "name", "uid")}
+                for r in meta.get("ownerReferences") or () if is_session_ref(r)]
+            stub["spec"] = {"rules": [{"backendRefs": [
+                {"name": name} for name in sorted(routes.backends(obj))]}]}
     elif kind in POOL_KINDS:
         refs = [{k: r.get(k) for k in ("apiVersion", "kind", "name", "uid")}
                 for r in meta.get("ownerReferences") or ()
@@ -131,6 +151,7 @@ def keys_for(
     old_obj: Obj | None = None,
     *,
     session_appdef_of: SessionAppdef | None = None,
+    routed_by: RoutedBy | None = None,
 ) -> list[Key]:
     """The keys to add for one watch event (or one difference found by a relist).
 
@@ -152,7 +173,31 @@ def keys_for(
         return _session_keys(ns, event_type, obj, old_obj)
     if kind in POOL_KINDS:
         return _pool_object_keys(kind, ns, obj, old_obj, session_appdef_of)
+    if kind == ROUTE:
+        return _route_keys(ns, obj, old_obj, session_appdef_of, routed_by)
     return []
+
+
+def _route_keys(
+    ns: str, obj: Obj, old: Obj | None, lookup: SessionAppdef | None,
+    routed_by: RoutedBy | None,
+) -> list[Key]:
+    name = str(_meta(obj).get("name") or "")
+    if not any(routes.is_session_route(o) for o in (obj, old) if o is not None):
+        return [PoolKey(ns, a) for a in (routed_by(ns, name) if routed_by else [])]
+    keys: list[Key] = []
+    ids = sorted({k for o in (obj, old) if o is not None for service in routes.backends(o)
+                  if (k := naming.instance_id_from_name(service)) is not None})
+    sessions = {r["name"] for o in (obj, old) if o is not None
+                for r in _meta(o).get("ownerReferences") or ()
+                if is_session_ref(r) and r.get("name")}
+    for session in sorted(sessions):
+        appdef = lookup(ns, session) if lookup is not None else None
+        if appdef and ids:
+            keys += [InstanceKey(ns, appdef, k) for k in ids]
+        else:
+            keys.append(SessionKey(ns, session))
+    return _unique(keys)
 
 
 def _appdef_keys(ns: str, event_type: str, obj: Obj, old: Obj | None) -> list[Key]:

@@ -16,14 +16,45 @@ from warmpool.pool import vocabulary as v
 USERS = [f"user{i}@example.com" for i in range(100)]
 
 
+SHARED_ROUTE = "theia-cloud-demo-ws-ingress"
+GATEWAY = "theia-cloud-gateway"
+HOST = "instances.theia-cloud.local"
+
+
+def create_shared_route(kube: Kube, ns: str, name: str = SHARED_ROUTE, *,
+                        hostnames: tuple[str, ...] = (HOST,)) -> dict[str, Any]:
+    """The route Helm creates for an installation (session-lifecycle §1, "The shared route"):
+    parentRefs and hostnames, no rules (the API server adds its default rule). Idempotent."""
+    existing = kube.get(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, name)
+    if existing is not None:
+        return existing
+    return kube.create({
+        "apiVersion": v.ROUTE_API_VERSION, "kind": v.ROUTE_KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"parentRefs": [{"name": GATEWAY, "namespace": ns}],
+                 "hostnames": list(hostnames)},
+    })
+
+
+def session_routes(kube: Kube, ns: str) -> dict[str, dict[str, Any]]:
+    """Session routes of `ns` by name (Theia Cloud's session labels)."""
+    items, _ = kube.list(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns,
+                         label_selector=f"{v.LABEL_COMPONENT}=session,{v.LABEL_PART_OF}=theia-cloud")
+    return {o["metadata"]["name"]: o for o in items}
+
+
 def create_appdef(kube: Kube, ns: str, name: str = "java", *, min_instances: int = 2,
                   max_instances: int = 10, spec_name: str | None = None,
-                  image: str = "theiacloud/theia-cloud-demo:1.0") -> dict[str, Any]:
+                  image: str = "theiacloud/theia-cloud-demo:1.0",
+                  shared_route: bool = True) -> dict[str, Any]:
+    """An AppDefinition (and, unless `shared_route` is False, the shared route it names)."""
+    if shared_route:
+        create_shared_route(kube, ns)
     return kube.create({
         "apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
         "metadata": {"name": name, "namespace": ns},
         "spec": {"name": spec_name or f"{name}-app", "image": image, "uid": 101, "port": 3000,
-                 "ingressname": "theia-cloud-demo-ws-ingress", "minInstances": min_instances,
+                 "ingressname": SHARED_ROUTE, "minInstances": min_instances,
                  "maxInstances": max_instances, "requestsCpu": "100m", "requestsMemory": "64Mi",
                  "limitsCpu": "1", "limitsMemory": "512Mi", "someFutureField": {"kept": True}},
     })

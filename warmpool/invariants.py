@@ -14,7 +14,7 @@ from typing import Any
 
 from warmpool.kube import observe
 from warmpool.kube.api import Kube
-from warmpool.pool import builders
+from warmpool.pool import builders, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.instances import HolderIndex, InstanceView, has_ref, refs
 from warmpool.pool.model import (
@@ -60,6 +60,8 @@ def check(kube: Kube, namespace: str, *, quiet: bool = True) -> list[Violation]:
         mine = [s for s in sessions if s.appdef == name]
         pool = observe.group_pool(objects, name, appdef, mine)
         out += _check_pool(name, appdef, pool, mine, quiet, held)
+    if quiet:
+        out += _check_routes(kube, namespace, appdefs, sessions, objects, held)
     if quiet:  # I6
         for s in sessions:
             if not s.live or session_error(s) is not None or s.appdef not in appdefs:
@@ -141,6 +143,47 @@ def _check_pool(
         for k in range(1, appdef.min_instances + 1):
             if k not in pool and k not in by_instance:
                 out.append(Violation("I5", f"instance {k} of {name} is missing"))
+    return out
+
+
+def _check_routes(
+    kube: Kube, namespace: str, appdefs: Mapping[str, AppDefinition | None],
+    sessions: list[Session], objects: list[dict[str, Any]], held: Mapping[str, set[str]],
+) -> list[Violation]:
+    """session-lifecycle §1 and §3, once quiet: R1, a Session that holds instance k of an
+    AppDefinition whose shared route exists has its route, sending to k's external Service;
+    R2, every session route sends to an instance its Session holds. Skipped where the cluster
+    serves no HTTPRoutes."""
+    try:
+        found = observe.list_session_routes(kube, namespace)
+    except Exception:  # no Gateway API here (the discovery error is the client's own type)
+        return []
+    by_name = {str(r["metadata"]["name"]): r for r in found}
+    out: list[Violation] = []
+    holder_of: dict[str, tuple[AppDefinition, int]] = {}  # route name -> what it must send to
+    for name, appdef in appdefs.items():
+        if appdef is None:
+            continue
+        mine = [s for s in sessions if s.appdef == name]
+        index = HolderIndex(name, mine)
+        for k, inst in observe.group_pool(objects, name, appdef, mine).items():
+            top = index.of(inst)
+            if top and top[0].name in held[name]:
+                holder_of[routes.route_name(top[0].uid)] = (appdef, k)
+                shared = observe.read_route(kube, namespace, appdef.ingress_name) \
+                    if appdef.ingress_name else None
+                if shared is not None and routes.route_name(top[0].uid) not in by_name:
+                    out.append(Violation("R1", f"Session {top[0].name} holds instance {k} of "
+                                         f"{name} but has no route"))
+    for route_name, route in sorted(by_name.items()):
+        target = holder_of.get(route_name)
+        service = (builders.object_name(target[0], Part.EXTERNAL_SERVICE, target[1])
+                   if target else None)
+        if target is None:
+            out.append(Violation("R2", f"route {route_name} has no live holder"))
+        elif routes.backends(route) != {service}:
+            out.append(Violation("R1", f"route {route_name} sends to "
+                                 f"{sorted(routes.backends(route))}, not to {service}"))
     return out
 
 

@@ -83,7 +83,8 @@ def cache() -> ClusterCache:
     with _lock:
         if _cache is None:
             url = os.environ.get("KUBECONFIG") or None
-            _cache = ClusterCache(lambda: Kube(connect(url)), served_namespaces()).start()
+            _cache = ClusterCache(lambda: Kube(connect(url)), served_namespaces(),
+                                  watch_routes=pool_settings().routing).start()
         return _cache
 
 
@@ -105,7 +106,8 @@ def reader_for(namespace: str) -> Reader | None:
     ceiling = pool_settings().max_instances_ceiling
     if not c.serves(namespace):
         # a key outside the watched namespaces: ask directly
-        return LiveReader(kube(), max_instances_ceiling=ceiling)
+        return LiveReader(kube(), max_instances_ceiling=ceiling,
+                          routes=pool_settings().routing)
     if not c.synced():
         return None
     return CachedReader(c, kube(), max_instances_ceiling=ceiling)

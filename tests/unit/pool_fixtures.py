@@ -11,7 +11,7 @@ from warmpool.pool.instances import InstanceView
 from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS, Part
 
-SETTINGS = builders.PoolSettings()
+SETTINGS = builders.PoolSettings(routes="none")  # routes: tests/unit/test_routes.py
 _rv = itertools.count(100)
 
 

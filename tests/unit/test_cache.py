@@ -18,7 +18,7 @@ from warmpool.kube.cache import strip
 from warmpool.kube.reader import CachedReader
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import pool_facts
-from warmpool.pool.parts import Part
+from warmpool.pool.parts import PARTS, Part
 
 NS = "ns1"
 
@@ -201,7 +201,7 @@ def test_a_claims_pool_facts_from_the_indexes_match_those_read_from_every_object
         if roll < 0.2:
             view = instance(a, k, holder=holders[k % len(holders)])
         elif roll < 0.3:
-            view = instance(a, k, missing=(rng.choice(list(Part)),))
+            view = instance(a, k, missing=(rng.choice(PARTS),))
         elif roll < 0.4:
             free = instance(a, k)
             email = dict(free.get(Part.EMAIL_CONFIGMAP))

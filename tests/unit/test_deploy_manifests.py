@@ -93,8 +93,13 @@ def example() -> list[dict[str, Any]]:
 # --- what is in it -------------------------------------------------------------------------
 
 
+#: Installed by the local control plane for its tests; a real cluster has its own Gateway API
+#: (its gateway implementation installs the CRDs at the version it supports).
+GATEWAY_API_CRD = "gateway.networking.k8s.io_httproutes.yaml"
+
+
 def test_the_crds_in_deploy_are_the_packages_own_byte_for_byte() -> None:
-    shipped = sorted(p.name for p in CRD_SOURCE.glob("*.yaml"))
+    shipped = sorted(p.name for p in CRD_SOURCE.glob("*.yaml") if p.name != GATEWAY_API_CRD)
     copied = sorted(p.name for p in (DEPLOY / "base" / "crds").glob("*.yaml"))
     assert copied == shipped
     _, mismatch, errors = filecmp.cmpfiles(CRD_SOURCE, DEPLOY / "base" / "crds", shipped,

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from warmpool.controller.guard import Leases, Unguarded
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
@@ -41,6 +42,7 @@ from warmpool.pool.decide import Plan, decide_instance, unguarded_deletes
 from warmpool.pool.instances import HolderIndex, InstanceView, holders, is_session_ref, refs
 from warmpool.pool.model import AppDefinition, Invalid, Session
 from warmpool.pool.parts import Part
+from warmpool.pool.routes import ROUTE_MISSING
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +128,8 @@ def reconcile_instance(
         elsewhere = {s.uid: reader.referencing(ns, key.appdef, s)
                      for s in holders(view, key.appdef, sessions) if s.instance_id != key.id}
         plan = decide_instance(view, key.appdef, appdef, sessions, proxy_template=template,
-                               settings=settings, held_elsewhere=elsewhere)
+                               settings=settings, held_elsewhere=elsewhere,
+                               shared_route=_shared_route(reader, appdef, settings))
         if not fresh and unguarded_deletes(view, plan):
             fresh = True  # nothing on the server would refuse these deletes: read it first
             continue
@@ -161,6 +164,19 @@ def reconcile_instance(
             follow_ups = _wake_waiting(reader, ns, appdef, sessions, dict(written))
         return InstanceResult(plan, writes, attempt, follow_ups, written)
     raise Conflict(f"instance {key}: still conflicting after {MAX_ATTEMPTS} attempts")
+
+
+def _shared_route(
+    reader: Reader, appdef: AppDefinition | None, settings: PoolSettings
+) -> dict[str, Any] | None:
+    """The HTTPRoute `spec.ingressname` names (session-lifecycle §1: by name, never written),
+    where routes are in use. A stale read is harmless: read missing, nothing is claimed or
+    routed until its creation's event queues the pool again; read present after a deletion,
+    a route copies the parentRefs it last had, which is what a route made a moment earlier
+    would carry too."""
+    if not settings.routing or appdef is None or not appdef.ingress_name:
+        return None
+    return reader.route(appdef.namespace, appdef.ingress_name)
 
 
 def _wake_waiting(
@@ -352,7 +368,9 @@ def claim_session(
         decision = decide_claim(
             session, appdef, mine, sessions, facts, sessions_per_user=limit,
             user_sessions=reader.user_sessions(ns, session.user)
-            if limit is not None and limit >= 0 else ())
+            if limit is not None and limit >= 0 else (),
+            routable=not settings.routing
+            or _shared_route(reader, pool_appdef, settings) is not None)
         if (session.instance_id is not None and pool_appdef is not None
                 and isinstance(decision, ClaimTry | ClaimWait)):
             # Annotated with an instance it does not hold. Before calling the annotation
@@ -381,6 +399,14 @@ def claim_session(
                                    "apiVersion": v.SESSION_API_VERSION})])
                 return ClaimResult("error", message=message, appdef=session.appdef)
             case ClaimWait(message=message):
+                if message == ROUTE_MISSING and session.message != message:
+                    assert isinstance(appdef, AppDefinition)
+                    Executor(kube, ns, Unguarded()).apply([Report(
+                        "RouteMissing", f"HTTPRoute {appdef.ingress_name!r} (spec.ingressname "
+                        f"of AppDefinition {appdef.name}) does not exist: Session "
+                        f"{session.name} waits for it",
+                        regarding={"kind": v.APPDEF_KIND, "name": appdef.name,
+                                   "apiVersion": v.APPDEF_API_VERSION})])
                 _set_status(kube, session, v.STATUS_HANDLING, message)
                 return ClaimResult("waiting", message=message, appdef=session.appdef)
             case ClaimHeld(instance_id=k):
@@ -492,5 +518,6 @@ def _has_work(
     elsewhere = {s.uid: reader.referencing(key.namespace, key.appdef, s)
                  for s in holders(view, key.appdef, sessions) if s.instance_id != view.id}
     plan = decide_instance(view, key.appdef, appdef, sessions, proxy_template=template,
-                           settings=settings, held_elsewhere=elsewhere)
+                           settings=settings, held_elsewhere=elsewhere,
+                           shared_route=_shared_route(reader, appdef, settings))
     return bool(plan.actions)

@@ -56,7 +56,8 @@ def run_until_quiet(
     settings = settings or PoolSettings()
     leases = LocalLeases()
     # the Java operator's model: every read asks the API server
-    reader = LiveReader(kube, max_instances_ceiling=settings.max_instances_ceiling)
+    reader = LiveReader(kube, max_instances_ceiling=settings.max_instances_ceiling,
+                        routes=settings.routing)
     before = _fingerprint(kube, namespace)
     for round_no in range(1, max_rounds + 1):
         queue: deque[Key] = deque(pool_keys(kube, namespace))

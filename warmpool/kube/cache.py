@@ -38,7 +38,7 @@ from typing import Any
 from warmpool.kube.api import Kube
 from warmpool.kube.observe import POOL_SELECTOR, classify
 from warmpool.kube.reflector import DELETED, Backoff, Reflector, Watched, rv_int
-from warmpool.pool import naming
+from warmpool.pool import naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.instances import holder_trace, is_session_ref
 from warmpool.pool.model import Session, parse_session
@@ -55,6 +55,9 @@ DEPLOYMENTS = Watched("Deployment", "apps/v1", POOL_SELECTOR)
 CONFIGMAPS = Watched("ConfigMap", "v1", POOL_SELECTOR)
 PROXY_TEMPLATE = Watched("ConfigMap", "v1", None,
                          f"metadata.name={v.NAMESPACE_PROXY_TEMPLATE}")
+# Every HTTPRoute of the namespace: the shared routes are found by name (an AppDefinition's
+# spec.ingressname), the Sessions' routes by the Service they send to (`routes_to`).
+ROUTES = Watched(v.ROUTE_KIND, v.ROUTE_API_VERSION)
 WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, SERVICES, DEPLOYMENTS, CONFIGMAPS,
                                 PROXY_TEMPLATE)
 
@@ -74,12 +77,12 @@ def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
     Pool objects: their metadata (identity, labels, annotations with the shape hash and the
     fence, owner references) and the allow-list of an e-mail ConfigMap; a Deployment's spec
     and status are never read (its shape annotation says whether it is current).
-    AppDefinitions and Sessions: metadata and spec (and a Session's status). The proxy
-    template: its data.
+    AppDefinitions, Sessions and HTTPRoutes: metadata and spec (and a Session's status). The
+    proxy template: its data.
     """
     out: Obj = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind") or kind,
                 "metadata": _meta(obj)}
-    if kind in (v.APPDEF_KIND, v.SESSION_KIND):
+    if kind in (v.APPDEF_KIND, v.SESSION_KIND, v.ROUTE_KIND):
         out["spec"] = obj.get("spec")
         if kind == v.SESSION_KIND and obj.get("status") is not None:
             out["status"] = obj.get("status")
@@ -106,8 +109,12 @@ class ClusterCache:
         namespaces: Sequence[str] | None = None,
         *,
         timeout_range: tuple[float, float] = (300.0, 600.0),
+        watch_routes: bool = True,
     ) -> None:
+        """`watch_routes`: keep the HTTPRoutes too (Session routes in use; the CRD must
+        exist, or the cache never syncs)."""
         self.namespaces = list(namespaces) if namespaces else None
+        self.routes = watch_routes
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._sessions: dict[tuple[str, str], Session] = {}
@@ -118,13 +125,15 @@ class ClusterCache:
         # release must look at, whichever of its references the garbage collector left.
         self._traces: dict[str, set[tuple[str, str, str]]] = {}
         self._marks: dict[tuple[str, str, str], dict[int, bool]] = {}
+        # (namespace, Service name) -> names of the session routes that send to it.
+        self._routes_to: dict[tuple[str, str], set[str]] = {}
         self._tombstones: OrderedDict[tuple[str, str, str], tuple[int, str]] = OrderedDict()
         self._stop = threading.Event()
         self.reflectors: dict[tuple[str | None, Watched], Reflector] = {}
         everywhere: list[str | None] = [None]  # no namespaces given: one of each for all
         for ns in self.namespaces or everywhere:
             kube = kube_factory()  # one client per namespace: its watches hold connections
-            for watched in WATCHES:
+            for watched in (*WATCHES, ROUTES) if watch_routes else WATCHES:
                 self.reflectors[(ns, watched)] = Reflector(
                     kube, watched, ns, self._handler(watched), summarize=strip,
                     timeout_range=timeout_range, backoff=Backoff(), report_first_list=True)
@@ -169,6 +178,8 @@ class ClusterCache:
             return DEPLOYMENTS
         if kind == "ConfigMap":
             return PROXY_TEMPLATE if name == v.NAMESPACE_PROXY_TEMPLATE else CONFIGMAPS
+        if kind == v.ROUTE_KIND and self.routes:
+            return ROUTES
         raise KeyError(f"no cache of {kind}")
 
     def get(self, kind: str, namespace: str, name: str) -> Obj | None:
@@ -196,6 +207,12 @@ class ClusterCache:
         """(namespace, name) of the external Services that reference the Session `uid`."""
         with self._lock:
             return sorted(self._holders.get(session_uid, ()))
+
+    def routes_to(self, namespace: str, service: str) -> list[Obj]:
+        """The cached session routes whose rules send to Service `service`."""
+        with self._lock:
+            names = sorted(self._routes_to.get((namespace, service), ()))
+        return [o for n in names if (o := self.get(v.ROUTE_KIND, namespace, n)) is not None]
 
     def traces_of(self, session_uid: str) -> list[tuple[str, str, str]]:
         """(namespace, kind, name) of the pool objects of any part that reference the
@@ -338,6 +355,8 @@ class ClusterCache:
                 self._index_session(event_type, ns, name, obj)
             elif watched is SERVICES:
                 self._index_holders(event_type, ns, name, obj, old)
+            elif watched is ROUTES:
+                self._index_routes(event_type, ns, name, obj, old)
             if watched in (SERVICES, DEPLOYMENTS, CONFIGMAPS):
                 self._index_marks(event_type, ns, watched.kind, name, obj)
                 self._index_traces(event_type, ns, watched.kind, name, obj, old)
@@ -374,6 +393,21 @@ class ClusterCache:
             return
         for ref in _session_refs(obj):
             self._traces.setdefault(ref, set()).add(entry)
+
+    def _index_routes(
+        self, event_type: str, ns: str, name: str, obj: Obj, old: Obj | None
+    ) -> None:
+        for o in (old, obj):
+            for service in routes.backends(o or {}):
+                names = self._routes_to.get((ns, service))
+                if names is not None:
+                    names.discard(name)
+                    if not names:
+                        del self._routes_to[(ns, service)]
+        if event_type == DELETED or not routes.is_session_route(obj):
+            return
+        for service in routes.backends(obj):
+            self._routes_to.setdefault((ns, service), set()).add(name)
 
     def _index_session(self, event_type: str, ns: str, name: str, obj: Obj) -> None:
         previous = self._sessions.pop((ns, name), None)

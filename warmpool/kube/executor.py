@@ -135,11 +135,17 @@ def _waves(actions: list[Action]) -> list[list[Action]]:
 def _parallel_target(action: Action) -> tuple[str, str] | None:
     """The object an action writes, if it may share a run with others; else None."""
     match action:
-        case Patch(part=part, name=name) if part is not Part.EXTERNAL_SERVICE:
+        case Patch(part=part, name=name) if part not in _ALONE:
             return (part.kind, name)
-        case Create(part=part, body=body) if part is not Part.EXTERNAL_SERVICE:
+        case Create(part=part, body=body) if part not in _ALONE:
             return (part.kind, str(body["metadata"]["name"]))
     return None
+
+
+#: Parts whose writes stand alone, in their place: the external Service (what a plan's
+#: deletes and resets are guarded by) and the route (made only once all before it is done:
+#: a path must never reach an allow-list that is not yet the holder's).
+_ALONE = (Part.EXTERNAL_SERVICE, Part.ROUTE)
 
 
 class Executor:

@@ -37,6 +37,31 @@ def proxy_template(kube: Kube, namespace: str) -> str | None:
     return None if cm is None else (cm.get("data") or {}).get(v.PROXY_CONFIG_KEY)
 
 
+#: Theia Cloud's labels on a Session's route (and its claimed Services).
+ROUTE_SELECTOR = f"{v.LABEL_COMPONENT}=session,{v.LABEL_PART_OF}=theia-cloud"
+
+
+def read_route(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    obj = kube.get(v.ROUTE_API_VERSION, v.ROUTE_KIND, namespace, name)
+    if obj is not None:
+        obj.setdefault("kind", v.ROUTE_KIND)
+    return obj
+
+
+def list_session_routes(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    items, _ = kube.list(v.ROUTE_API_VERSION, v.ROUTE_KIND, namespace,
+                         label_selector=ROUTE_SELECTOR)
+    for item in items:
+        item.setdefault("kind", v.ROUTE_KIND)
+    return items
+
+
+def holder_uids(view: InstanceView) -> set[str]:
+    """The uids of the Sessions any of an instance's objects references."""
+    return {str(r["uid"]) for _, obj in view.existing() for r in refs(obj)
+            if is_session_ref(r) and r.get("uid")}
+
+
 def observe_instance(kube: Kube, appdef: AppDefinition, instance: int) -> InstanceView:
     """The five objects of one instance, by their exact names (five GETs)."""
     objects = {

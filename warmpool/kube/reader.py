@@ -14,13 +14,14 @@ directly and, for the cache, keeps what it read.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from warmpool.kube import observe
 from warmpool.kube.api import Kube
 from warmpool.kube.cache import ClusterCache
-from warmpool.pool import builders, naming
+from warmpool.pool import builders, naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import PoolFacts, pool_facts
 from warmpool.pool.instances import InstanceView, is_appdef_ref, is_session_ref, refs
@@ -108,6 +109,10 @@ class Reader(Protocol):
 
     def proxy_template(self, namespace: str) -> str | None: ...
 
+    def route(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
+        """An HTTPRoute by name (an AppDefinition's shared route), or None."""
+        ...
+
     def wrote(self, obj: Obj) -> None:
         """A write's response: later reads of this job must see at least this version."""
         ...
@@ -118,9 +123,12 @@ class Reader(Protocol):
 class LiveReader:
     """Every read is a request to the API server (always current, cost grows with the pool)."""
 
-    def __init__(self, kube: Kube, *, max_instances_ceiling: int = MAX_INSTANCES_CEILING) -> None:
+    def __init__(self, kube: Kube, *, max_instances_ceiling: int = MAX_INSTANCES_CEILING,
+                 routes: bool = False) -> None:
         self.kube = kube
         self.max_instances_ceiling = max_instances_ceiling
+        # Whether Session routes are in use: instance views then carry theirs.
+        self.routes = routes
 
     def appdef(self, namespace: str, name: str, *, fresh: bool = False
                ) -> AppDefinition | Invalid | None:
@@ -158,7 +166,13 @@ class LiveReader:
         sessions: Sequence[Session], *, fresh: bool = False,
     ) -> InstanceView:
         if appdef is not None:
-            return observe.observe_instance(self.kube, appdef, k)
+            view = observe.observe_instance(self.kube, appdef, k)
+            if not self.routes:
+                return view
+            return dataclasses.replace(view, routes=routes.routes_to_instance(
+                observe.list_session_routes(self.kube, namespace),
+                builders.object_name(appdef, Part.EXTERNAL_SERVICE, k),
+                observe.holder_uids(view)))
         pool = observe.observe_pool(self.kube, namespace, appdef_name, None, sessions)
         return pool.get(k, InstanceView(k, {}))
 
@@ -190,6 +204,9 @@ class LiveReader:
 
     def proxy_template(self, namespace: str) -> str | None:
         return observe.proxy_template(self.kube, namespace)
+
+    def route(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
+        return observe.read_route(self.kube, namespace, name) if name else None
 
     def wrote(self, obj: Obj) -> None:
         return None
@@ -337,15 +354,39 @@ class CachedReader:
                                         sessions).get(k, InstanceView(k, {}))
             self._offer_view(namespace, view, cached)
             return view
-        if fresh:
-            view = observe.observe_instance(self.kube, appdef, k)
-            self._offer_view(namespace, view, InstanceView(k, {
-                part: self.cache.get(part.kind, namespace, builders.object_name(appdef, part, k))
-                for part in PARTS}))
-            return view
-        return InstanceView(k, {
+        cached = InstanceView(k, {
             part: self.cache.get(part.kind, namespace, builders.object_name(appdef, part, k))
             for part in PARTS})
+        if fresh:
+            view = observe.observe_instance(self.kube, appdef, k)
+            self._offer_view(namespace, view, cached)
+            return self._with_routes(namespace, appdef, view, cached, fresh=True)
+        return self._with_routes(namespace, appdef, cached, cached, fresh=False)
+
+    def _with_routes(
+        self, namespace: str, appdef: AppDefinition, view: InstanceView, cached: InstanceView,
+        *, fresh: bool,
+    ) -> InstanceView:
+        """`view` with its session routes, from the cache's index; `fresh`: each of those
+        and each holder's route read by name from the server (a route created since that the
+        cache lacks is a holder's, found by its name; another one's is seen by its event)."""
+        if not self.cache.routes:
+            return view
+        service = builders.object_name(appdef, Part.EXTERNAL_SERVICE, view.id)
+        uids = observe.holder_uids(view) | observe.holder_uids(cached)
+        candidates = [*self.cache.routes_to(namespace, service),
+                      *(r for uid in sorted(uids) if (r := self.cache.get(
+                          v.ROUTE_KIND, namespace, routes.route_name(uid))) is not None)]
+        if fresh:
+            names = {str(r["metadata"]["name"]) for r in candidates}
+            names |= {routes.route_name(uid) for uid in uids}
+            candidates = []
+            for name in sorted(names):
+                obj = self.route(namespace, name, fresh=True)
+                if obj is not None:
+                    candidates.append(obj)
+        return dataclasses.replace(
+            view, routes=routes.routes_to_instance(candidates, service, uids))
 
     def _offer_view(self, namespace: str, view: InstanceView, cached: InstanceView) -> None:
         """Teach the cache what a direct read of one instance found, absences included."""
@@ -406,6 +447,23 @@ class CachedReader:
     def proxy_template(self, namespace: str) -> str | None:
         cm = self.cache.get("ConfigMap", namespace, v.NAMESPACE_PROXY_TEMPLATE)
         return None if cm is None else (cm.get("data") or {}).get(v.PROXY_CONFIG_KEY)
+
+    def route(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
+        if not name:
+            return None
+        if not self.cache.routes:
+            return observe.read_route(self.kube, namespace, name)
+        cached = self.cache.get(v.ROUTE_KIND, namespace, name)
+        if not fresh and (cached is not None
+                          or self.cache.deleted(v.ROUTE_KIND, namespace, name)):
+            return cached
+        obj = observe.read_route(self.kube, namespace, name)
+        if obj is not None:
+            self.cache.offer(obj)
+        elif cached is not None:
+            self.cache.offer_gone(v.ROUTE_KIND, namespace, name,
+                                  str((cached.get("metadata") or {}).get("uid") or ""))
+        return obj
 
     def wrote(self, obj: Obj) -> None:
         self.cache.offer(obj)

@@ -33,6 +33,10 @@ OAUTH2_PROXY_IMAGE = "quay.io/oauth2-proxy/oauth2-proxy:v7.5.1"
 
 
 SESSIONS_PER_USER_SETTING = "WARMPOOL_SESSIONS_PER_USER"
+ROUTES_SETTING = "WARMPOOL_ROUTES"
+#: How a claimed Session is routed: its own HTTPRoute (session-lifecycle §1, the default), or
+#: not at all (a cluster without Gateway API: `url` is still written, nothing routes to it).
+ROUTE_MODES = ("httproute", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,16 @@ class PoolSettings:
     max_instances_ceiling: int = MAX_INSTANCES_CEILING
     # Theia Cloud's sessionsPerUser: None (or negative) no limit (session-lifecycle §6).
     sessions_per_user: int | None = None
+    # "httproute": each holder gets its route, and a claim waits for the shared route;
+    # "none": no routes are read or written.
+    routes: str = "httproute"
+    # Java's --usePaths and --instancesPath: the base of every session path.
+    use_paths: bool = False
+    instances_path: str = ""
+
+    @property
+    def routing(self) -> bool:
+        return self.routes == "httproute"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
@@ -64,10 +78,30 @@ class PoolSettings:
             except ValueError:
                 raise ValueError(f"{SESSIONS_PER_USER_SETTING} must be an integer (negative: "
                                  f"no limit), got {raw!r}") from None
+        if raw := environ.get(ROUTES_SETTING, "").strip():
+            if raw not in ROUTE_MODES:
+                raise ValueError(f"{ROUTES_SETTING} must be one of {', '.join(ROUTE_MODES)}, "
+                                 f"got {raw!r}")
+            values["routes"] = raw
+        if raw := environ.get("WARMPOOL_USE_PATHS", "").strip():
+            if raw not in ("true", "false"):
+                raise ValueError(f"WARMPOOL_USE_PATHS must be true or false, got {raw!r}")
+            values["use_paths"] = raw == "true"
+        if raw := environ.get("WARMPOOL_INSTANCES_PATH", "").strip():
+            values["instances_path"] = raw
         return cls(**values)
 
-    def instance_url(self, appdef: AppDefinition, instance: int) -> str:
-        return f"https://{self.instances_host}/{naming.app_selector(appdef.spec_name, instance)}/"
+    def session_path(self, appdef: AppDefinition, instance: int) -> str:
+        """Java's IngressPathProviderImpl: the base, then the *raw* spec.name (case and `_`
+        kept), a dash and the id: ``/java-17-latest-1``, or ``/instances/java-17-latest-1``."""
+        base = (f"/{self.instances_path.strip()}/"
+                if self.use_paths and self.instances_path.strip() else "/")
+        return f"{base}{appdef.spec_name}-{instance}"
+
+    def session_url(self, appdef: AppDefinition, instance: int) -> str:
+        """`status.url`: host and path with a trailing slash and **no scheme** (clients open
+        ``https://${url}``; a stored scheme breaks them)."""
+        return f"{self.instances_host}{self.session_path(appdef, instance)}/"
 
 
 def object_name(appdef: AppDefinition, part: Part, instance: int) -> str:
@@ -101,6 +135,8 @@ def base_labels(appdef: AppDefinition, part: Part, instance: int) -> dict[str, s
             return {v.LABEL_TEMPLATE_PURPOSE: v.PURPOSE_EMAILS, **gen}
         case Part.DEPLOYMENT:
             return gen
+        case Part.ROUTE:
+            raise ValueError("a route is not one of the five: warmpool.pool.routes builds it")
 
 
 def proxy_config(
@@ -108,7 +144,7 @@ def proxy_config(
 ) -> str:
     """The namespace's oauth2-proxy template with this instance's URL and port filled in."""
     text = template if template is not None else MINIMAL_PROXY_CONFIG
-    url = settings.instance_url(appdef, instance).rstrip("/")
+    url = f"https://{settings.instances_host}{settings.session_path(appdef, instance)}"
     return text.replace("https://placeholder", url).replace("placeholder-port", str(appdef.port))
 
 

@@ -20,6 +20,7 @@ from warmpool.pool.instances import (
 )
 from warmpool.pool.model import AppDefinition, Invalid, Session, session_error
 from warmpool.pool.parts import Part
+from warmpool.pool.routes import ROUTE_MISSING
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +174,14 @@ def decide_claim(
     *,
     user_sessions: Sequence[Session] = (),
     sessions_per_user: int | None = None,
+    routable: bool = True,
 ) -> ClaimDecision:
     """`instances`: the pool's instances, or, with `facts` (the whole pool's), at least the
     ones `session` may hold (annotated with it, or whose Service references it).
-    `user_sessions`: the user's Sessions of the namespace, when `sessions_per_user` is set."""
+    `user_sessions`: the user's Sessions of the namespace, when `sessions_per_user` is set.
+    `routable`: False while routes are in use and the AppDefinition's shared route does not
+    exist: nothing is claimed then (session-lifecycle §1, Ours), the Session waits with Java's
+    message, and the route's creation queues the claim again."""
     if session.deleting:
         return ClaimSkip("Session is being deleted")
     if (error := session_error(session)) is not None:
@@ -199,6 +204,8 @@ def decide_claim(
     # Before a claim, never after: a Session that holds an instance is not limited.
     if (limited := over_user_limit(session, user_sessions, sessions_per_user)) is not None:
         return limited
+    if not routable:
+        return ClaimWait(ROUTE_MISSING)
     facts = facts or pool_facts(instances)
     free = free_ids(appdef, facts)
     queue = waiting_sessions(facts, index)

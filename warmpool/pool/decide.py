@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from warmpool.pool import builders, naming
+from warmpool.pool import builders, naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import (
     Action,
@@ -97,8 +97,13 @@ def decide_instance(
     proxy_template: str | None,
     settings: PoolSettings,
     held_elsewhere: Mapping[str, frozenset[int]] | None = None,
+    shared_route: Obj | None = None,
 ) -> Plan:
     """Converge one instance. `appdef` is None when the AppDefinition no longer exists.
+
+    `shared_route`: the HTTPRoute the AppDefinition's `spec.ingressname` names, as read (None:
+    it does not exist), where routes are in use (`settings.routing`): the holder's route
+    copies its parentRefs and hostnames.
 
     `held_elsewhere`: for a claimant, the ids of every instance whose external Service
     references it (this one included), where the caller knows them. A Session holds one
@@ -110,9 +115,10 @@ def decide_instance(
                  if rightful_instance(s, (held_elsewhere or {}).get(s.uid), instance.id)
                  == instance.id]
     if claimants:
-        plan = _claimed(instance, appdef, claimants, proxy_template, settings)
+        plan = _claimed(instance, appdef, claimants, proxy_template, settings, shared_route)
     else:
         plan = _free(instance, appdef_name, appdef, proxy_template, settings)
+    plan.actions[:] = _guard_route_deletes(instance, plan.actions)
     # A report is about the pool: file it on the AppDefinition unless it names its own object.
     regarding = {"apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND, "name": appdef_name}
     plan.actions[:] = [replace(a, regarding=regarding)
@@ -127,6 +133,7 @@ def _claimed(
     claimants: list[Session],
     proxy_template: str | None,
     settings: PoolSettings,
+    shared_route: Obj | None,
 ) -> Plan:
     holder = claimants[0]
     actions: list[Action] = []
@@ -206,16 +213,74 @@ def _claimed(
             v.ANNOTATION_INSTANCE_ID: str(instance.id),
             v.ANNOTATION_START_STRATEGY: v.START_STRATEGY_EAGER,
         }, resource_version=holder.resource_version))
-    if holder.status != v.STATUS_HANDLED:
+    routed = True
+    if settings.routing:
+        routed = _route(instance, appdef, holder, shared_route, settings, actions)
+    if not routed:
+        # Claimed, but nothing can route to it until the shared route exists: not HANDLED
+        # (a client would open a URL that leads nowhere). Its creation queues this again.
+        if holder.status != v.STATUS_HANDLING or holder.message != routes.ROUTE_MISSING:
+            actions.append(SetSessionStatus(holder.name, {
+                "operatorStatus": v.STATUS_HANDLING, "operatorMessage": routes.ROUTE_MISSING},
+                uid=holder.uid, first=holder.status == v.STATUS_NEW))
+    elif holder.status != v.STATUS_HANDLED:
         ext_name = builders.object_name(appdef, Part.EXTERNAL_SERVICE, instance.id)
         actions.append(SetSessionStatus(holder.name, {
             "operatorStatus": v.STATUS_HANDLED,
             "operatorMessage": f"Instance {instance.id} of {appdef.name} ({ext_name})",
-            "url": settings.instance_url(appdef, instance.id),
+            "url": settings.session_url(appdef, instance.id),
         }, uid=holder.uid, first=holder.status == v.STATUS_NEW))
     # An outdated generation is deliberately left alone while claimed: the session keeps
     # running, and the release refreshes the instance.
     return Plan("claimed", holder, actions)
+
+
+def _route(
+    instance: InstanceView, appdef: AppDefinition, holder: Session, shared: Obj | None,
+    settings: PoolSettings, actions: list[Action],
+) -> bool:
+    """Append what brings the holder's route to its desired state (session-lifecycle §1);
+    whether the holder is routed once they are applied.
+
+    After everything else of the claim in `actions`: a path must never reach an allow-list
+    that is not yet the holder's. Another Session's route to this instance (a released one
+    the garbage collector has not taken yet) is deleted. While the shared route is missing an
+    existing route is left as it is (it still names its Gateway) and none is made.
+    """
+    mine = routes.route_name(holder.uid)
+    for stray in routes.stray_routes(instance.routes, holder.uid):
+        actions.append(_delete(Part.ROUTE, stray, f"a route to instance {instance.id}, "
+                               f"which {holder.name} holds"))
+    live = next((r for r in instance.routes if _meta(r).get("name") == mine), None)
+    if shared is None:
+        return live is not None
+    desired = routes.desired_route(appdef, instance.id, holder, shared, settings)
+    if live is None:
+        actions.append(Create(Part.ROUTE, desired))
+    elif patch := routes.route_patch(live, desired):
+        actions.append(_patch(Part.ROUTE, live, patch, f"route of {holder.name}"))
+    return True
+
+
+def _guard_route_deletes(instance: InstanceView, actions: list[Action]) -> list[Action]:
+    """Put a guarded write of the external Service before a plan's route deletes.
+
+    A route is deleted when the read says its Session does not hold the instance. On a
+    stale read that Session may hold it now: its claim changed the external Service, so an
+    empty patch of the Service at the version read (the executor stamps its fence on it) is
+    refused, and the route survives. A plan that starts with a write of the Service (a
+    retirement's delete) is guarded already. With no Service in the read, the caller
+    confirms on the server's view first (`unguarded_deletes`).
+    """
+    if not any(isinstance(a, Delete) and a.part is Part.ROUTE for a in actions):
+        return actions
+    first = actions[0]
+    if isinstance(first, Patch | Delete) and first.part is Part.EXTERNAL_SERVICE:
+        return actions
+    ext = instance.get(Part.EXTERNAL_SERVICE)
+    if ext is None:
+        return actions
+    return [_patch(Part.EXTERNAL_SERVICE, ext, {}, "guard the route deletes"), *actions]
 
 
 def _free(
@@ -227,7 +292,10 @@ def _free(
 ) -> Plan:
     keep = appdef is not None and not appdef.deleting and instance.id <= appdef.min_instances
     releasing = release_markers(instance)
-    actions: list[Action] = []
+    # A released Session's route goes first, before its allow-list is cleared (§3): once the
+    # list is empty the path would lead a browser to a 403. Guarded (`_guard_route_deletes`).
+    actions: list[Action] = [_delete(Part.ROUTE, r, f"instance {instance.id} is free")
+                             for r in routes.stray_routes(instance.routes, None)]
     obj: Mapping[str, Any] | None  # each loop below: a part's object (the second: or None)
     if not keep:
         # The external Service goes first: it is the object a claim's deciding write touches,
@@ -308,7 +376,8 @@ def unguarded_deletes(instance: InstanceView, plan: Plan) -> bool:
     holds them. Such a plan must be decided again on a read from the server. That read
     settles it: claims never create an external Service (they patch a free one), and the
     only job that does is this instance's own, whose lease the caller holds; so a Service
-    absent on the server stays absent while the plan runs.
+    absent on the server stays absent while the plan runs. Route deletes count too: the
+    Service is what guards them (`_guard_route_deletes`).
     """
     return (instance.get(Part.EXTERNAL_SERVICE) is None
             and any(isinstance(a, Delete | ResetPods) for a in plan.actions))
@@ -323,7 +392,7 @@ def _claim_guard_first(instance: InstanceView, actions: list[Action]) -> list[Ac
     write to the Service moves to the front; without one, an empty patch (the executor stamps
     its fence on it) guards the plan.
     """
-    if not any(isinstance(a, Delete) for a in actions):
+    if not any(isinstance(a, Delete) and a.part is not Part.ROUTE for a in actions):
         return actions
     ext = instance.get(Part.EXTERNAL_SERVICE)
     first = next((a for a in actions if isinstance(a, Patch | Delete)

@@ -26,6 +26,10 @@ class InstanceView:
 
     id: int
     objects: Mapping[Part, Obj | None]
+    # The session routes (HTTPRoutes) to this instance: those whose rules send to its external
+    # Service, and each holder's own route wherever it points. Not one of the five objects:
+    # `existing` and `complete` ignore them. Empty where routes are not in use.
+    routes: tuple[Obj, ...] = ()
 
     def get(self, part: Part) -> Obj | None:
         return self.objects.get(part)

@@ -59,6 +59,11 @@ class AppDefinition:
     deleting: bool
     # metadata.creationTimestamp: which of two colliding AppDefinitions came first.
     created: str = ""
+    # spec.ingressname: the shared HTTPRoute (or Ingress) whose parentRefs and hostnames the
+    # Session routes copy (session-lifecycle §1); "" when unset.
+    ingress_name: str = ""
+    # spec.ingressHostnamePrefixes: the route's hostnames when the shared route has none.
+    ingress_hostname_prefixes: tuple[str, ...] = ()
 
     def owner_reference(self) -> dict[str, str]:
         return {
@@ -168,6 +173,13 @@ def parse_appdefinition(
         return Invalid(error)
     if not meta.get("uid"):
         return Invalid("metadata.uid is missing")
+    ingress_name = spec.get("ingressname")
+    if ingress_name is not None and not isinstance(ingress_name, str):
+        return Invalid(f"spec.ingressname must be a string, got {_shown(ingress_name)}")
+    prefixes = spec.get("ingressHostnamePrefixes") or []
+    if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
+        return Invalid("spec.ingressHostnamePrefixes must be a list of strings, got "
+                       f"{_shown(prefixes)}")
     return AppDefinition(
         name=meta.get("name", ""),
         namespace=meta.get("namespace", ""),
@@ -186,6 +198,8 @@ def parse_appdefinition(
         limits_memory=resources["limitsMemory"],
         deleting=bool(meta.get("deletionTimestamp")),
         created=str(meta.get("creationTimestamp") or ""),
+        ingress_name=(ingress_name or "").strip(),
+        ingress_hostname_prefixes=tuple(prefixes),
     )
 
 

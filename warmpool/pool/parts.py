@@ -18,6 +18,10 @@ class Part(Enum):
     DEPLOYMENT = ("apps/v1", "Deployment", None)
     INTERNAL_SERVICE = ("v1", "Service", "int")
     EXTERNAL_SERVICE = ("v1", "Service", None)
+    # Not one of the five: the holder's own HTTPRoute (session-lifecycle §1), owned by the
+    # Session and named after its uid, which the instance's plan creates, converges and
+    # deletes under the instance's lease like the rest.
+    ROUTE = ("gateway.networking.k8s.io/v1", "HTTPRoute", "route")
 
     def __init__(self, api_version: str, kind: str, ident: str | None) -> None:
         self.api_version = api_version
@@ -25,6 +29,7 @@ class Part(Enum):
         self.ident = ident
 
     def object_name(self, appdef_spec_name: str, appdef_uid: str, instance: int) -> str:
+        assert self is not Part.ROUTE, "a route is named after its Session (routes.route_name)"
         if self is Part.INTERNAL_SERVICE:
             # The spec's table names the internal Service with the suffix form ("…-int").
             return naming.create_name_with_suffix(appdef_spec_name, appdef_uid, instance, "int")
@@ -35,4 +40,6 @@ class Part(Enum):
         return self.kind == "Service"
 
 
-PARTS: tuple[Part, ...] = tuple(Part)
+#: The five objects of an instance, in release order.
+PARTS: tuple[Part, ...] = (Part.EMAIL_CONFIGMAP, Part.PROXY_CONFIGMAP, Part.DEPLOYMENT,
+                           Part.INTERNAL_SERVICE, Part.EXTERNAL_SERVICE)

@@ -13,6 +13,10 @@ APPDEF_PLURAL = "appdefinitions"
 SESSION_API_VERSION = "theia.cloud/v1beta8"
 SESSION_KIND = "Session"
 SESSION_PLURAL = "sessions"
+# A Session's route (session-lifecycle §1): Gateway API's HTTPRoute, named after the Session's uid.
+ROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
+ROUTE_KIND = "HTTPRoute"
+ROUTE_SUFFIX = "-route"
 
 # Labels on pool objects.
 LABEL_APP = "app"

@@ -1,0 +1,254 @@
+"""session-lifecycle §1 and §3 on the real control plane: each holder's HTTPRoute.
+
+The controller runs in-process and sequentially (``run_until_quiet``), against kube-apiserver
+with the vendored Gateway API CRD and a garbage collector that honours the route's owner
+reference. Each test ends with the invariant checker, whose R1/R2 say "a Session holds k ⇔ its
+route exists and sends to k's external Service".
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from tests.pool_world import (
+    GATEWAY,
+    HOST,
+    SHARED_ROUTE,
+    USERS,
+    assert_invariants,
+    create_appdef,
+    create_session,
+    create_shared_route,
+    delete_session,
+    held_instance,
+    instance_objects,
+    owner_kinds,
+    patch_appdef_spec,
+    session,
+    session_routes,
+)
+from tests.waiting import wait_for
+from warmpool.controller.sequential import run_until_quiet
+from warmpool.kube.api import Kube
+from warmpool.pool import vocabulary as v
+from warmpool.pool.builders import PoolSettings
+
+
+def _route_of(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
+    uid = session(kube, ns, name)["metadata"]["uid"]
+    return kube.get(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, f"{uid}-route")
+
+
+def _external_service(kube: Kube, ns: str, k: int) -> str:
+    return next(o["metadata"]["name"] for key, o in instance_objects(kube, ns, "java", k).items()
+                if key.startswith("Service/")
+                and (o["metadata"].get("labels") or {}).get(v.LABEL_SERVICE_TYPE) is None)
+
+
+def _claim(kube: Kube, ns: str, count: int) -> dict[str, int | None]:
+    for i in range(1, count + 1):
+        create_session(kube, ns, f"s{i}", USERS[i])
+    run_until_quiet(kube, ns)
+    return {f"s{i}": held_instance(kube, ns, f"s{i}") for i in range(1, count + 1)}
+
+
+def test_a_claimed_session_gets_theia_clouds_route_byte_for_byte(kube, namespace) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2, spec_name="Java_17-latest")
+    run_until_quiet(kube, ns)
+    held = _claim(kube, ns, 1)
+    k = held["s1"]
+    assert k == 1
+    s1 = session(kube, ns, "s1")
+    route = _route_of(kube, ns, "s1")
+    assert route is not None
+    meta = route["metadata"]
+    assert meta["ownerReferences"] == [{"apiVersion": "theia.cloud/v1beta8", "kind": "Session",
+                                        "name": "s1", "uid": s1["metadata"]["uid"]}]
+    assert meta["labels"] == {
+        "theia-cloud.io/session": "s1", "theia-cloud.io/session-uuid": s1["metadata"]["uid"],
+        "theia-cloud.io/user": "user1_at_example_com",
+        "theia-cloud.io/app-definition": "Java_17-latest",
+        "app.kubernetes.io/component": "session", "app.kubernetes.io/part-of": "theia-cloud"}
+    shared = kube.get(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, SHARED_ROUTE)
+    assert shared is not None
+    # The shared route as stored (the server's defaults included), verbatim.
+    assert route["spec"]["parentRefs"] == shared["spec"]["parentRefs"]
+    assert route["spec"]["parentRefs"][0]["name"] == GATEWAY
+    assert route["spec"]["hostnames"] == [HOST]
+    path = "/Java_17-latest-1"  # the raw spec.name: case and `_` kept
+    redirect, prefix = route["spec"]["rules"]
+    assert redirect["matches"] == [{"path": {"type": "Exact", "value": path}}]
+    assert redirect["filters"] == [{"type": "RequestRedirect", "requestRedirect": {
+        "statusCode": 302, "path": {"type": "ReplaceFullPath", "replaceFullPath": f"{path}/"}}}]
+    assert prefix["matches"] == [{"path": {"type": "PathPrefix", "value": f"{path}/"}}]
+    assert prefix["filters"] == [
+        {"type": "RequestHeaderModifier", "requestHeaderModifier": {
+            "set": [{"name": "X-Forwarded-Uri", "value": "%REQ(:PATH)%"}]}},
+        {"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch",
+                                                       "replacePrefixMatch": "/"}}}]
+    assert prefix["backendRefs"] == [{"group": "", "kind": "Service", "weight": 1,
+                                      "name": _external_service(kube, ns, 1), "port": 3000}]
+    status = s1["status"]
+    assert status["operatorStatus"] == v.STATUS_HANDLED
+    # No scheme, a trailing slash (clients open https://${url}).
+    assert status["url"] == f"{HOST}{path}/"
+    assert_invariants(kube, ns)
+
+
+@pytest.mark.parametrize("release", ["before-gc", "after-gc"])
+def test_s1_with_routes_claimed_routes_stay_and_released_ones_go(
+    kube, namespace, release
+) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=5)
+    run_until_quiet(kube, ns)
+    held = _claim(kube, ns, 5)
+    assert sorted(held.values()) == [1, 2, 3, 4, 5]
+    before = {n: _route_of(kube, ns, n) for n in held}
+    assert all(before.values())
+
+    patch_appdef_spec(kube, ns, "java", minInstances=2)
+    run_until_quiet(kube, ns)
+    for name in held:  # every claimed route intact
+        route = _route_of(kube, ns, name)
+        assert route is not None and route["metadata"]["uid"] == \
+            before[name]["metadata"]["uid"]  # type: ignore[index]
+        assert route["spec"] == before[name]["spec"]  # type: ignore[index]
+    assert_invariants(kube, ns)
+
+    released = [n for n, k in held.items() if k is not None and k > 2]
+    uids = {n: session(kube, ns, n)["metadata"]["uid"] for n in released}
+    for name in released:
+        delete_session(kube, ns, name)
+    if release == "after-gc":
+        # The controller is "stopped": the garbage collector takes the routes (owned by their
+        # Sessions) and strips the Session references from the pool objects.
+        wait_for(lambda: not any(f"{u}-route" in session_routes(kube, ns)
+                                 for u in uids.values()),
+                 timeout=90, message="GC to delete the released Sessions' routes")
+    run_until_quiet(kube, ns)
+    routes = session_routes(kube, ns)
+    assert not any(f"{u}-route" in routes for u in uids.values())
+    assert len(routes) == 2
+    for k in (3, 4, 5):
+        wait_for(lambda k=k: not instance_objects(kube, ns, "java", k), timeout=30,
+                 message=f"instance {k} to be deleted")
+    assert_invariants(kube, ns)
+
+
+def test_a_route_deleted_or_edited_by_hand_is_restored(kube, namespace) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    _claim(kube, ns, 1)
+    route = _route_of(kube, ns, "s1")
+    assert route is not None
+    name, spec = route["metadata"]["name"], route["spec"]
+
+    kube.merge_patch(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, name, {
+        "metadata": {"labels": {"theia-cloud.io/user": "someone-else", "team": "kept"},
+                     "annotations": {"note": "kept"}},
+        "spec": {"hostnames": ["evil.example.com"],
+                 "rules": [{"backendRefs": [{"name": "elsewhere", "port": 80}]}]}})
+    run_until_quiet(kube, ns)
+    edited = _route_of(kube, ns, "s1")
+    assert edited is not None and edited["spec"] == spec
+    assert edited["metadata"]["labels"]["theia-cloud.io/user"] == "user1_at_example_com"
+    assert edited["metadata"]["labels"]["team"] == "kept"  # foreign labels left alone
+    assert edited["metadata"]["annotations"]["note"] == "kept"  # foreign annotations too
+
+    kube.delete(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, name)
+    wait_for(lambda: _route_of(kube, ns, "s1") is None, timeout=30, message="route deleted")
+    run_until_quiet(kube, ns)
+    again = _route_of(kube, ns, "s1")
+    assert again is not None and again["spec"] == spec
+    assert_invariants(kube, ns)
+
+
+def test_no_claim_while_the_shared_route_is_missing_and_served_once_it_appears(
+    kube, namespace
+) -> None:
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2, shared_route=False)
+    run_until_quiet(kube, ns)
+    create_session(kube, ns, "s1", USERS[1])
+    run_until_quiet(kube, ns)
+    status = session(kube, ns, "s1").get("status") or {}
+    assert status.get("operatorStatus") == v.STATUS_HANDLING
+    assert status.get("operatorMessage") == "HTTPRoute not available."
+    assert held_instance(kube, ns, "s1") is None
+    for k in (1, 2):  # nothing claimed: no Service references the Session
+        assert all(owner_kinds(o) == ["AppDefinition"]
+                   for o in instance_objects(kube, ns, "java", k).values())
+    assert not session_routes(kube, ns)
+    events, _ = kube.list("v1", "Event", ns)
+    warned = [e for e in events if e.get("reason") == "RouteMissing"
+              and e["involvedObject"]["kind"] == "AppDefinition"]
+    assert warned and warned[0]["type"] == "Warning"
+    assert_invariants(kube, ns)
+
+    shared = create_shared_route(kube, ns)
+    run_until_quiet(kube, ns)
+    assert session(kube, ns, "s1")["status"]["operatorStatus"] == v.STATUS_HANDLED
+    assert _route_of(kube, ns, "s1") is not None
+    # The shared route is never written.
+    now = kube.get(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, SHARED_ROUTE)
+    assert now is not None
+    assert now["metadata"]["resourceVersion"] == shared["metadata"]["resourceVersion"]
+    assert_invariants(kube, ns)
+
+
+def test_release_deletes_the_route_before_the_allow_list_is_cleared(kube, namespace) -> None:
+    """In watch order: the route's deletion comes before the e-mail list's clearing (etcd's
+    revisions order every write of the namespace)."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    _claim(kube, ns, 1)
+    route = _route_of(kube, ns, "s1")
+    assert route is not None
+    start = route["metadata"]["resourceVersion"]
+    seen: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def watch(api_version: str, kind: str) -> None:
+        try:
+            _record(api_version, kind)
+        except Exception:
+            if not stop.is_set():  # a watch ended by the test's own teardown is no failure
+                raise
+
+    def _record(api_version: str, kind: str) -> None:
+        for event in kube.watch(api_version, kind, ns, resource_version=start,
+                                timeout_seconds=60):
+            obj = event.get("object") or {}
+            if event.get("type") == "DELETED" and kind == v.ROUTE_KIND:
+                seen.append((int(obj["metadata"]["resourceVersion"]), "route deleted"))
+            if kind == "ConfigMap" and "authenticated-emails-list" in (obj.get("data") or {}) \
+                    and not obj["data"]["authenticated-emails-list"]:
+                seen.append((int(obj["metadata"]["resourceVersion"]), "allow-list cleared"))
+            if stop.is_set():
+                return
+
+    threads = [threading.Thread(target=watch, args=a, daemon=True)
+               for a in ((v.ROUTE_API_VERSION, v.ROUTE_KIND), ("v1", "ConfigMap"))]
+    for t in threads:
+        t.start()
+    # A finalizer keeps the Session (deletionTimestamp set) and so keeps the garbage
+    # collector from taking its route: the deletion seen is the release's own.
+    kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1",
+                     {"metadata": {"finalizers": ["test.warmpool.io/hold"]}})
+    delete_session(kube, ns, "s1")
+    run_until_quiet(kube, ns, settings=PoolSettings())
+    kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1",
+                     {"metadata": {"finalizers": None}})
+    wait_for(lambda: {w for _, w in seen} >= {"route deleted", "allow-list cleared"},
+             timeout=30, message="both writes seen on the watches")
+    stop.set()
+    order = [what for _, what in sorted(seen)]
+    assert order.index("route deleted") < order.index("allow-list cleared"), seen
+    assert_invariants(kube, ns)
