@@ -35,12 +35,14 @@ from warmpool.kube.observe import POOL_SELECTOR
 from warmpool.kube.reflector import Reflector, Watched
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.pool.builders import PoolSettings
 from warmpool.pool.model import MAX_INSTANCES_CEILING
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.redis_conn import connect as redis_connect
 from warmpool.queue.replies import text
 from warmpool.queue.settings import QueueSettings
 from warmpool.testing import apiproxy
+from warmpool.testing.gateway import ensure_shared_route
 from workers.process import WorkerPool
 
 REPO = Path(__file__).resolve().parent.parent
@@ -307,7 +309,10 @@ def new_namespace(kube: Kube, prefix: str) -> str:
 
 
 def create_appdef(kube: Kube, ns: str, name: str, min_instances: int) -> dict[str, Any]:
-    """The AppDefinition of the tests' world (tests/pool_world.py's create_appdef)."""
+    """The AppDefinition of the tests' world (tests/pool_world.py's create_appdef), and the
+    shared route it names."""
+    ensure_shared_route(kube, ns, "theia-cloud-demo-ws-ingress",
+                        hostnames=(PoolSettings().instances_host,))
     return kube.create({
         "apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
         "metadata": {"name": name, "namespace": ns},

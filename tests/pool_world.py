@@ -12,12 +12,12 @@ from warmpool.invariants import check
 from warmpool.kube.api import Kube
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.testing.gateway import GATEWAY, ensure_shared_route
 
 USERS = [f"user{i}@example.com" for i in range(100)]
 
 
 SHARED_ROUTE = "theia-cloud-demo-ws-ingress"
-GATEWAY = "theia-cloud-gateway"
 HOST = "instances.theia-cloud.local"
 
 
@@ -25,15 +25,7 @@ def create_shared_route(kube: Kube, ns: str, name: str = SHARED_ROUTE, *,
                         hostnames: tuple[str, ...] = (HOST,)) -> dict[str, Any]:
     """The route Helm creates for an installation (session-lifecycle §1, "The shared route"):
     parentRefs and hostnames, no rules (the API server adds its default rule). Idempotent."""
-    existing = kube.get(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, name)
-    if existing is not None:
-        return existing
-    return kube.create({
-        "apiVersion": v.ROUTE_API_VERSION, "kind": v.ROUTE_KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"parentRefs": [{"name": GATEWAY, "namespace": ns}],
-                 "hostnames": list(hostnames)},
-    })
+    return ensure_shared_route(kube, ns, name, hostnames=hostnames, gateway=GATEWAY)
 
 
 def session_routes(kube: Kube, ns: str) -> dict[str, dict[str, Any]]:

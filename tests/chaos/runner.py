@@ -946,6 +946,9 @@ OP_WEIGHTS = {
     "race_claim_scale": 4,
     "spec_change": 5, "delete_object": 6, "create_appdef": 3, "delete_appdef": 1.5,
     "invalid_session": 2,
+    # session-lifecycle: a holder's route deleted by hand (restored), a Session re-created
+    # under its name at once (a new uid: released, then claimed again, its route renamed)
+    "delete_route": 3, "recreate_session": 3,
 }
 BAD_USERS = ["", "two@example.com\nlines@example.com", "a@example.com,b@example.com",
              " spaced@example.com", "not-an-address"]
@@ -983,7 +986,7 @@ class Operations:
         if len(self.model.sessions) >= self.cfg.max_sessions:
             ops["create_session"] = ops["flash_session"] = 0
         if not self.model.sessions:
-            ops["delete_session"] = 0
+            ops["delete_session"] = ops["recreate_session"] = 0
         if len(self.live_appdefs()) <= 2:
             ops["delete_appdef"] = 0
         if not self.live_appdefs():
@@ -1075,6 +1078,34 @@ class Operations:
         self.kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
         del self.model.sessions[(ns, name)]
         return f"{ns}/{name}"
+
+    def recreate_session(self) -> str:
+        """Deleted and created again under the same name at once: the new uid holds nothing
+        (pool-spec §4), so the old one is released and the new one claims like any other."""
+        ns, name = self.rng.choice(sorted(self.model.sessions))
+        old = self.kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+        if old is None:
+            return f"{ns}/{name}: already gone"
+        self.kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name,
+                         uid=old["metadata"]["uid"])
+        wait_gone = time.monotonic() + 10
+        while (self.kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name) is not None
+               and time.monotonic() < wait_gone):
+            time.sleep(0.02)  # the delete is asynchronous only while a finalizer holds it
+        spec = old.get("spec") or {}
+        create_session(self.kube, ns, name, str(spec.get("user") or USERS[0]),
+                       appdef=str(spec.get("appDefinition") or ""))
+        return f"{ns}/{name} (was uid {old['metadata']['uid'][:8]})"
+
+    def delete_route(self) -> str:
+        ns = self.rng.choice(self.namespaces)
+        found = observe.list_session_routes(self.kube, ns)
+        if not found:
+            return f"{ns}: no session route"
+        route = self.rng.choice(found)
+        meta = route["metadata"]
+        self.kube.delete(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, meta["name"], uid=meta["uid"])
+        return f"{ns} HTTPRoute/{meta['name']}"
 
     def _held_ids(self, ns: str, app: str) -> list[int]:
         items, _ = self.kube.list(v.SESSION_API_VERSION, v.SESSION_KIND, ns)

@@ -197,3 +197,26 @@ def test_a_second_claimant_is_shown_next_to_the_rightful_one() -> None:
     doc = pool_status("ns", [ad], copy.deepcopy(sessions), pool, [])
     first = doc["appdefinitions"][0]["instances"][0]
     assert (first["session"], first["also_claimed_by"]) == ("s1", ["s2"])
+
+
+def test_each_holder_shows_its_route_and_url_state() -> None:
+    from warmpool.pool import routes
+
+    ad = appdef_obj(min_i=3)
+    a = parsed(ad)
+    s1 = parse_session(session_obj("s1", instance=1, status="HANDLED"))
+    s2 = parse_session(session_obj("s2", user="max@example.com", instance=2, status="HANDLED"))
+    s3 = parse_session(session_obj("s3", user="eve@example.com", instance=3, status="HANDLED"))
+    shared = {"spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["h"]}}
+    ok = routes.desired_route(a, 1, s1, shared, SETTINGS)
+    elsewhere = routes.desired_route(a, 1, s3, shared, SETTINGS)  # s3's route sends to 1
+    sessions = [session_obj("s1", instance=1, status="HANDLED"),
+                session_obj("s2", user="max@example.com", instance=2, status="HANDLED"),
+                session_obj("s3", user="eve@example.com", instance=3, status="HANDLED")]
+    sessions[0]["status"]["url"] = "h/java-17-1/"
+    pool = objects(a, 1, s1) + objects(a, 2, s2) + objects(a, 3, s3)
+    doc = pool_status("ns", [ad], sessions, pool, [], route_items=[ok, elsewhere])
+    got = {i["id"]: (i["route"], i["url"]) for i in doc["appdefinitions"][0]["instances"]}
+    assert got == {1: ("ok", "h/java-17-1/"), 2: ("missing", ""), 3: ("elsewhere", "")}
+    without = pool_status("ns", [ad], sessions, pool, [])  # routes not in use
+    assert {i["route"] for i in without["appdefinitions"][0]["instances"]} == {None}

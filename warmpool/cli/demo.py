@@ -24,10 +24,12 @@ from warmpool import invariants
 from warmpool.kube.api import Kube, KubeError, connect
 from warmpool.kube.observe import group_pool, list_pool_objects
 from warmpool.pool import vocabulary as v
+from warmpool.pool.builders import PoolSettings
 from warmpool.pool.instances import holders
 from warmpool.pool.model import parse_session
 from warmpool.pool.parts import Part
 from warmpool.stack import LocalStack
+from warmpool.testing.gateway import ensure_shared_route
 
 NAMESPACE = "warmpool-demo"
 APPDEF = "java-17"
@@ -159,6 +161,7 @@ def _scenario(kube: Kube, stack: LocalStack, timeline: Timeline, console: Consol
             tick()
             return converged
 
+        ensure_shared_route(kube, NAMESPACE, "demo", hostnames=(PoolSettings().instances_host,))
         ok = step("AppDefinition java-17 with minInstances=4", lambda: kube.create({
             "apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
             "metadata": {"name": APPDEF, "namespace": NAMESPACE},

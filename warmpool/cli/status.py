@@ -6,6 +6,7 @@ the command only lists the objects and renders the dict.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -17,12 +18,12 @@ from warmpool.cli.config import KubeConfig, json_option, kube_options
 from warmpool.cli.errors import NotFound
 from warmpool.cli.output import Out, age, console, emit_json, escape, joined, redact, table
 from warmpool.kube.observe import group_pool
-from warmpool.pool import builders
+from warmpool.pool import builders, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import pool_facts, waiting_sessions
 from warmpool.pool.instances import HolderIndex, InstanceView, release_markers
 from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
-from warmpool.pool.parts import PARTS
+from warmpool.pool.parts import PARTS, Part
 
 Obj = Mapping[str, Any]
 
@@ -42,8 +43,22 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _route_state(holder: Session | None, route_by_name: Mapping[str, Obj] | None,
+                 service: str | None) -> str | None:
+    """A holder's route: "ok" (sends to its instance), "missing", "elsewhere" (edited to
+    send to another Service); None without a holder or where routes are not in use."""
+    if holder is None or route_by_name is None:
+        return None
+    route = route_by_name.get(routes.route_name(holder.uid))
+    if route is None:
+        return "missing"
+    return "ok" if service is None or routes.backends(route) == {service} else "elsewhere"
+
+
 def _instance(inst: InstanceView, min_instances: int | None,
-              generation: int | None, index: HolderIndex) -> dict[str, Any]:
+              generation: int | None, index: HolderIndex,
+              route_by_name: Mapping[str, Obj] | None = None,
+              urls: Mapping[str, str] | None = None) -> dict[str, Any]:
     held = index.of(inst)
     existing = inst.existing()
     outdated = generation is not None and any(
@@ -67,6 +82,10 @@ def _instance(inst: InstanceView, min_instances: int | None,
         "also_claimed_by": [s.name for s in held[1:]],
         "objects": len(existing),
         "outdated": outdated,
+        "route": _route_state(held[0] if held else None, route_by_name,
+                              _meta(inst.get(Part.EXTERNAL_SERVICE) or {}).get("name")),
+        # status.url of the holder: "" until the instance answers (or with HANDLED)
+        "url": (urls or {}).get(held[0].name, "") if held else None,
     }
 
 
@@ -135,9 +154,15 @@ def pool_status(
     *,
     only: str | None = None,
     errors_limit: int = 5,
+    route_items: Sequence[Obj] | None = None,
 ) -> dict[str, Any]:
-    """The JSON document of `warmpool status` (see the command's help for its keys)."""
+    """The JSON document of `warmpool status` (see the command's help for its keys).
+    `route_items`: the namespace's session routes (None: routes are not in use)."""
     sessions = [parse_session(o) for o in session_items]
+    route_by_name = (None if route_items is None
+                     else {str(_meta(r).get("name")): r for r in route_items})
+    urls = {str(_meta(o).get("name")): str((o.get("status") or {}).get("url") or "")
+            for o in session_items}
     session_pool = {s.name: s.appdef for s in sessions}
     appdef_uids = {str(_meta(a).get("name")): str(_meta(a).get("uid") or "") for a in appdef_items}
     warnings = [e for e in event_items
@@ -164,7 +189,8 @@ def pool_status(
             ids |= set(range(1, appdef.min_instances + 1))
         empty = dict.fromkeys(PARTS)
         index = HolderIndex(name, mine)
-        instances = [_instance(views.get(k) or InstanceView(k, empty), min_i, generation, index)
+        instances = [_instance(views.get(k) or InstanceView(k, empty), min_i, generation, index,
+                               route_by_name, urls)
                      for k in sorted(ids)]
         waiting = [s.name for s in waiting_sessions(pool_facts(views), index)]
         counts = {state: sum(1 for i in instances if i["state"] == state) for state in STATES}
@@ -226,14 +252,16 @@ def render(doc: dict[str, Any], now: datetime | None = None) -> None:
         out.print(f"free {c['free']}  claimed {c['claimed']}  outdated {c['outdated']}  "
                   f"waiting {c['waiting']}{extra}")
         if pool["instances"]:
-            t = table("id", "state", "objects", "session")
+            t = table("id", "state", "objects", "session", "route", "url")
             for i in pool["instances"]:
                 state = i["state"] + (" (old generation)" if i["outdated"]
                                       and i["state"] != "outdated" else "")
                 holder = i["session"] or ""
                 if i["also_claimed_by"]:
                     holder += f" (also: {', '.join(i['also_claimed_by'])})"
-                t.add_row(str(i["id"]), state, f"{i['objects']}/{len(PARTS)}", holder)
+                url = i["url"] if i["url"] else ("not yet" if i["url"] == "" else "")
+                t.add_row(str(i["id"]), state, f"{i['objects']}/{len(PARTS)}", holder,
+                          i["route"] or "", url)
             out.print(t)
         if pool["waiting"]:
             out.print(f"waiting, oldest first: {escape(joined(pool['waiting']))}")
@@ -272,7 +300,8 @@ def status(appdef: str | None, kube: KubeConfig, errors_limit: int, as_json: boo
       POOL: {"name", "valid", "problem", "generation", "minInstances",
         "maxInstances", "counts": {"claimed", "free", "outdated", "starting",
         "releasing", "removing", "waiting"}, "instances": [{"id", "state",
-        "session", "also_claimed_by", "objects", "outdated"}],
+        "session", "also_claimed_by", "objects", "outdated",
+        "route": "ok"|"missing"|"elsewhere"|null, "url": str|null}],
         "waiting": [Session names, oldest first], "errors": [ERROR],
         "errors_total"}
       ERROR: {"source": "event"|"session", "reason", "object", "message",
@@ -284,12 +313,15 @@ def status(appdef: str | None, kube: KubeConfig, errors_limit: int, as_json: boo
     if appdef is not None and not any(_meta(a).get("name") == appdef for a in appdefs):
         raise NotFound(f"AppDefinition {appdef!r} not found in namespace {namespace!r}; "
                        f"'warmpool status -n {namespace}' lists those there")
-    from warmpool.kube.observe import list_pool_objects
+    from warmpool.kube.observe import list_pool_objects, list_session_routes
+    from warmpool.pool.builders import PoolSettings
 
     sessions, _ = client.list(v.SESSION_API_VERSION, v.SESSION_KIND, namespace)
     events, _ = client.list("v1", "Event", namespace)
+    route_items = (list_session_routes(client, namespace)
+                   if PoolSettings.from_env(os.environ).routing else None)
     doc = pool_status(namespace, appdefs, sessions, list_pool_objects(client, namespace), events,
-                      only=appdef, errors_limit=errors_limit)
+                      only=appdef, errors_limit=errors_limit, route_items=route_items)
     if as_json:
         emit_json(doc)
     else:

@@ -36,10 +36,15 @@ def pool_keys(kube: Kube, namespace: str) -> list[PoolKey]:
     return [PoolKey(namespace, n) for n in sorted(names)]
 
 
-def _fingerprint(kube: Kube, namespace: str) -> frozenset[tuple[str, str, str]]:
+def _fingerprint(
+    kube: Kube, namespace: str, routes: bool = False
+) -> frozenset[tuple[str, str, str]]:
     seen = set()
-    for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment"), ("v1", "ConfigMap"),
-                              (v.SESSION_API_VERSION, v.SESSION_KIND)):
+    kinds = [("v1", "Service"), ("apps/v1", "Deployment"), ("v1", "ConfigMap"),
+             (v.SESSION_API_VERSION, v.SESSION_KIND)]
+    if routes:
+        kinds.append((v.ROUTE_API_VERSION, v.ROUTE_KIND))
+    for api_version, kind in kinds:
         items, _ = kube.list(api_version, kind, namespace)
         seen |= {(kind, i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in items}
     return frozenset(seen)
@@ -58,7 +63,7 @@ def run_until_quiet(
     # the Java operator's model: every read asks the API server
     reader = LiveReader(kube, max_instances_ceiling=settings.max_instances_ceiling,
                         routes=settings.routing)
-    before = _fingerprint(kube, namespace)
+    before = _fingerprint(kube, namespace, settings.routing)
     for round_no in range(1, max_rounds + 1):
         queue: deque[Key] = deque(pool_keys(kube, namespace))
         done: set[Key] = set()
@@ -89,7 +94,7 @@ def run_until_quiet(
                 fenced[key] += 1
                 done.discard(key)
                 queue.appendleft(key)
-        after = _fingerprint(kube, namespace)
+        after = _fingerprint(kube, namespace, settings.routing)
         if after == before:
             return round_no
         before = after
