@@ -117,8 +117,8 @@ class ProbeRunner:
 
     `fetch(url)` gets a status (default: `fetch_status` with the settings' bundle and
     timeout). `still_holds(target)` is asked before every write; False ends the probe without
-    a write. `write_url(target)` and `give_up(target)` write (default for both:
-    `SessionWrites`). A write that raises counts as an attempt that was not ready: the probe
+    a write. `write_url(target)` and `give_up(target)` write (`SessionWrites(kube)` has
+    both). A write that raises counts as an attempt that was not ready: the probe
     goes on with its schedule and tries again after the next GET. `workers` bounds the GETs
     (and writes) in flight; each probe has at most one attempt queued or running.
     """
@@ -256,8 +256,9 @@ class ProbeRunner:
             if probe.cancelled:
                 return
             try:
-                done = self._finish(probe, ready)
-            except Exception:
+                self._finish(probe, ready)
+                done = True
+            except Exception:  # tried again after the next GET, unless this was the last
                 log.exception("Session %s/%s: writing the probe's outcome failed",
                               target.namespace, target.session)
                 done = last
@@ -270,14 +271,13 @@ class ProbeRunner:
             probe.attempt += 1
             self._schedule(probe)
 
-    def _finish(self, probe: _Probe, ready: bool) -> bool:
-        """The write for a ready URL or the give-up, if the Session still holds the instance;
-        True when the probe is over."""
+    def _finish(self, probe: _Probe, ready: bool) -> None:
+        """The write for a ready URL or the give-up, if the Session still holds the instance."""
         target = probe.target
         if not self._still_holds(target):
             log.info("Session %s/%s no longer holds instance %s: its probe ends",
                      target.namespace, target.session, target.instance)
-            return True
+            return
         if ready:
             self._write_url(target)
             log.info("Session %s/%s: %s answers (attempt %d), its URL is written",
@@ -286,7 +286,6 @@ class ProbeRunner:
             self._give_up(target)
             log.warning("Session %s/%s: %s did not answer in %d attempts; gave up",
                         target.namespace, target.session, target.url, probe.attempt)
-        return True
 
     def _end(self, probe: _Probe) -> None:
         with self._cond:
