@@ -1,0 +1,311 @@
+"""The session URL probe against a real TLS server and a real API server (issue #16 §2).
+
+The TLS server is local, with a CA made here by the `openssl` CLI: the probe must trust it
+only when given its bundle, check the hostname, follow no redirect and time out. Then the
+runner, on a compressed schedule, writes a Session's `status.url`, leaves a same-name
+re-created Session alone, and gives up with a Warning event and `status.error` 551.
+"""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pool_world import create_session, delete_session, session
+from tests.waiting import wait_for
+from warmpool.controller.availability import ProbeRunner, SessionWrites, fetch_status
+from warmpool.kube.api import Kube
+from warmpool.pool import vocabulary as v
+from warmpool.pool.availability import (
+    GIVE_UP_ERROR,
+    GIVE_UP_REASON,
+    ProbeSettings,
+    ProbeTarget,
+    Schedule,
+    session_url,
+)
+
+
+@dataclass
+class Pki:
+    ca: Path  # the CA's certificate: the bundle the probe is given
+    cert: Path  # the server's, for DNS:localhost only, signed by the CA
+    key: Path
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    d = tmp_path_factory.mktemp("pki")
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=warmpool test CA",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
+    _openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr",
+             "-subj", "/CN=localhost", cwd=d)
+    (d / "server.ext").write_text(
+        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext",
+             cwd=d)
+    return Pki(ca=d / "ca.pem", cert=d / "server.pem", key=d / "server.key")
+
+
+@dataclass
+class Answers:
+    """What the server answers, per path: the statuses in turn, the last one repeated."""
+
+    statuses: dict[str, list[int]] = field(default_factory=dict)
+    seen: list[tuple[str, int]] = field(default_factory=list)  # (path, status answered)
+    release: threading.Event = field(default_factory=threading.Event)  # for /hang/
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def set(self, path: str, *statuses: int) -> None:
+        with self.lock:
+            self.statuses[path] = list(statuses)
+
+    def next(self, path: str) -> int:
+        with self.lock:
+            queue = self.statuses.get(path, [404])
+            status = queue.pop(0) if len(queue) > 1 else queue[0]
+            self.seen.append((path, status))
+            return status
+
+    def paths(self) -> list[str]:
+        with self.lock:
+            return [p for p, _ in self.seen]
+
+    def answered(self, path: str) -> list[int]:
+        with self.lock:
+            return [s for p, s in self.seen if p == path]
+
+
+@dataclass
+class Server:
+    port: int
+    answers: Answers
+
+    @property
+    def host(self) -> str:  # as an instancesHost: the name the certificate is for
+        return f"localhost:{self.port}"
+
+
+@pytest.fixture
+def server(pki: Pki) -> Iterator[Server]:
+    answers = Answers()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if self.path == "/hang/":
+                answers.release.wait(30)
+            status = answers.next(self.path)
+            self.send_response(status)
+            if status in (301, 302, 307):
+                self.send_header("Location", f"https://localhost:{port}/elsewhere/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki.cert, pki.key)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
+    thread.start()
+    try:
+        yield Server(port, answers)
+    finally:
+        answers.release.set()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+# -- fetch_status: TLS, redirects, timeouts
+
+
+def test_the_probe_trusts_the_servers_ca_only_when_given_its_bundle(server: Server,
+                                                                     pki: Pki) -> None:
+    server.answers.set("/java-app-1/", 503, 200)
+    url = session_url(server.host, "/java-app-1")
+    assert fetch_status(url, timeout=5) is None  # not a system CA: no request made
+    assert server.answers.paths() == []
+    assert fetch_status(url, ca_bundle=str(pki.ca), timeout=5) == 503
+    assert fetch_status(url, ca_bundle=str(pki.ca), timeout=5) == 200
+    assert server.answers.answered("/java-app-1/") == [503, 200]
+
+
+def test_the_probe_checks_the_hostname(server: Server, pki: Pki) -> None:
+    server.answers.set("/java-app-1/", 200)
+    # The certificate is for DNS:localhost; the same server by its address is not trusted.
+    assert fetch_status(f"127.0.0.1:{server.port}/java-app-1/", ca_bundle=str(pki.ca),
+                        timeout=5) is None
+    assert server.answers.paths() == []
+
+
+def test_the_probe_follows_no_redirect(server: Server, pki: Pki) -> None:
+    server.answers.set("/java-app-2/", 302)
+    server.answers.set("/elsewhere/", 200)
+    assert fetch_status(f"{server.host}/java-app-2/", ca_bundle=str(pki.ca), timeout=5) == 302
+    assert server.answers.paths() == ["/java-app-2/"]
+
+
+def test_the_probe_times_out_and_gets_no_status_from_a_closed_port(server: Server,
+                                                                  pki: Pki) -> None:
+    server.answers.set("/hang/", 200)
+    started = time.monotonic()
+    assert fetch_status(f"{server.host}/hang/", ca_bundle=str(pki.ca), timeout=0.3) is None
+    assert time.monotonic() - started < 5
+    server.answers.release.set()
+    # Nothing listens on a port just bound and closed again.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    assert fetch_status(f"localhost:{free}/x/", ca_bundle=str(pki.ca), timeout=1) is None
+
+
+def test_an_unreadable_ca_bundle_fails_the_runner_at_once(tmp_path: Path) -> None:
+    missing = tmp_path / "none.pem"
+    with pytest.raises(ValueError, match=f"URL probe CA bundle {missing}"):
+        ProbeRunner(ProbeSettings(ca_bundle=str(missing)), still_holds=lambda t: True,
+                    write_url=lambda t: None, give_up=lambda t: None)
+
+
+# -- the runner against the API server
+
+
+def _runner(kube: Kube, pki: Pki, schedule: str, still_holds: Any = None) -> ProbeRunner:
+    writes = SessionWrites(kube)
+
+    def holds_by_uid(target: ProbeTarget) -> bool:
+        live = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, target.namespace, target.session)
+        return live is not None and live["metadata"]["uid"] == target.uid
+
+    return ProbeRunner(
+        ProbeSettings(ca_bundle=str(pki.ca), schedule=Schedule.parse(schedule), timeout=5),
+        still_holds=still_holds or holds_by_uid, write_url=writes.write_url,
+        give_up=writes.give_up, workers=2)
+
+
+@pytest.fixture
+def runners() -> Iterator[list[ProbeRunner]]:
+    made: list[ProbeRunner] = []
+    yield made
+    for runner in made:
+        runner.stop(timeout=10)
+
+
+HANDLED = {"operatorStatus": v.STATUS_HANDLED, "lastActivity": 1700000000000}
+
+
+def _handled_session(kube: Kube, ns: str, name: str) -> dict[str, Any]:
+    created = create_session(kube, ns, name, "user1@example.com")
+    kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name, {"status": HANDLED},
+                     status=True)
+    return created
+
+
+def _target(obj: dict[str, Any], server: Server, path: str, k: int = 1) -> ProbeTarget:
+    meta = obj["metadata"]
+    return ProbeTarget(namespace=meta["namespace"], session=meta["name"], uid=meta["uid"],
+                       instance=k, url=session_url(server.host, path), app_definition="java")
+
+
+def test_the_url_is_written_once_the_instance_answers(
+    kube: Kube, namespace: str, server: Server, pki: Pki, runners: list[ProbeRunner]
+) -> None:
+    server.answers.set("/java-app-1/", 503, 503, 200)
+    s1 = _handled_session(kube, namespace, "s1")
+    runner = _runner(kube, pki, "20x0.05")
+    runners.append(runner)
+    assert runner.submit(_target(s1, server, "/java-app-1"))
+    wait_for(lambda: session(kube, namespace, "s1").get("status", {}).get("url"), timeout=30,
+             message="status.url")
+    wait_for(lambda: len(runner) == 0, timeout=10, message="the probe's end")
+    status = session(kube, namespace, "s1")["status"]
+    # Only url was added; no scheme, a trailing slash.
+    assert status == {**HANDLED, "url": f"localhost:{server.port}/java-app-1/"}
+    assert server.answers.answered("/java-app-1/") == [503, 503, 200]
+
+
+@pytest.mark.parametrize("holds", ["by-uid", "stale"])
+def test_a_same_name_session_recreated_while_probing_is_left_alone(
+    kube: Kube, namespace: str, server: Server, pki: Pki, runners: list[ProbeRunner],
+    holds: str,
+) -> None:
+    """`by-uid`: the runner's still_holds sees the new uid and ends the probe. `stale`: a
+    still_holds that still says yes (a lagging cache): the write's uid test refuses it."""
+    path = "/java-app-1/"
+    server.answers.set(path, 503)
+    old = _handled_session(kube, namespace, "s1")
+    runner = _runner(kube, pki, "200x0.05",
+                     still_holds=(lambda t: True) if holds == "stale" else None)
+    runners.append(runner)
+    target = _target(old, server, "/java-app-1")
+    assert runner.submit(target)
+    wait_for(lambda: server.answers.answered(path), timeout=30, message="a first attempt")
+
+    delete_session(kube, namespace, "s1")
+    wait_for(lambda: kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, namespace, "s1") is None,
+             timeout=30, message="s1 gone")
+    new = _handled_session(kube, namespace, "s1")
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+
+    server.answers.set(path, 200)
+    wait_for(lambda: 200 in server.answers.answered(path), timeout=30, message="a 200")
+    wait_for(lambda: len(runner) == 0, timeout=30, message="the old probe's end")
+    live = session(kube, namespace, "s1")
+    assert live["metadata"]["uid"] == new["metadata"]["uid"]
+    assert live["status"] == HANDLED  # no url, no error
+    assert not runner.probing(namespace, old["metadata"]["uid"])
+    assert _events(kube, namespace, "s1") == []
+
+
+def _events(kube: Kube, ns: str, name: str) -> list[dict[str, Any]]:
+    items, _ = kube.list("v1", "Event", ns)
+    return [e for e in items if e["involvedObject"].get("name") == name]
+
+
+def test_a_probe_that_never_succeeds_gives_up_with_an_event_and_551(
+    kube: Kube, namespace: str, server: Server, pki: Pki, runners: list[ProbeRunner]
+) -> None:
+    path = "/java-app-3/"
+    server.answers.set(path, 503)
+    s1 = _handled_session(kube, namespace, "s1")
+    runner = _runner(kube, pki, "3x0.05,2x0.1")
+    runners.append(runner)
+    runner.submit(_target(s1, server, "/java-app-3", k=3))
+    wait_for(lambda: session(kube, namespace, "s1").get("status", {}).get("error"), timeout=30,
+             message="status.error")
+    wait_for(lambda: _events(kube, namespace, "s1"), timeout=30, message="the event")
+    assert session(kube, namespace, "s1")["status"] == {**HANDLED, "error": GIVE_UP_ERROR}
+    assert GIVE_UP_ERROR == "551:Unable to launch session within time limit."
+    [event] = _events(kube, namespace, "s1")
+    assert event["type"] == "Warning" and event["reason"] == GIVE_UP_REASON
+    assert event["involvedObject"]["uid"] == s1["metadata"]["uid"]
+    assert event["involvedObject"]["kind"] == v.SESSION_KIND
+    assert f"localhost:{server.port}{path}" in event["message"]
+    assert len(runner) == 0
+    assert server.answers.answered(path) == [503] * 5  # every attempt of the schedule, no more
