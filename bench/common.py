@@ -465,7 +465,10 @@ class Stack:
         self.workers = WorkerPool(
             self.settings, processes=processes or self.processes,
             threads=threads or self.threads, modules=self.modules,
-            env={"KUBECONFIG": str(self.kubeconfig), **self.worker_env})
+            # No gateway routes to the instances here: a URL probe would only fail (the
+            # claims measured are the pool's; the probe runs off the claim path anyway).
+            env={"KUBECONFIG": str(self.kubeconfig), "WARMPOOL_URL_PROBE": "off",
+                 **self.worker_env})
         self.workers.start(timeout=120)
 
     def stop_workers(self) -> None:

@@ -155,10 +155,11 @@ def _check_routes(
     R2, every session route sends to an instance its Session holds. Skipped where the cluster
     serves no HTTPRoutes."""
     try:
-        found = observe.list_session_routes(kube, namespace)
+        every, _ = kube.list(v.ROUTE_API_VERSION, v.ROUTE_KIND, namespace)
     except Exception:  # no Gateway API here (the discovery error is the client's own type)
         return []
-    by_name = {str(r["metadata"]["name"]): r for r in found}
+    shared_names = {str(r["metadata"]["name"]) for r in every if not routes.is_session_route(r)}
+    by_name = {str(r["metadata"]["name"]): r for r in every if routes.is_session_route(r)}
     out: list[Violation] = []
     holder_of: dict[str, tuple[AppDefinition, int]] = {}  # route name -> what it must send to
     for name, appdef in appdefs.items():
@@ -170,9 +171,8 @@ def _check_routes(
             top = index.of(inst)
             if top and top[0].name in held[name]:
                 holder_of[routes.route_name(top[0].uid)] = (appdef, k)
-                shared = observe.read_route(kube, namespace, appdef.ingress_name) \
-                    if appdef.ingress_name else None
-                if shared is not None and routes.route_name(top[0].uid) not in by_name:
+                if (appdef.ingress_name in shared_names
+                        and routes.route_name(top[0].uid) not in by_name):
                     out.append(Violation("R1", f"Session {top[0].name} holds instance {k} of "
                                          f"{name} but has no route"))
     for route_name, route in sorted(by_name.items()):

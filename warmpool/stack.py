@@ -34,6 +34,9 @@ class LocalStack:
         assert self.cluster is not None and self.redis_url is not None
         return {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig),
                 "WARMPOOL_REDIS_URL": self.redis_url, "WARMPOOL_NAMESPACE": self.namespace,
+                # No gateway in the local stack routes to an instance: the URL comes with
+                # HANDLED (session-lifecycle §2, the probe switched off).
+                "WARMPOOL_URL_PROBE": os.environ.get("WARMPOOL_URL_PROBE", "off"),
                 "PYTHONUNBUFFERED": "1"}
 
     def start_cluster(self) -> local.ClusterInfo:

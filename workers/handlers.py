@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dramatiq.brokers.redis import RedisBroker
 
 from metrics import worker as job_metrics
+from warmpool.controller.availability import ProbeRunner, SessionWrites, ssl_context
 from warmpool.controller.reconcile import (
     Deferred,
     Writes,
@@ -35,6 +36,8 @@ from warmpool.kube.api import Kube, connect
 from warmpool.kube.cache import ClusterCache
 from warmpool.kube.guard import Guard
 from warmpool.kube.reader import CachedReader, LiveReader, Reader
+from warmpool.pool import naming
+from warmpool.pool.availability import ProbeSettings, ProbeTarget
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.model import Invalid
 from warmpool.queue.jobs import JobContext
@@ -124,6 +127,41 @@ def check_settings() -> None:
     """Raise ValueError naming the variable if a pool setting is malformed (`warmpool worker`
     calls it at start, so a typo is one clear line, not every job failing)."""
     PoolSettings.from_env(os.environ)
+    probe = ProbeSettings.from_env(os.environ)
+    if probe.enabled:
+        ssl_context(probe.ca_bundle)  # an unreadable CA bundle: one clear error at start
+
+
+_prober: ProbeRunner | None = None
+
+
+def prober() -> ProbeRunner | None:
+    """This process's URL probe (session-lifecycle §2), started on first use; None when the
+    probe is off (`WARMPOOL_URL_PROBE=off`: the URL then comes with HANDLED)."""
+    global _prober
+    if not pool_settings().url_probe:
+        return None
+    client = kube()  # before the lock, which kube() takes too
+    with _lock:
+        if _prober is None:
+            writes = SessionWrites(client)
+            _prober = ProbeRunner(ProbeSettings.from_env(os.environ), still_holds=_still_holds,
+                                  write_url=writes.write_url, give_up=writes.give_up)
+        return _prober
+
+
+def _still_holds(target: ProbeTarget) -> bool:
+    """Whether the probed Session, with its uid, still holds the instance and lacks its URL,
+    as this process's cache sees it. Asked before every attempt and write: a stale yes is
+    harmless (the write tests the uid, and a URL written for a Session released meanwhile
+    names the instance it held until a moment ago, which its next holder's claim rewrites);
+    a stale no ends a probe that the next reconcile of the instance starts again."""
+    c = cache()
+    s = c.session(target.namespace, target.session)
+    if s is None or s.uid != target.uid or s.deleting or s.url or s.error:
+        return False
+    return any(ns == target.namespace and naming.instance_id_from_name(name) == target.instance
+               for ns, name in c.referenced_by(target.uid))
 
 
 def _ready_reader(ctx: JobContext, namespace: str) -> Reader | None:
@@ -175,7 +213,8 @@ def reconcile(ctx: JobContext) -> None:
         if reader is None:
             m.requeue()
             return
-        result = reconcile_instance(reader, kube(), key, ctx.lease, pool_settings())
+        result = reconcile_instance(reader, kube(), key, ctx.lease, pool_settings(),
+                                    prober=prober())
         _note(ctx, result.written)
         m.attempts = result.attempts
         job_metrics.instance_done(ctx, key.appdef, result)  # under the lease: the pool gauges
@@ -192,7 +231,8 @@ def claim(ctx: JobContext) -> None:
             m.requeue()
             return
         try:
-            result = claim_session(reader, kube(), key, JobLeases(ctx), pool_settings())
+            result = claim_session(reader, kube(), key, JobLeases(ctx), pool_settings(),
+                                   prober=prober())
         except Deferred as exc:
             # An instance this claim needs is leased by another job: try again in
             # milliseconds (5 ms doubling, capped), never by parking this thread.

@@ -171,17 +171,19 @@ class World:
     appdefs: dict[str, list[dict[str, Any]]]
     sessions: dict[str, list[dict[str, Any]]]
     objects: dict[str, list[dict[str, Any]]]
+    routes: dict[str, list[dict[str, Any]]]
 
 
 def snapshot(kube: PinnedKube, namespaces: list[str]) -> World:
     kube.unpin()
-    appdefs, sessions, objects = {}, {}, {}
+    appdefs, sessions, objects, routes = {}, {}, {}, {}
     for ns in namespaces:
         sessions[ns], _ = kube.list(v.SESSION_API_VERSION, v.SESSION_KIND, ns)
         appdefs[ns], _ = kube.list(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns)
         objects[ns] = observe.list_pool_objects(kube, ns)
+        routes[ns], _ = kube.list(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns)
     assert kube.rv is not None
-    return World(kube.rv, appdefs, sessions, objects)
+    return World(kube.rv, appdefs, sessions, objects, routes)
 
 
 class WorldKube:
@@ -196,6 +198,8 @@ class WorldKube:
             items = self.world.appdefs[namespace]
         elif kind == v.SESSION_KIND:
             items = self.world.sessions[namespace]
+        elif kind == v.ROUTE_KIND:
+            items = self.world.routes[namespace]
         else:
             items = [o for o in self.world.objects[namespace] if o.get("kind") == kind]
         return [dict(i) for i in items], self.world.rv

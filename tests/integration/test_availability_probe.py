@@ -274,7 +274,9 @@ def test_a_same_name_session_recreated_while_probing_is_left_alone(
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
 
     server.answers.set(path, 200)
-    wait_for(lambda: 200 in server.answers.answered(path), timeout=30, message="a 200")
+    if holds == "stale":  # it goes on probing, and its write is refused
+        wait_for(lambda: 200 in server.answers.answered(path), timeout=30, message="a 200")
+    # `by-uid`: the next attempt, asked first, ends the probe without a GET.
     wait_for(lambda: len(runner) == 0, timeout=30, message="the old probe's end")
     live = session(kube, namespace, "s1")
     assert live["metadata"]["uid"] == new["metadata"]["uid"]
@@ -309,3 +311,60 @@ def test_a_probe_that_never_succeeds_gives_up_with_an_event_and_551(
     assert f"localhost:{server.port}{path}" in event["message"]
     assert len(runner) == 0
     assert server.answers.answered(path) == [503] * 5  # every attempt of the schedule, no more
+
+
+def test_the_workers_write_the_url_once_the_instance_answers_through_its_route(
+    cluster: Any, kube: Kube, namespace: str, server: Server, pki: Pki,
+    tmp_path: Path,
+) -> None:
+    """End to end: scheduler and worker processes with the probe on. HANDLED comes first,
+    without a URL, while the instance answers 503; the URL once it answers 200."""
+    import contextlib
+
+    from scheduler.process import SchedulerProcess
+    from tests.pool_world import create_appdef, held_instance
+    from tests.redis_server import delete_prefix, isolated_settings, resolve_redis_url
+    from warmpool.queue.redis_conn import connect as redis_connect
+    from workers.process import WorkerPool
+
+    root = Path(__file__).resolve().parents[2]
+    path = "/java-app-1/"
+    server.answers.set(path, 503)
+    url = resolve_redis_url()
+    settings = isolated_settings(url, lease_ttl=3.0, heartbeat_timeout=3.0,
+                                 recovery_period=0.25, drain_timeout=5)
+    env = {"KUBECONFIG": str(cluster.kubeconfig), "WARMPOOL_NAMESPACE": namespace,
+           "WARMPOOL_INSTANCES_HOST": server.host, "WARMPOOL_URL_PROBE": "on",
+           "WARMPOOL_URL_PROBE_CA_BUNDLE": str(pki.ca),
+           "WARMPOOL_URL_PROBE_SCHEDULE": "400x0.1", "WARMPOOL_URL_PROBE_TIMEOUT": "2"}
+    workers = WorkerPool(settings, processes=1, threads=4, env=env).start()
+    assert settings.redis_url
+    sched = SchedulerProcess(
+        ["--namespace", namespace, "--lease-namespace", namespace, "--resync-period", "20"],
+        env={**env, "WARMPOOL_REDIS_URL": settings.redis_url,
+             "WARMPOOL_QUEUE_PREFIX": settings.prefix,
+             "WARMPOOL_QUEUE_NAMESPACE": settings.namespace, "PYTHONPATH": str(root)},
+        log_path=tmp_path / "scheduler.log", cwd=root)
+    try:
+        sched.start()
+        create_appdef(kube, namespace, min_instances=1)
+        create_session(kube, namespace, "s1", "user1@example.com")
+        wait_for(lambda: (session(kube, namespace, "s1").get("status") or {}).get(
+            "operatorStatus") == v.STATUS_HANDLED, timeout=60,
+            message=lambda: f"s1 HANDLED: {session(kube, namespace, 's1').get('status')}")
+        assert held_instance(kube, namespace, "s1") == 1
+        wait_for(lambda: len(server.answers.answered(path)) >= 3, timeout=30,
+                 message="the probe's GETs while the instance answers 503")
+        assert "url" not in session(kube, namespace, "s1")["status"]
+        server.answers.set(path, 200)
+        status = wait_for(lambda: (session(kube, namespace, "s1").get("status") or {})
+                          if "url" in (session(kube, namespace, "s1").get("status") or {})
+                          else None, timeout=30, message="s1's URL")
+        assert status["url"] == f"{server.host}{path}"
+        assert status["operatorStatus"] == v.STATUS_HANDLED and "error" not in status
+        assert isinstance(status.get("lastActivity"), int) and status["lastActivity"] > 0
+    finally:
+        sched.stop(timeout=20)
+        workers.stop(timeout=20)
+        with redis_connect(url) as client, contextlib.suppress(Exception):
+            delete_prefix(client, settings.prefix.split(":", 1)[0] + ":")

@@ -48,18 +48,21 @@ def _external_service(kube: Kube, ns: str, k: int) -> str:
                 and (o["metadata"].get("labels") or {}).get(v.LABEL_SERVICE_TYPE) is None)
 
 
-def _claim(kube: Kube, ns: str, count: int) -> dict[str, int | None]:
+def _claim(kube: Kube, ns: str, count: int, settings: PoolSettings | None = None
+           ) -> dict[str, int | None]:
     for i in range(1, count + 1):
         create_session(kube, ns, f"s{i}", USERS[i])
-    run_until_quiet(kube, ns)
+    run_until_quiet(kube, ns, settings)
     return {f"s{i}": held_instance(kube, ns, f"s{i}") for i in range(1, count + 1)}
 
 
 def test_a_claimed_session_gets_theia_clouds_route_byte_for_byte(kube, namespace) -> None:
     ns = namespace
     create_appdef(kube, ns, min_instances=2, spec_name="Java_17-latest")
-    run_until_quiet(kube, ns)
-    held = _claim(kube, ns, 1)
+    # The probe off (no gateway routes here): the URL comes with HANDLED.
+    settings = PoolSettings(url_probe=False)
+    run_until_quiet(kube, ns, settings)
+    held = _claim(kube, ns, 1, settings)
     k = held["s1"]
     assert k == 1
     s1 = session(kube, ns, "s1")

@@ -11,7 +11,8 @@ from warmpool.pool.instances import InstanceView
 from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS, Part
 
-SETTINGS = builders.PoolSettings(routes="none")  # routes: tests/unit/test_routes.py
+# Routes and the URL probe: tests/unit/test_routes.py.
+SETTINGS = builders.PoolSettings(routes="none", url_probe=False)
 _rv = itertools.count(100)
 
 

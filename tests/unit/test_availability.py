@@ -310,14 +310,28 @@ def test_a_schedule_that_never_answers_gives_up_after_its_last_attempt(run) -> N
     assert script.writes == [("give_up", "uid-1")]
 
 
-def test_a_session_that_no_longer_holds_its_instance_is_not_written(run) -> None:
+def test_a_session_that_no_longer_holds_its_instance_is_neither_probed_nor_written(
+    run,
+) -> None:
     for answers in ([200], [503] * 5):
         script = Script(answers, holds=False)
         runner, clock = run(script)
         runner.submit(TARGET)
-        drive(runner, clock, script)
-        assert script.writes == []
-        assert len(runner) == 0
+        clock.advance_to_deadline()
+        soon(lambda runner=runner: len(runner) == 0, "the probe to end")
+        assert script.calls == [] and script.writes == []
+
+
+def test_a_probe_ends_at_the_first_attempt_after_its_session_lets_go(run) -> None:
+    script = Script([503] * 5)
+    runner, clock = run(script)
+    runner.submit(TARGET)
+    clock.advance_to_deadline()
+    soon(lambda: len(script.calls) == 1 and runner.in_flight() == 0, "the first GET")
+    script.holds = False  # released: the next attempt sends no GET and ends the probe
+    clock.advance_to_deadline()
+    soon(lambda: len(runner) == 0, "the probe to end")
+    assert len(script.calls) == 1 and script.writes == []
 
 
 def test_a_failed_write_is_tried_again_after_the_next_get(run) -> None:

@@ -116,10 +116,10 @@ class ProbeRunner:
     """Runs one probe per (namespace, Session uid) on `settings.schedule`.
 
     `fetch(url)` gets a status (default: `fetch_status` with the settings' bundle and
-    timeout). `still_holds(target)` is asked before every write; False ends the probe without
-    a write. `write_url(target)` and `give_up(target)` write (`SessionWrites(kube)` has
-    both). A write that raises counts as an attempt that was not ready: the probe
-    goes on with its schedule and tries again after the next GET. `workers` bounds the GETs
+    timeout). `still_holds(target)` is asked before every attempt and every write; False
+    ends the probe without a write. `write_url(target)` and `give_up(target)` write
+    (`SessionWrites(kube)` has both). A write that raises counts as an attempt that was not
+    ready: the probe goes on with its schedule and tries again after the next GET. `workers` bounds the GETs
     (and writes) in flight; each probe has at most one attempt queued or running.
     """
 
@@ -245,6 +245,10 @@ class ProbeRunner:
 
     def _try(self, probe: _Probe) -> None:
         target = probe.target
+        if not self._still_holds(target):
+            # Released (or its URL written elsewhere) since the last attempt: no more GETs.
+            self._end(probe)
+            return
         try:
             status = self._fetch(target.url)
         except Exception:  # a fetch that raises is an attempt without a status

@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from warmpool.controller.guard import Leases, Unguarded
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Conflict, Kube, KubeError
-from warmpool.kube.executor import Executor, check_fence
+from warmpool.kube.executor import Executor, Prober, check_fence
 from warmpool.kube.guard import Guard
 from warmpool.kube.reader import Reader
 from warmpool.pool import builders, naming
@@ -97,9 +98,12 @@ def _known_holders(
 
 
 def reconcile_instance(
-    reader: Reader, kube: Kube, key: InstanceKey, guard: Guard, settings: PoolSettings
+    reader: Reader, kube: Kube, key: InstanceKey, guard: Guard, settings: PoolSettings,
+    *, prober: Prober | None = None,
 ) -> InstanceResult:
-    """Converge instance `key` to its desired state (pool-spec §4), including a release."""
+    """Converge instance `key` to its desired state (pool-spec §4), including a release.
+    `prober`: the process's URL probe, handed the holder's URL to watch (session-lifecycle
+    §2); None: no probe is started from here (tools, the sequential driver)."""
     ns = key.namespace
     written: Writes = []
     fresh = False
@@ -129,7 +133,8 @@ def reconcile_instance(
                      for s in holders(view, key.appdef, sessions) if s.instance_id != key.id}
         plan = decide_instance(view, key.appdef, appdef, sessions, proxy_template=template,
                                settings=settings, held_elsewhere=elsewhere,
-                               shared_route=_shared_route(reader, appdef, settings))
+                               shared_route=_shared_route(reader, appdef, settings),
+                               now_ms=int(time.time() * 1000))
         if not fresh and unguarded_deletes(view, plan):
             fresh = True  # nothing on the server would refuse these deletes: read it first
             continue
@@ -149,7 +154,7 @@ def reconcile_instance(
             plan = dataclasses.replace(plan, actions=[
                 a for a in plan.actions
                 if not (isinstance(a, ResetPods) and a.app_selector in reset)])
-        executor = Executor(kube, ns, guard, sink=reader)
+        executor = Executor(kube, ns, guard, sink=reader, prober=prober)
         try:
             writes = executor.apply(plan.actions)
         except Conflict as exc:
@@ -297,7 +302,7 @@ def _deciding_write(
 
 def _release(
     reader: Reader, kube: Kube, key: SessionKey, session: Session | None, leases: Leases,
-    settings: PoolSettings,
+    settings: PoolSettings, prober: Prober | None,
 ) -> ClaimResult:
     """A Session deleted (or being deleted): release what it holds, from its own key.
 
@@ -321,7 +326,7 @@ def _release(
         with leases.try_lease(str(ikey)) as g:
             if g is None:
                 raise Deferred(f"instance {k} is busy")
-            result = reconcile_instance(reader, kube, ikey, g, settings)
+            result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
             out.instance_id, out.appdef, out.instance, out.instance_fence = (
                 k, appdef_name, result, g.fence)
         # The Session's deletion is accounted for on the instance too: this run began after
@@ -336,7 +341,7 @@ def _release(
 
 def claim_session(
     reader: Reader, kube: Kube, key: SessionKey, leases: Leases, settings: PoolSettings,
-    *, hand_on: bool = True,
+    *, hand_on: bool = True, prober: Prober | None = None,
 ) -> ClaimResult:
     """Give Session `key` the lowest free instance, or say why it waits or fails.
 
@@ -351,7 +356,7 @@ def claim_session(
     for _ in range(MAX_ATTEMPTS):
         session = reader.session(ns, key.session)
         if session is None or session.deleting:
-            return _release(reader, kube, key, session, leases, settings)
+            return _release(reader, kube, key, session, leases, settings, prober)
         appdef = reader.appdef(ns, session.appdef) if session.appdef else None
         sessions = reader.sessions(ns, session.appdef)
         if all(s.uid != session.uid for s in sessions):
@@ -414,7 +419,7 @@ def claim_session(
                 with leases.try_lease(str(ikey)) as g:
                     if g is None:
                         raise Deferred(f"instance {k} is busy")
-                    result = reconcile_instance(reader, kube, ikey, g, settings)
+                    result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
                     fence = g.fence
                 return ClaimResult("held", k, session_created=session.created,
                                    appdef=session.appdef, written={str(ikey): result.written},
@@ -444,7 +449,8 @@ def claim_session(
                         written: Writes = []
                         if _deciding_write(reader, kube, appdef, k, session, sessions, g,
                                            written):
-                            result = reconcile_instance(reader, kube, ikey, g, settings)
+                            result = reconcile_instance(reader, kube, ikey, g, settings,
+                                                        prober=prober)
                             written += result.written
                             rest = [s for s in reader.sessions(ns, appdef.name)
                                     if s.uid != session.uid]

@@ -23,11 +23,13 @@ from warmpool.pool.actions import (
     Create,
     Delete,
     Patch,
+    ProbeUrl,
     RefreshPods,
     Report,
     ResetPods,
     SetSessionStatus,
 )
+from warmpool.pool.availability import ProbeTarget
 from warmpool.pool.instances import InstanceView
 from warmpool.pool.parts import Part
 
@@ -80,6 +82,12 @@ class WriteSink(Protocol):
     def wrote(self, obj: dict[str, Any]) -> None: ...
 
     def deleted(self, kind: str, namespace: str, name: str, uid: str) -> None: ...
+
+
+class Prober(Protocol):
+    """Who watches a holder's URL until its instance answers (the process's probe runner)."""
+
+    def submit(self, target: ProbeTarget) -> bool: ...
 
 
 #: The writes of one run (`_waves`) are sent from here; shared by a process's worker threads.
@@ -154,12 +162,14 @@ class Executor:
     the watch events they cause from anyone else's (a job's own writes do not re-run it)."""
 
     def __init__(
-        self, kube: Kube, namespace: str, guard: Guard, sink: WriteSink | None = None
+        self, kube: Kube, namespace: str, guard: Guard, sink: WriteSink | None = None,
+        prober: Prober | None = None,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
         self.guard = guard
         self.sink = sink
+        self.prober = prober  # None: URL probes are not this caller's (a tool, a test)
         self.written: list[tuple[str, str]] = []
         self.reset: set[str] = set()  # the app selectors whose pods this plan has reset
         # The version each of this plan's own writes left, by (kind, name): a second write to
@@ -338,8 +348,17 @@ class Executor:
                 else:
                     if self.sink is not None:
                         self.sink.wrote(updated)
-                log.info("Session %s is %s: %s", name, status.get("operatorStatus"),
-                         status.get("operatorMessage"))
+                if "operatorStatus" in status:
+                    log.info("Session %s is %s: %s", name, status["operatorStatus"],
+                             status.get("operatorMessage"))
+                else:
+                    log.info("Session %s: status %s written", name, ", ".join(sorted(status)))
+            case ProbeUrl(target=target):
+                # Not a write: the probe writes status.url later, uid-tested, and only while
+                # the Session still holds the instance (warmpool.controller.availability).
+                if self.prober is not None:
+                    self.prober.submit(target)
+                return 0
             case Report(reason=reason, message=message, warning=warning, regarding=regarding):
                 log.warning("%s: %s", reason, message)
                 self.kube.event(ns, regarding or {"kind": "Namespace", "name": ns}, reason,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmpool.pool.availability import ProbeTarget
 from warmpool.pool.parts import Part
 
 
@@ -74,6 +75,15 @@ class SetSessionStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeUrl:
+    """Have the process's URL probe watch for the holder's instance to answer, then write
+    `status.url` (session-lifecycle §2). Writes nothing itself and never blocks: a probe
+    already running for the Session is left to go on."""
+
+    target: ProbeTarget
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """An Event (and log line) for a person: something the controller will not fix itself."""
 
@@ -84,5 +94,6 @@ class Report:
 
 
 Action = (
-    Create | Patch | Delete | ResetPods | RefreshPods | AnnotateSession | SetSessionStatus | Report
+    Create | Patch | Delete | ResetPods | RefreshPods | AnnotateSession | SetSessionStatus
+    | ProbeUrl | Report
 )

@@ -15,6 +15,7 @@ from typing import Any, Self
 
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.pool.availability import ProbeSettings, session_url
 from warmpool.pool.model import CEILING_SETTING, MAX_INSTANCES_CEILING, AppDefinition, Session
 from warmpool.pool.parts import Part
 
@@ -56,6 +57,9 @@ class PoolSettings:
     # Java's --usePaths and --instancesPath: the base of every session path.
     use_paths: bool = False
     instances_path: str = ""
+    # Write status.url only once the instance answers (session-lifecycle §2); off: with
+    # HANDLED. The probe's own settings: warmpool.pool.availability.ProbeSettings.
+    url_probe: bool = True
 
     @property
     def routing(self) -> bool:
@@ -89,6 +93,7 @@ class PoolSettings:
             values["use_paths"] = raw == "true"
         if raw := environ.get("WARMPOOL_INSTANCES_PATH", "").strip():
             values["instances_path"] = raw
+        values["url_probe"] = ProbeSettings.from_env(environ).enabled
         return cls(**values)
 
     def session_path(self, appdef: AppDefinition, instance: int) -> str:
@@ -101,7 +106,7 @@ class PoolSettings:
     def session_url(self, appdef: AppDefinition, instance: int) -> str:
         """`status.url`: host and path with a trailing slash and **no scheme** (clients open
         ``https://${url}``; a stored scheme breaks them)."""
-        return f"{self.instances_host}{self.session_path(appdef, instance)}/"
+        return session_url(self.instances_host, self.session_path(appdef, instance))
 
 
 def object_name(appdef: AppDefinition, part: Part, instance: int) -> str:

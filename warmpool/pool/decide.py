@@ -26,11 +26,13 @@ from warmpool.pool.actions import (
     Create,
     Delete,
     Patch,
+    ProbeUrl,
     RefreshPods,
     Report,
     ResetPods,
     SetSessionStatus,
 )
+from warmpool.pool.availability import ProbeTarget
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.instances import (
     InstanceView,
@@ -98,12 +100,14 @@ def decide_instance(
     settings: PoolSettings,
     held_elsewhere: Mapping[str, frozenset[int]] | None = None,
     shared_route: Obj | None = None,
+    now_ms: int = 0,
 ) -> Plan:
     """Converge one instance. `appdef` is None when the AppDefinition no longer exists.
 
     `shared_route`: the HTTPRoute the AppDefinition's `spec.ingressname` names, as read (None:
     it does not exist), where routes are in use (`settings.routing`): the holder's route
-    copies its parentRefs and hostnames.
+    copies its parentRefs and hostnames. `now_ms`: the time (epoch ms) a Session marked
+    HANDLED now records as its `lastActivity`.
 
     `held_elsewhere`: for a claimant, the ids of every instance whose external Service
     references it (this one included), where the caller knows them. A Session holds one
@@ -115,7 +119,8 @@ def decide_instance(
                  if rightful_instance(s, (held_elsewhere or {}).get(s.uid), instance.id)
                  == instance.id]
     if claimants:
-        plan = _claimed(instance, appdef, claimants, proxy_template, settings, shared_route)
+        plan = _claimed(instance, appdef, claimants, proxy_template, settings, shared_route,
+                        now_ms)
     else:
         plan = _free(instance, appdef_name, appdef, proxy_template, settings)
     plan.actions[:] = _guard_route_deletes(instance, plan.actions)
@@ -134,6 +139,7 @@ def _claimed(
     proxy_template: str | None,
     settings: PoolSettings,
     shared_route: Obj | None,
+    now_ms: int,
 ) -> Plan:
     holder = claimants[0]
     actions: list[Action] = []
@@ -223,13 +229,25 @@ def _claimed(
             actions.append(SetSessionStatus(holder.name, {
                 "operatorStatus": v.STATUS_HANDLING, "operatorMessage": routes.ROUTE_MISSING},
                 uid=holder.uid, first=holder.status == v.STATUS_NEW))
-    elif holder.status != v.STATUS_HANDLED:
-        ext_name = builders.object_name(appdef, Part.EXTERNAL_SERVICE, instance.id)
-        actions.append(SetSessionStatus(holder.name, {
-            "operatorStatus": v.STATUS_HANDLED,
-            "operatorMessage": f"Instance {instance.id} of {appdef.name} ({ext_name})",
-            "url": settings.session_url(appdef, instance.id),
-        }, uid=holder.uid, first=holder.status == v.STATUS_NEW))
+    else:
+        url = settings.session_url(appdef, instance.id)
+        if holder.status != v.STATUS_HANDLED:
+            ext_name = builders.object_name(appdef, Part.EXTERNAL_SERVICE, instance.id)
+            status: dict[str, Any] = {
+                "operatorStatus": v.STATUS_HANDLED,
+                "operatorMessage": f"Instance {instance.id} of {appdef.name} ({ext_name})",
+                # Java's markHandled: now, in epoch ms (§2); the activity tracker raises it.
+                "lastActivity": now_ms,
+            }
+            if not settings.url_probe:
+                status["url"] = url  # nothing will probe it: it comes with HANDLED
+            actions.append(SetSessionStatus(holder.name, status, uid=holder.uid,
+                                            first=holder.status == v.STATUS_NEW))
+        if settings.url_probe and not holder.url and not holder.error:
+            # Level-triggered: every run for a holder without its URL asks again (a probe
+            # lost with its process is started anew), and a running probe is left alone.
+            actions.append(ProbeUrl(ProbeTarget(holder.namespace, holder.name, holder.uid,
+                                                instance.id, url, appdef.name)))
     # An outdated generation is deliberately left alone while claimed: the session keeps
     # running, and the release refreshes the instance.
     return Plan("claimed", holder, actions)

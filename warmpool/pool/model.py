@@ -90,6 +90,10 @@ class Session:
     resource_version: str = ""
     # Why a field of the object is unusable as it is (wrong type), or None: an error by itself.
     malformed: str | None = None
+    # status.url (set once the instance answers, session-lifecycle §2) and status.error
+    # ("<code>:<reason>", e.g. the probe's give-up): "" when unset.
+    url: str = ""
+    error: str = ""
 
     @property
     def live(self) -> bool:
@@ -320,6 +324,8 @@ def parse_session(obj: Mapping[str, Any]) -> Session:
         annotations=annotations,
         resource_version=str(meta.get("resourceVersion") or ""),
         malformed="; ".join(problems) or None,
+        url=url if isinstance(url := status_obj.get("url"), str) else "",
+        error=error if isinstance(error := status_obj.get("error"), str) else "",
     )
 
 
