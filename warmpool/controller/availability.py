@@ -119,8 +119,9 @@ class ProbeRunner:
     timeout). `still_holds(target)` is asked before every attempt and every write; False
     ends the probe without a write. `write_url(target)` and `give_up(target)` write
     (`SessionWrites(kube)` has both). A write that raises counts as an attempt that was not
-    ready: the probe goes on with its schedule and tries again after the next GET. `workers` bounds the GETs
-    (and writes) in flight; each probe has at most one attempt queued or running.
+    ready: the probe goes on with its schedule and tries again after the next GET.
+    `workers` bounds the GETs (and writes) in flight; each probe has at most one attempt
+    queued or running.
     """
 
     def __init__(
