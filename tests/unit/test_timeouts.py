@@ -215,7 +215,8 @@ def test_message_then_delete_at_timeout_after() -> None:
                             'was reached!"}')
     assert json.loads(message.body)["fullscreen"] is True
     assert deletion.reason == REASON_INACTIVE and "60 minutes" in deletion.message
-    assert timeout_message(7).endswith('"detail":"Timeout of 7 minutes of inactivity was reached!"}')
+    assert timeout_message(7).endswith(
+        '"detail":"Timeout of 7 minutes of inactivity was reached!"}')
 
 
 def test_a_silent_monitor_lets_the_session_die_timeout_after_minutes_after_handled() -> None:
