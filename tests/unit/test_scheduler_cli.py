@@ -163,6 +163,6 @@ def test_timeouts_from_the_environment(fake) -> None:
 def test_a_bad_timeout_setting_exits_naming_the_variable(fake) -> None:
     result = CliRunner().invoke(cli.scheduler, ["--health-port", "0"], env={
         "WARMPOOL_REDIS_URL": "redis://127.0.0.1:1/0", "WARMPOOL_ACTIVITY_TRACKER": "sometimes"})
-    assert result.exit_code == 1 and fake.made == []
+    assert result.exit_code == 2 and fake.made == []  # a usage error, as a bad option's
     assert "WARMPOOL_ACTIVITY_TRACKER must be on or off, got 'sometimes'" in result.output
     assert "Traceback" not in result.output

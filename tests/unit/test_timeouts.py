@@ -2,7 +2,7 @@
 
 The runner's own contract (event before a uid-preconditioned delete, errors isolated per
 Session, a deposed leader stops) is checked here on a recording fake API; the same against
-the real control plane is tests/integration/test_timeouts.py.
+the real control plane is tests/integration/test_session_timeouts.py.
 """
 
 from __future__ import annotations
