@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from scheduler import mapping
 from scheduler.leader import LeaderConfig, LeaderElector
+from warmpool.controller.timeouts import TimeoutRunner, TimeoutSettings
 from warmpool.keys import Key, PoolKey
 from warmpool.kube.api import Kube
 from warmpool.kube.observe import POOL_SELECTOR
@@ -66,6 +67,9 @@ class SchedulerConfig:
     watch_timeout: tuple[float, float] = (300.0, 600.0)
     leader: LeaderConfig | None = None  # None: no election, always leading
     routes: bool = False  # watch HTTPRoutes (PoolSettings.routing)
+    # Session timeouts (session-lifecycle §5), run by the leader every `interval`; None or
+    # not enabled: none (the CLI passes TimeoutSettings.from_env(), on by default).
+    timeouts: TimeoutSettings | None = None
 
 
 @dataclass
@@ -81,6 +85,9 @@ class SchedulerStats:
     became_leader_at: float | None = None
     redis_losses: int = 0  # epochs found missing or replaced
     epoch_errors: int = 0  # epoch reads that failed (Redis unreachable)
+    timeout_passes: int = 0
+    timeout_deletions: int = 0  # Sessions deleted for a timeout or inactivity
+    timeout_errors: int = 0  # Sessions (or namespaces) a timeout pass failed on
 
 
 class Scheduler:
@@ -123,6 +130,10 @@ class Scheduler:
                     self._sessions.append(r)
                 if watched.kind == v.APPDEF_KIND:
                     self._appdefs.append(r)
+        self.timeouts: TimeoutRunner | None = None
+        if config.timeouts is not None and config.timeouts.enabled:
+            self.timeouts = TimeoutRunner(kube_factory(), namespaces, config.timeouts,
+                                          active=self.is_leader)
         self.elector: LeaderElector | None = None
         if config.leader is not None:
             self.elector = LeaderElector(kube_factory(), config.leader,
@@ -338,6 +349,24 @@ class Scheduler:
                 self.resync(self._resync_reason)
                 next_periodic = time.monotonic() + period
 
+    def _timeouts_loop(self) -> None:
+        """A timeout pass every interval while leading (the first one interval after start,
+        as Java's); a pass that raises is logged and the next one runs on schedule."""
+        runner = self.timeouts
+        assert runner is not None
+        while not self._stop.wait(runner.settings.interval):
+            if not self.is_leader():
+                continue
+            try:
+                report = runner.run_once()
+            except Exception:
+                self.stats.timeout_errors += 1
+                log.exception("timeout pass failed")
+                continue
+            self.stats.timeout_passes += 1
+            self.stats.timeout_deletions += len(report.deleted)
+            self.stats.timeout_errors += len(report.errors)
+
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
         t.start()
@@ -351,6 +380,8 @@ class Scheduler:
             self._spawn(lambda: elector.run(self._stop), "leader-elector")
         self._spawn(self._dispatch_loop, "dispatcher")
         self._spawn(self._resync_loop, "resync")
+        if self.timeouts is not None:
+            self._spawn(self._timeouts_loop, "timeouts")
         if self.epoch is not None:
             self._spawn(self._epoch_loop, "epoch")
         for r in self.reflectors:  # a resync waits for these; wake it when they are done

@@ -90,6 +90,12 @@ def scheduler(
         raise click.BadParameter("must be > 0", param_hint="--resync-period")
     if not 0 < watch_timeout[0] <= watch_timeout[1]:
         raise click.BadParameter("need 0 < MIN <= MAX", param_hint="--watch-timeout")
+    from warmpool.controller.timeouts import TimeoutSettings
+
+    try:
+        timeouts = TimeoutSettings.from_env()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     leader = None
     if leader_elect:
         try:
@@ -116,7 +122,7 @@ def scheduler(
         raise click.UsageError(str(exc)) from None
     config = SchedulerConfig(namespaces=ns_list, resync_period=resync_period,
                              epoch_period=settings.epoch_period, watch_timeout=watch_timeout,
-                             leader=leader, routes=routing)
+                             leader=leader, routes=routing, timeouts=timeouts)
     from warmpool.queue.epoch import Epoch
 
     epoch = Epoch(producer.client, producer.layout, create=True)

@@ -207,6 +207,7 @@ def apply_rbac(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> list[dic
 ALLOWED = [
     *[(verb, "appdefinitions.theia.cloud") for verb in ("get", "list", "watch")],
     *[(verb, "sessions.theia.cloud") for verb in ("get", "list", "watch", "patch")],
+    ("delete", "sessions.theia.cloud"),  # timed-out Sessions (session-lifecycle §5)
     ("patch", "sessions.theia.cloud", "status"),
     *[(verb, resource) for resource in ("services", "configmaps", "deployments.apps")
       for verb in ("get", "list", "watch", "create", "patch", "delete")],
@@ -218,7 +219,7 @@ ALLOWED = [
 DENIED_HERE = [
     # No writes to what people and Theia Cloud own; no update (everything is a merge patch).
     *[(verb, "appdefinitions.theia.cloud") for verb in ("create", "update", "patch", "delete")],
-    *[(verb, "sessions.theia.cloud") for verb in ("create", "update", "delete")],
+    *[(verb, "sessions.theia.cloud") for verb in ("create", "update")],
     ("update", "sessions.theia.cloud", "status"),
     ("patch", "appdefinitions.theia.cloud", "status"),
     *[("update", resource) for resource in ("services", "configmaps", "deployments.apps")],

@@ -148,3 +148,21 @@ def test_health_endpoints_are_served(fake, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(cli.click, "echo", lambda msg="", **kw: out_lines.append(str(msg)))
     assert invoke([]).exit_code == 0
     assert seen == {"/healthz": 200, "/readyz": 200, "/status": 200}
+
+
+def test_timeouts_from_the_environment(fake) -> None:
+    assert invoke([]).exit_code == 0
+    t = fake.made[-1].config.timeouts
+    assert t.enabled and t.interval == 60 and not t.activity_tracker
+    assert invoke([], env={"WARMPOOL_ACTIVITY_TRACKER": "on", "WARMPOOL_TIMEOUT_INTERVAL": "30",
+                           "WARMPOOL_TIMEOUTS": "on"}).exit_code == 0
+    t = fake.made[-1].config.timeouts
+    assert t.activity_tracker and t.interval == 30
+
+
+def test_a_bad_timeout_setting_exits_naming_the_variable(fake) -> None:
+    result = CliRunner().invoke(cli.scheduler, ["--health-port", "0"], env={
+        "WARMPOOL_REDIS_URL": "redis://127.0.0.1:1/0", "WARMPOOL_ACTIVITY_TRACKER": "sometimes"})
+    assert result.exit_code == 2 and fake.made == []  # a usage error, as a bad option's
+    assert "WARMPOOL_ACTIVITY_TRACKER must be on or off, got 'sometimes'" in result.output
+    assert "Traceback" not in result.output

@@ -94,6 +94,11 @@ class Session:
     # ("<code>:<reason>", e.g. the probe's give-up): "" when unset.
     url: str = ""
     error: str = ""
+    # spec.sessionSecret ("" when missing or not a string): the bearer token of the instance's
+    # monitor (session-lifecycle §5.2). Kept out of the repr, so that no log line shows it.
+    secret: str = field(default="", repr=False)
+    # status.lastActivity in epoch ms, or None when missing or not a non-negative integer.
+    last_activity: int | None = None
 
     @property
     def live(self) -> bool:
@@ -205,6 +210,90 @@ def parse_appdefinition(
         ingress_name=(ingress_name or "").strip(),
         ingress_hostname_prefixes=tuple(prefixes),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityTracker:
+    """spec.monitor.activityTracker, in minutes, as written (None: missing or unusable)."""
+
+    timeout_after: int | None
+    notify_after: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Lifetime:
+    """What of an AppDefinition bounds its Sessions' lives (session-lifecycle §5).
+
+    Read apart from the pool's validation (``parse_appdefinition``), as Java reads it: an
+    AppDefinition the pool refuses still limits its Sessions, and a bad limit never makes a
+    pool invalid. Values are kept as written; which of them disable a limit (missing, 0,
+    negative) is the decision's (``warmpool.pool.timeouts``). A malformed value reads as
+    missing, and ``problems`` says what was wrong with it.
+    """
+
+    name: str
+    namespace: str
+    timeout: int | None  # spec.timeout, minutes from creation
+    monitor_port: int | None  # spec.monitor.port
+    tracker: ActivityTracker | None  # None: no spec.monitor.activityTracker block
+    problems: tuple[str, ...] = ()
+
+
+_DECIMAL = re.compile(r"-?[0-9]{1,18}")
+
+
+def _minutes_field(parent: Mapping[str, Any], path: str, key: str,
+                   problems: list[str]) -> int | None:
+    """An integer field read as Java's Jackson reads an `int`: a JSON integer or a string of
+    decimal digits; anything else is recorded in `problems` and reads as missing."""
+    value: object = parent.get(key)
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _DECIMAL.fullmatch(value):
+        return int(value)
+    problems.append(f"{path}.{key} must be an integer, got {_shown(value)}: read as unset")
+    return None
+
+
+def _sub_mapping(parent: Mapping[str, Any], path: str, key: str,
+                 problems: list[str]) -> Mapping[str, Any] | None:
+    value = parent.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        where = f"{path}.{key}" if path else key
+        problems.append(f"{where} must be an object, got {type(value).__name__}: read as unset")
+        return None
+    return value
+
+
+def parse_lifetime(obj: Mapping[str, Any]) -> Lifetime:
+    """The Session limits of an AppDefinition: spec.timeout and spec.monitor. Never raises."""
+    meta = _mapping(obj.get("metadata"))
+    problems: list[str] = []
+    spec = _sub_mapping(obj, "", "spec", problems) or {}
+    timeout = _minutes_field(spec, "spec", "timeout", problems)
+    monitor = _sub_mapping(spec, "spec", "monitor", problems)
+    port: int | None = None
+    tracker: ActivityTracker | None = None
+    if monitor is not None:
+        port = _minutes_field(monitor, "spec.monitor", "port", problems)
+        if port is not None and not 0 < port < 65536:
+            problems.append(f"spec.monitor.port must be a TCP port (1-65535), got "
+                            f"{_shown(port)}: read as unset")
+            port = None
+        block = _sub_mapping(monitor, "spec.monitor", "activityTracker", problems)
+        if block is not None:
+            path = "spec.monitor.activityTracker"
+            tracker = ActivityTracker(
+                timeout_after=_minutes_field(block, path, "timeoutAfter", problems),
+                notify_after=_minutes_field(block, path, "notifyAfter", problems))
+    return Lifetime(
+        name=str(meta.get("name") or ""),
+        namespace=str(meta.get("namespace") or ""),
+        timeout=timeout, monitor_port=port, tracker=tracker, problems=tuple(problems))
 
 
 def _deployment_error(
@@ -326,7 +415,16 @@ def parse_session(obj: Mapping[str, Any]) -> Session:
         malformed="; ".join(problems) or None,
         url=url if isinstance(url := status_obj.get("url"), str) else "",
         error=error if isinstance(error := status_obj.get("error"), str) else "",
+        secret=secret if isinstance(secret := spec.get("sessionSecret"), str) else "",
+        last_activity=_epoch_ms(status_obj.get("lastActivity")),
     )
+
+
+def _epoch_ms(value: object) -> int | None:
+    """An epoch-ms field (Java's `long`): a non-negative int, else None (unset or unusable)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 def session_error(session: Session) -> str | None:

@@ -1,0 +1,338 @@
+"""Session timeouts (session-lifecycle §5) as decisions: a table, no server, an explicit `now`.
+
+The runner's own contract (event before a uid-preconditioned delete, errors isolated per
+Session, a deposed leader stops) is checked here on a recording fake API; the same against
+the real control plane is tests/integration/test_session_timeouts.py.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from warmpool.controller.timeouts import (
+    ENABLED_SETTING,
+    INTERVAL_SETTING,
+    MONITOR_TIMEOUT_SETTING,
+    TRACKER_SETTING,
+    TimeoutRunner,
+    TimeoutSettings,
+)
+from warmpool.kube.api import Conflict
+from warmpool.pool import vocabulary as v
+from warmpool.pool.model import ActivityTracker, Lifetime, parse_lifetime, parse_session
+from warmpool.pool.timeouts import (
+    MINUTE_MS,
+    REASON_INACTIVE,
+    REASON_TIMED_OUT,
+    DeleteSession,
+    Popup,
+    PostMessage,
+    WriteLastActivity,
+    activity_plan,
+    hard_limit,
+    timeout_message,
+    tracker_for,
+    whole_minutes,
+)
+
+CREATED = "2026-03-01T10:00:00Z"
+T0 = datetime(2026, 3, 1, 10, 0, 0, tzinfo=UTC).timestamp()
+MIN = 60.0
+
+
+def session_obj(name: str = "s1", *, status: str | None = "HANDLED", created: str = CREATED,
+                appdef: str = "java", last_activity: Any = None, deleting: bool = False,
+                uid: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": uid or f"uid-{name}",
+                            "creationTimestamp": created}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-03-01T10:01:00Z"
+    obj: dict[str, Any] = {
+        "metadata": meta,
+        "spec": {"name": name, "appDefinition": appdef, "user": "jane@example.com",
+                 "sessionSecret": "s3cr3t-token"},
+    }
+    if status is not None:
+        obj["status"] = {"operatorStatus": status}
+        if last_activity is not None:
+            obj["status"]["lastActivity"] = last_activity
+    return obj
+
+
+def appdef_obj(name: str = "java", **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+            "spec": {"name": f"{name}-app", "image": "img", "port": 3000, **spec}}
+
+
+def lifetime(**spec: Any) -> Lifetime:
+    return parse_lifetime(appdef_obj(**spec))
+
+
+TRACKED = {"monitor": {"port": 3000, "activityTracker": {"timeoutAfter": 60, "notifyAfter": 55}}}
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+
+def test_lifetime_reads_timeout_and_monitor_and_tolerates_unknown_fields() -> None:
+    lt = lifetime(timeout=1440, monitor={"port": 3000, "future": [1],
+                                         "activityTracker": {"timeoutAfter": 60,
+                                                             "notifyAfter": 55, "x": {}}})
+    assert (lt.timeout, lt.monitor_port) == (1440, 3000)
+    assert lt.tracker == ActivityTracker(timeout_after=60, notify_after=55)
+    assert lt.problems == ()
+    assert lifetime(timeout="30").timeout == 30  # Jackson reads a decimal string as an int
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ({"timeout": "abc"}, "spec.timeout must be an integer"),
+    ({"timeout": True}, "spec.timeout must be an integer"),
+    ({"timeout": 1.5}, "spec.timeout must be an integer"),
+    ({"monitor": 5}, "spec.monitor must be an object"),
+    ({"monitor": {"port": 70000}}, "spec.monitor.port must be a TCP port"),
+    ({"monitor": {"activityTracker": []}}, "spec.monitor.activityTracker must be an object"),
+    ({"monitor": {"activityTracker": {"timeoutAfter": {}}}},
+     "spec.monitor.activityTracker.timeoutAfter must be an integer"),
+])
+def test_a_malformed_limit_reads_as_unset_with_a_message(spec: dict[str, Any],
+                                                         problem: str) -> None:
+    lt = lifetime(**spec)
+    assert any(p.startswith(problem) for p in lt.problems), lt.problems
+    assert lt.timeout is None and lt.monitor_port is None
+    assert lt.tracker is None or lt.tracker.timeout_after is None
+
+
+@pytest.mark.parametrize("raw", [None, "x", [], 5, {"spec": 3}])
+def test_lifetime_never_raises(raw: Any) -> None:
+    obj = raw if isinstance(raw, dict) else {"metadata": raw, "spec": raw}
+    parse_lifetime(obj)
+
+
+def test_session_keeps_its_secret_out_of_its_repr_and_reads_last_activity() -> None:
+    s = parse_session(session_obj(last_activity=1_700_000_000_000))
+    assert s.secret == "s3cr3t-token" and "s3cr3t" not in repr(s)
+    assert s.last_activity == 1_700_000_000_000
+    for bad in ("1700000000000", -5, True, 1.5, {}):
+        assert parse_session(session_obj(last_activity=bad)).last_activity is None
+    weird = session_obj()
+    weird["spec"]["sessionSecret"] = 42
+    assert parse_session(weird).secret == "" and parse_session(weird).malformed is None
+
+
+# --- the hard limit (§5.1) --------------------------------------------------------------------
+
+
+def test_whole_minutes_truncate_toward_zero() -> None:
+    assert whole_minutes(T0, T0 + 59.999) == 0
+    assert whole_minutes(T0, T0 + 60) == 1
+    assert whole_minutes(T0, T0 + 5 * MIN + 59) == 5
+    assert whole_minutes(T0, T0 - 59) == 0 and whole_minutes(T0, T0 - 61) == -1
+
+
+@pytest.mark.parametrize("elapsed, due", [
+    (5 * MIN, False),             # 5 whole minutes: not above 5
+    (5 * MIN + 59.9, False),      # still 5, truncated
+    (6 * MIN, True),              # 6 > 5
+    (30 * MIN, True),
+])
+def test_hard_limit_counts_truncated_minutes_from_creation(elapsed: float, due: bool) -> None:
+    d = hard_limit(parse_session(session_obj()), lifetime(timeout=5), T0 + elapsed)
+    assert (d is not None) == due
+    if d is not None:
+        assert d.reason == REASON_TIMED_OUT
+        assert "5-minute limit" in d.message and "spec.timeout" in d.message
+
+
+@pytest.mark.parametrize("timeout", [None, 0, -1, "abc"])
+def test_hard_limit_missing_zero_negative_or_malformed_is_no_limit(timeout: Any) -> None:
+    spec = {} if timeout is None else {"timeout": timeout}
+    assert hard_limit(parse_session(session_obj()), lifetime(**spec), T0 + 10**6) is None
+
+
+def test_hard_limit_without_appdefinition_is_no_limit() -> None:
+    assert hard_limit(parse_session(session_obj()), None, T0 + 10**6) is None
+
+
+@pytest.mark.parametrize("status", [None, "NEW", "HANDLING", "HANDLED", "ERROR", "??"])
+def test_hard_limit_applies_to_every_status(status: str | None) -> None:
+    s = parse_session(session_obj(status=status))
+    assert hard_limit(s, lifetime(timeout=1), T0 + 2 * MIN) is not None
+
+
+def test_hard_limit_skips_a_session_being_deleted_and_an_unreadable_creation() -> None:
+    lt = lifetime(timeout=1)
+    assert hard_limit(parse_session(session_obj(deleting=True)), lt, T0 + 10 * MIN) is None
+    assert hard_limit(parse_session(session_obj(created="yesterday")), lt, T0 + 10**6) is None
+
+
+# --- the activity tracker (§5.2) --------------------------------------------------------------
+
+
+def test_only_handled_sessions_with_a_positive_timeout_after_and_a_port_are_tracked() -> None:
+    handled = parse_session(session_obj())
+    assert tracker_for(handled, lifetime(**TRACKED)) == ActivityTracker(60, 55)
+    for status in ("NEW", "HANDLING", "ERROR"):
+        assert tracker_for(parse_session(session_obj(status=status)), lifetime(**TRACKED)) is None
+    assert tracker_for(parse_session(session_obj(deleting=True)), lifetime(**TRACKED)) is None
+    assert tracker_for(handled, None) is None
+    assert tracker_for(handled, lifetime()) is None  # no monitor block
+    assert tracker_for(handled, lifetime(monitor={"port": 3000})) is None  # no tracker block
+    for after in (None, 0, -3):
+        block = {} if after is None else {"timeoutAfter": after}
+        assert tracker_for(handled, lifetime(monitor={"port": 3000,
+                                                      "activityTracker": block})) is None
+    assert tracker_for(handled, lifetime(monitor={"activityTracker": {"timeoutAfter": 5}})) \
+        is None  # no port to ask
+
+
+TRACKER = ActivityTracker(timeout_after=60, notify_after=55)
+LAST = int(T0 * 1000)
+
+
+@pytest.mark.parametrize("minutes, expected", [
+    (0, ()),
+    (54, ()),
+    (55, (Popup(),)),
+    (59, (Popup(),)),
+])
+def test_popup_while_notify_after_le_m_lt_timeout_after(minutes: int, expected: tuple[Any, ...]
+                                                        ) -> None:
+    now = T0 + minutes * MIN + 59.9  # the minutes are floored
+    assert activity_plan(TRACKER, LAST, None, now) == expected
+
+
+def test_message_then_delete_at_timeout_after() -> None:
+    plan = activity_plan(TRACKER, LAST, None, T0 + 60 * MIN)
+    assert [type(a) for a in plan] == [PostMessage, DeleteSession]
+    message, deletion = plan
+    assert isinstance(message, PostMessage) and isinstance(deletion, DeleteSession)
+    assert message.body == ('{"message":"Your session has timed out!","level":"info",'
+                            '"fullscreen":true,"detail":"Timeout of 60 minutes of inactivity '
+                            'was reached!"}')
+    assert json.loads(message.body)["fullscreen"] is True
+    assert deletion.reason == REASON_INACTIVE and "60 minutes" in deletion.message
+    assert timeout_message(7).endswith(
+        '"detail":"Timeout of 7 minutes of inactivity was reached!"}')
+
+
+def test_a_silent_monitor_lets_the_session_die_timeout_after_minutes_after_handled() -> None:
+    handled_ms = LAST  # markHandled wrote lastActivity = now
+    just_before = handled_ms / 1000 + 60 * MIN - 0.001
+    assert not any(isinstance(a, DeleteSession)
+                   for a in activity_plan(TRACKER, handled_ms, None, just_before))
+    assert isinstance(activity_plan(TRACKER, handled_ms, None, handled_ms / 1000 + 60 * MIN)[-1],
+                      DeleteSession)
+
+
+def test_a_higher_reported_value_is_written_and_counted_from() -> None:
+    now = T0 + 59 * MIN
+    reported = LAST + 50 * MINUTE_MS  # 9 minutes ago: no popup any more
+    assert activity_plan(TRACKER, LAST, reported, now) == (WriteLastActivity(reported),)
+    # and it saves a Session that the stored value would have timed out
+    assert activity_plan(TRACKER, LAST, reported, T0 + 61 * MIN) == (WriteLastActivity(reported),)
+
+
+def test_a_lower_or_equal_reported_value_is_ignored() -> None:
+    now = T0 + 56 * MIN
+    assert activity_plan(TRACKER, LAST, LAST - 5 * MINUTE_MS, now) == (Popup(),)
+    assert activity_plan(TRACKER, LAST, LAST, now) == (Popup(),)
+    assert activity_plan(TRACKER, LAST, -1, T0 + 60 * MIN)[-1].__class__ is DeleteSession
+
+
+def test_unset_last_activity_starts_the_count_now_and_a_future_report_counts_as_now() -> None:
+    now = T0 + 1000 * MIN
+    now_ms = int(now * 1000)
+    assert activity_plan(TRACKER, None, None, now) == (WriteLastActivity(now_ms),)
+    assert activity_plan(TRACKER, LAST, now_ms + 10**9, now) == (WriteLastActivity(now_ms),)
+
+
+def test_no_popup_without_notify_after() -> None:
+    tracker = ActivityTracker(timeout_after=60, notify_after=None)
+    assert activity_plan(tracker, LAST, None, T0 + 59 * MIN) == ()
+
+
+# --- settings ---------------------------------------------------------------------------------
+
+
+def test_settings_defaults_and_values() -> None:
+    assert TimeoutSettings.from_env({}) == TimeoutSettings(
+        enabled=True, interval=60.0, activity_tracker=False, monitor_timeout=5.0)
+    got = TimeoutSettings.from_env({ENABLED_SETTING: "off", INTERVAL_SETTING: "2.5",
+                                    TRACKER_SETTING: "ON", MONITOR_TIMEOUT_SETTING: " 1 "})
+    assert got == TimeoutSettings(enabled=False, interval=2.5, activity_tracker=True,
+                                  monitor_timeout=1.0)
+
+
+@pytest.mark.parametrize("name, raw", [
+    (ENABLED_SETTING, "maybe"), (TRACKER_SETTING, "enabled"), (INTERVAL_SETTING, "0"),
+    (INTERVAL_SETTING, "-1"), (INTERVAL_SETTING, "nan"), (INTERVAL_SETTING, "inf"),
+    (INTERVAL_SETTING, "1m"), (MONITOR_TIMEOUT_SETTING, "x"),
+])
+def test_a_bad_setting_names_its_variable(name: str, raw: str) -> None:
+    with pytest.raises(ValueError, match=name) as info:
+        TimeoutSettings.from_env({name: raw})
+    assert repr(raw) in str(info.value)
+
+
+# --- the runner on a recording fake API -------------------------------------------------------
+
+
+class FakeKube:
+    def __init__(self, appdefs: list[dict[str, Any]], sessions: list[dict[str, Any]]) -> None:
+        self.objects = {v.APPDEF_KIND: appdefs, v.SESSION_KIND: sessions, "Service": []}
+        self.calls: list[tuple[Any, ...]] = []
+        self.conflict_on: set[str] = set()
+        self.fail_on: set[str] = set()
+
+    def list_pages(self, api_version: str, kind: str, namespace: str | None, **_: Any) -> Any:
+        yield list(self.objects[kind]), "1"
+
+    def event(self, namespace: str, regarding: dict[str, str], reason: str, message: str, *,
+              warning: bool) -> None:
+        self.calls.append(("event", regarding["name"], regarding["uid"], reason, warning))
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, *,
+               uid: str | None = None, resource_version: str | None = None) -> bool:
+        if name in self.fail_on:
+            raise RuntimeError("boom")
+        if name in self.conflict_on:
+            raise Conflict("uid precondition")
+        self.calls.append(("delete", name, uid))
+        return True
+
+
+def run(kube: FakeKube, now: float, **kwargs: Any) -> Any:
+    runner = TimeoutRunner(kube, ["ns"], TimeoutSettings(), clock=lambda: now,  # type: ignore[arg-type]
+                           **kwargs)
+    return runner.run_once()
+
+
+def test_runner_records_a_normal_event_then_deletes_by_uid() -> None:
+    kube = FakeKube([appdef_obj(timeout=5)], [session_obj("old"), session_obj(
+        "young", created="2026-03-01T10:04:00Z")])
+    report = run(kube, T0 + 6 * MIN)
+    assert kube.calls == [("event", "old", "uid-old", REASON_TIMED_OUT, False),
+                          ("delete", "old", "uid-old")]
+    assert report.deleted == [("ns", "old", REASON_TIMED_OUT)]
+
+
+def test_runner_isolates_errors_and_spares_a_recreated_session() -> None:
+    kube = FakeKube([appdef_obj(timeout=5), appdef_obj("bad", timeout="soon", monitor=3)],
+                    [session_obj("a"), session_obj("b"), session_obj("c"),
+                     session_obj("d", appdef="bad"), {"metadata": "nonsense"}])
+    kube.fail_on, kube.conflict_on = {"a"}, {"b"}
+    report = run(kube, T0 + 6 * MIN)
+    assert report.deleted == [("ns", "c", REASON_TIMED_OUT)]
+    assert report.spared == [("ns", "b")]
+    assert [e[:2] for e in report.errors] == [("ns", "a")]
+    assert report.sessions == 5
+
+
+def test_runner_stops_when_no_longer_leading() -> None:
+    kube = FakeKube([appdef_obj(timeout=5)], [session_obj("a"), session_obj("b")])
+    report = run(kube, T0 + 6 * MIN, active=lambda: False)
+    assert report.stopped and kube.calls == []
