@@ -95,6 +95,12 @@ def test_a_claimed_session_gets_theia_clouds_route_byte_for_byte(kube, namespace
                                                        "replacePrefixMatch": "/"}}}]
     assert prefix["backendRefs"] == [{"group": "", "kind": "Service", "weight": 1,
                                       "name": _external_service(kube, ns, 1), "port": 3000}]
+    # The allow-list was the holder's before the route existed: etcd's revisions order the
+    # namespace's writes, and neither object has been written since.
+    email = next(o for key, o in instance_objects(kube, ns, "java", 1).items()
+                 if (o["metadata"].get("labels") or {}).get(v.LABEL_TEMPLATE_PURPOSE) == "emails")
+    assert email["data"]["authenticated-emails-list"] == USERS[1]
+    assert int(email["metadata"]["resourceVersion"]) < int(meta["resourceVersion"])
     status = s1["status"]
     assert status["operatorStatus"] == v.STATUS_HANDLED
     # No scheme, a trailing slash (clients open https://${url}).
@@ -255,3 +261,71 @@ def test_release_deletes_the_route_before_the_allow_list_is_cleared(kube, namesp
     order = [what for _, what in sorted(seen)]
     assert order.index("route deleted") < order.index("allow-list cleared"), seen
     assert_invariants(kube, ns)
+
+
+def test_a_route_the_server_refuses_puts_the_session_in_error_with_javas_message(
+    kube, namespace
+) -> None:
+    """No hostnames on the shared route: the prefixes make them, and "Bad_" is not a valid
+    hostname (the CRD's pattern): the server refuses the route with a 422, for good."""
+    ns = namespace
+    create_shared_route(kube, ns, hostnames=())
+    create_appdef(kube, ns, min_instances=1)
+    patch_appdef_spec(kube, ns, "java", ingressHostnamePrefixes=["Bad_"])
+    run_until_quiet(kube, ns)
+    create_session(kube, ns, "s1", USERS[1])
+    run_until_quiet(kube, ns)
+    status = session(kube, ns, "s1")["status"]
+    assert (status["operatorStatus"], status["operatorMessage"]) == (
+        v.STATUS_ERROR, "Failed to edit HTTPRoute.")
+    assert held_instance(kube, ns, "s1") == 1  # stays claimed until the Session goes, as Java
+    assert _route_of(kube, ns, "s1") is None
+    events, _ = kube.list("v1", "Event", ns)
+    assert any(e.get("reason") == "RouteRefused" and e["type"] == "Warning" for e in events)
+    delete_session(kube, ns, "s1")
+    run_until_quiet(kube, ns)
+    assert_invariants(kube, ns)
+
+
+def test_a_route_orphaned_without_the_garbage_collector_is_swept(kube, namespace) -> None:
+    """A Session deleted with propagationPolicy Orphan leaves its route behind (and its
+    instance's references, which the release strips): the pool's resync deletes the route,
+    and leaves alone a route that another owner holds too."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    _claim(kube, ns, 2)
+    orphan = _route_of(kube, ns, "s1")
+    kept = _route_of(kube, ns, "s2")
+    assert orphan is not None and kept is not None
+    # s2's route gets a second owner: it must survive its Session.
+    cm = kube.create({"apiVersion": "v1", "kind": "ConfigMap",
+                      "metadata": {"name": "other-owner", "namespace": ns}})
+    refs = [*kept["metadata"]["ownerReferences"],
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "other-owner",
+             "uid": cm["metadata"]["uid"]}]
+    kube.merge_patch(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, kept["metadata"]["name"],
+                     {"metadata": {"ownerReferences": refs}})
+    # Point both routes away from their instances, as a hand edit might: no instance's own
+    # job leads to them any more, only the sweep does.
+    for route in (orphan, kept):
+        kube.merge_patch(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, route["metadata"]["name"],
+                         {"spec": {"rules": [{"backendRefs": [{"name": "gone", "port": 80}]}]}})
+    for name in ("s1", "s2"):
+        uid = session(kube, ns, name)["metadata"]["uid"]
+        kube.dyn.resources.get(api_version=v.SESSION_API_VERSION, kind=v.SESSION_KIND).delete(
+            name=name, namespace=ns, body={"propagationPolicy": "Orphan",
+                                           "preconditions": {"uid": uid}})
+    wait_for(lambda: kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1") is None
+             and kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s2") is None,
+             timeout=30, message="both Sessions gone")
+
+    def orphaned() -> bool:  # the GC has taken the Sessions' references off everything
+        objects = [*session_routes(kube, ns).values(),
+                   *(o for k in (1, 2) for o in instance_objects(kube, ns, "java", k).values())]
+        return all("Session" not in owner_kinds(o) for o in objects)
+    wait_for(orphaned, timeout=90, message="the GC to orphan the routes and instances")
+    run_until_quiet(kube, ns)
+    left = session_routes(kube, ns)
+    assert orphan["metadata"]["name"] not in left
+    assert kept["metadata"]["name"] in left  # held by another owner too: never deleted

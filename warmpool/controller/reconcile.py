@@ -20,12 +20,20 @@ from typing import Any
 from warmpool.controller.guard import Leases, Unguarded
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Conflict, Kube, KubeError
-from warmpool.kube.executor import Executor, Prober, check_fence
+from warmpool.kube.executor import Executor, Prober, RouteWriteFailed, check_fence
 from warmpool.kube.guard import Guard
 from warmpool.kube.reader import Reader
-from warmpool.pool import builders, naming
+from warmpool.pool import builders, naming, routes
 from warmpool.pool import vocabulary as v
-from warmpool.pool.actions import AnnotateSession, Create, Report, ResetPods, SetSessionStatus
+from warmpool.pool.actions import (
+    Action,
+    AnnotateSession,
+    Create,
+    Delete,
+    Report,
+    ResetPods,
+    SetSessionStatus,
+)
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.claim import (
     ClaimError,
@@ -43,7 +51,7 @@ from warmpool.pool.decide import Plan, decide_instance, unguarded_deletes
 from warmpool.pool.instances import HolderIndex, InstanceView, holders, is_session_ref, refs
 from warmpool.pool.model import AppDefinition, Invalid, Session
 from warmpool.pool.parts import Part
-from warmpool.pool.routes import ROUTE_MISSING
+from warmpool.pool.routes import ROUTE_FAILED, ROUTE_MISSING
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +165,12 @@ def reconcile_instance(
         executor = Executor(kube, ns, guard, sink=reader, prober=prober)
         try:
             writes = executor.apply(plan.actions)
+        except RouteWriteFailed as exc:
+            written += executor.written
+            _route_failed(kube, plan, exc)
+            if not _permanent(exc.status):
+                raise  # the job fails and its key is retried with backoff
+            return InstanceResult(plan, len(executor.written), attempt, written=written)
         except Conflict as exc:
             log.info("instance %s: conflict (%s), reading it again", key, exc)
             written += executor.written
@@ -169,6 +183,30 @@ def reconcile_instance(
             follow_ups = _wake_waiting(reader, ns, appdef, sessions, dict(written))
         return InstanceResult(plan, writes, attempt, follow_ups, written)
     raise Conflict(f"instance {key}: still conflicting after {MAX_ATTEMPTS} attempts")
+
+
+def _permanent(status: int | None) -> bool:
+    """A 4xx other than a timeout or throttling: the same write would fail again."""
+    return status is not None and 400 <= status < 500 and status not in (408, 429)
+
+
+def _route_failed(kube: Kube, plan: Plan, exc: RouteWriteFailed) -> None:
+    """Tell the holder its route could not be written (session-lifecycle §1, Ours): HANDLING
+    while the failure may pass, ERROR (with a Warning) when the server refused the route
+    itself. The instance stays claimed until the Session is deleted, as in Java."""
+    holder = plan.holder
+    if holder is None:
+        return
+    permanent = _permanent(exc.status)
+    log.warning("Session %s: its route could not be written (%s)", holder.name, exc)
+    _set_status(kube, holder, v.STATUS_ERROR if permanent else v.STATUS_HANDLING,
+                ROUTE_FAILED)
+    if permanent:
+        Executor(kube, holder.namespace, Unguarded()).apply([Report(
+            "RouteRefused", f"Session {holder.name}: the API server refused its HTTPRoute "
+            f"({exc.status}): {str(exc)[:300]}",
+            regarding={"kind": v.SESSION_KIND, "name": holder.name,
+                       "apiVersion": v.SESSION_API_VERSION})])
 
 
 def _shared_route(
@@ -495,6 +533,8 @@ def resync_pool(
                        "apiVersion": v.APPDEF_API_VERSION})])
         return []
     sessions = reader.sessions(key.namespace, key.appdef)
+    if settings.routing and appdef is not None:
+        _sweep_routes(reader, kube, appdef, sessions)
     pool = reader.pool(key.namespace, key.appdef, appdef, sessions)
     ids = set(pool) | {s.instance_id for s in sessions if s.instance_id}
     if appdef is not None:
@@ -509,6 +549,39 @@ def resync_pool(
     keys += [SessionKey(key.namespace, s.name) for s in sessions
              if s.live and s.uid not in facts.referenced and s.status != v.STATUS_ERROR]
     return keys
+
+
+def _sweep_routes(
+    reader: Reader, kube: Kube, appdef: AppDefinition, sessions: list[Session]
+) -> None:
+    """Delete the pool's orphaned session routes (session-lifecycle §3): labelled for this
+    AppDefinition, owned only by their Session, which is gone or being deleted. The routes
+    to an instance are its own job's; this finds those no instance leads to (a Session
+    deleted with propagationPolicy Orphan, or while no garbage collector ran).
+
+    Safe on a stale read: each candidate's Session is read from the server first (a uid
+    never comes back, so "no live Session with that uid" there is final), and the delete
+    carries the route's uid and resourceVersion, so a route changed since is not touched.
+    """
+    label = naming.label_value(appdef.spec_name)  # as builders.session_labels writes it
+    live = {s.uid for s in sessions if s.live}
+    actions: list[Action] = []
+    for route in reader.session_routes(appdef.namespace):
+        meta = route.get("metadata") or {}
+        uid = routes.session_uid_of(route)
+        if ((meta.get("labels") or {}).get(v.LABEL_APP_DEFINITION) != label or uid in live
+                or not routes.only_owned_by_its_session(route)):
+            continue
+        owner = next((str(r.get("name")) for r in meta.get("ownerReferences") or ()
+                      if r.get("uid") == uid), "")
+        now = reader.session(appdef.namespace, owner, fresh=True) if owner else None
+        if now is not None and now.uid == uid and now.live:
+            continue
+        actions.append(Delete(Part.ROUTE, str(meta.get("name")), str(meta.get("uid")),
+                              str(meta.get("resourceVersion")), "its Session is gone"))
+    for action in actions:
+        with contextlib.suppress(Conflict, KubeError):  # changed or gone meanwhile: next time
+            Executor(kube, appdef.namespace, Unguarded(), sink=reader).apply([action])
 
 
 def _has_work(

@@ -242,6 +242,11 @@ class ClusterCache:
         return [o for o in self._reflector(APPDEFS, namespace).items()
                 if (o.get("metadata") or {}).get("namespace") == namespace]
 
+    def items(self, kind: str, namespace: str) -> list[Obj]:
+        """Every cached object of `kind` in `namespace` (a scan: for resyncs and sweeps)."""
+        return [o for o in self._reflector(self._watched(kind, ""), namespace).items()
+                if (o.get("metadata") or {}).get("namespace") == namespace]
+
     def pool_objects(self, namespace: str) -> list[Obj]:
         """Every cached pool object of `namespace` (a scan: for resyncs and rare paths)."""
         out: list[Obj] = []

@@ -76,6 +76,11 @@ def check_fence(view: InstanceView, guard: Guard) -> None:
                           f"ours is {guard.fence}")
 
 
+class RouteWriteFailed(KubeError):
+    """A Session's route could not be created or patched (not a conflict): the caller tells
+    the Session (Java's "Failed to edit HTTPRoute.") before the job fails or gives up."""
+
+
 class WriteSink(Protocol):
     """Who hears of each write: the reader, so the job's next reads see its own writes."""
 
@@ -261,7 +266,13 @@ class Executor:
         match action:
             case Create(part=part, body=body):
                 # Safe on a stale read: the server refuses a create whose name exists (409).
-                created = self.kube.create({**body, "metadata": self._fenced(body["metadata"])})
+                try:
+                    created = self.kube.create({**body,
+                                                "metadata": self._fenced(body["metadata"])})
+                except KubeError as exc:
+                    if part is Part.ROUTE:
+                        raise RouteWriteFailed(exc.status, str(exc)) from exc
+                    raise
                 self._wrote(part.kind, created)
                 log.info("created %s %s", part.kind, body["metadata"]["name"])
             case Patch(part=part, name=name, resource_version=rv, patch=patch, why=why):
@@ -274,6 +285,8 @@ class Executor:
                 except KubeError as exc:
                     if exc.status == 404:
                         raise Conflict(f"{part.kind} {name} vanished") from exc
+                    if part is Part.ROUTE:
+                        raise RouteWriteFailed(exc.status, str(exc)) from exc
                     raise
                 self._wrote(part.kind, patched)
                 log.info("patched %s %s (%s)", part.kind, name, why)

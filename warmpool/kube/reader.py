@@ -113,6 +113,10 @@ class Reader(Protocol):
         """An HTTPRoute by name (an AppDefinition's shared route), or None."""
         ...
 
+    def session_routes(self, namespace: str) -> list[Obj]:
+        """Every session route of `namespace` (Theia Cloud's session labels)."""
+        ...
+
     def wrote(self, obj: Obj) -> None:
         """A write's response: later reads of this job must see at least this version."""
         ...
@@ -207,6 +211,9 @@ class LiveReader:
 
     def route(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
         return observe.read_route(self.kube, namespace, name) if name else None
+
+    def session_routes(self, namespace: str) -> list[Obj]:
+        return observe.list_session_routes(self.kube, namespace) if self.routes else []
 
     def wrote(self, obj: Obj) -> None:
         return None
@@ -447,6 +454,12 @@ class CachedReader:
     def proxy_template(self, namespace: str) -> str | None:
         cm = self.cache.get("ConfigMap", namespace, v.NAMESPACE_PROXY_TEMPLATE)
         return None if cm is None else (cm.get("data") or {}).get(v.PROXY_CONFIG_KEY)
+
+    def session_routes(self, namespace: str) -> list[Obj]:
+        if not self.cache.routes:
+            return []
+        return [r for r in self.cache.items(v.ROUTE_KIND, namespace)
+                if routes.is_session_route(r)]
 
     def route(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
         if not name:

@@ -28,6 +28,8 @@ Obj = Mapping[str, Any]
 
 #: A Session's message while its AppDefinition's shared route does not exist (Java's).
 ROUTE_MISSING = "HTTPRoute not available."
+#: ... while its route cannot be written (Java's message for any route write failure).
+ROUTE_FAILED = "Failed to edit HTTPRoute."
 
 
 def route_name(session_uid: str) -> str:
