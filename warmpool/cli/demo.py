@@ -4,7 +4,7 @@ It starts everything on this machine (control plane, embedded Redis, scheduler, 
 acts as a person and Theia Cloud would: an AppDefinition, Sessions claiming instances, the admin
 lowering minInstances below claimed ids (what made the Java operator delete live allow-lists),
 Sessions ending. The controller is never called directly; the demo only writes to the API server
-and watches the pool converge, then checks the invariants I1-I6.
+and watches the pool converge, then checks the invariants I1-I6 (and the routes', R1-R2).
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from rich.table import Table
 
 from warmpool import invariants
 from warmpool.kube.api import Kube, KubeError, connect
-from warmpool.kube.observe import group_pool, list_pool_objects
+from warmpool.kube.observe import group_pool, list_pool_objects, list_session_routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.instances import holders
 from warmpool.pool.model import parse_session
 from warmpool.pool.parts import Part
+from warmpool.pool.routes import route_name
 from warmpool.stack import LocalStack
 from warmpool.testing.gateway import ensure_shared_route
 
@@ -57,9 +58,10 @@ def pool_table(kube: Kube) -> Table:
     sessions = [parse_session(s) for s in items]
     ad = kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, NAMESPACE, APPDEF)
     spec = (ad or {}).get("spec") or {}
-    t = Table(title=f"pool {APPDEF}  minInstances={spec.get('minInstances', '-')}", width=76)
-    for col in ("id", "state", "objects", "session", "allow-list", "owners"):
+    t = Table(title=f"pool {APPDEF}  minInstances={spec.get('minInstances', '-')}", width=78)
+    for col in ("id", "state", "objects", "session", "allow-list", "owners", "route"):
         t.add_column(col)
+    routes_by_name = {r["metadata"]["name"] for r in list_session_routes(kube, NAMESPACE)}
     pool = group_pool(objects, APPDEF, None, sessions)
     for k, inst in sorted(pool.items()):
         held = holders(inst, APPDEF, sessions)
@@ -67,8 +69,14 @@ def pool_table(kube: Kube) -> Table:
         allow = (email.get("data") or {}).get(v.EMAILS_KEY, "") if email else "MISSING"
         owners = sorted({r["kind"][:7] for _, o in inst.existing()
                          for r in o["metadata"].get("ownerReferences") or []})
+        # A holder's route, then its URL (HANDLED -> URL ready; the local stack has no
+        # gateway, so the URL comes with HANDLED: the probe is off).
+        route = ""
+        if held:
+            routed = route_name(held[0].uid) in routes_by_name
+            route = ("url ready" if held[0].url else "routed") if routed else "none"
         t.add_row(str(k), "claimed" if held else "free", f"{len(inst.existing())}/5",
-                  held[0].name if held else "", allow or "(empty)", "+".join(owners))
+                  held[0].name if held else "", allow or "(empty)", "+".join(owners), route)
     waiting = [s.name for s in sessions if s.live and s.status == v.STATUS_HANDLING]
     if waiting:
         t.caption = f"waiting: {', '.join(waiting)}"
@@ -185,8 +193,8 @@ def _scenario(kube: Kube, stack: LocalStack, timeline: Timeline, console: Consol
     for violation in violations:
         console.print(f"[red]✗ {violation}[/]")
     if ok and not violations:
-        console.print("[green]✓ invariants I1-I6 hold: no claimed instance lost an object, "
-                      "nothing orphaned[/]")
+        console.print("[green]✓ invariants I1-I6 and R1-R2 hold: no claimed instance lost an "
+                      "object, each holder has its route, nothing orphaned[/]")
         return True
     console.print("[red]✗ the pool did not converge to a correct state[/]")
     return False
