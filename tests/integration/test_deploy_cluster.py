@@ -212,6 +212,9 @@ ALLOWED = [
     *[(verb, resource) for resource in ("services", "configmaps", "deployments.apps")
       for verb in ("get", "list", "watch", "create", "patch", "delete")],
     *[(verb, "pods") for verb in ("list", "patch", "delete")],
+    # Session routes (session-lifecycle §1): the shared route is only read
+    *[(verb, "httproutes.gateway.networking.k8s.io")
+      for verb in ("get", "list", "watch", "create", "patch", "delete")],
     ("create", "events"),
     *[(verb, "leases.coordination.k8s.io") for verb in ("create", "list", "watch")],
     *[(verb, "leases.coordination.k8s.io/warmpool-scheduler") for verb in ("get", "patch")],
@@ -222,7 +225,8 @@ DENIED_HERE = [
     *[(verb, "sessions.theia.cloud") for verb in ("create", "update")],
     ("update", "sessions.theia.cloud", "status"),
     ("patch", "appdefinitions.theia.cloud", "status"),
-    *[("update", resource) for resource in ("services", "configmaps", "deployments.apps")],
+    *[("update", resource) for resource in ("services", "configmaps", "deployments.apps",
+                                            "httproutes.gateway.networking.k8s.io")],
     *[(verb, "pods") for verb in ("get", "watch", "create", "update")],
     ("create", "pods", "exec"),
     ("get", "pods", "log"),
