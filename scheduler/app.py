@@ -43,6 +43,8 @@ WATCHED: tuple[Watched, ...] = (
 )
 #: Watched too where Session routes are in use (the HTTPRoute CRD must exist).
 ROUTES = Watched(v.ROUTE_KIND, v.ROUTE_API_VERSION)
+#: Watched instead in upstream's mode (PoolSettings.ingress).
+INGRESSES = Watched("Ingress", "networking.k8s.io/v1")
 
 
 class Producer(Protocol):
@@ -67,6 +69,7 @@ class SchedulerConfig:
     watch_timeout: tuple[float, float] = (300.0, 600.0)
     leader: LeaderConfig | None = None  # None: no election, always leading
     routes: bool = False  # watch HTTPRoutes (PoolSettings.routing)
+    ingresses: bool = False  # watch Ingresses (PoolSettings.ingress)
     # Session timeouts (session-lifecycle §5), run by the leader every `interval`; None or
     # not enabled: none (the CLI passes TimeoutSettings.from_env(), on by default).
     timeouts: TimeoutSettings | None = None
@@ -121,7 +124,8 @@ class Scheduler:
         self._appdefs: list[Reflector] = []
         for ns in namespaces:
             kube = kube_factory()  # one client per namespace: its watches hold connections
-            for watched in (*WATCHED, ROUTES) if config.routes else WATCHED:
+            for watched in (*WATCHED, *((ROUTES,) if config.routes else ()),
+                            *((INGRESSES,) if config.ingresses else ())):
                 r = Reflector(kube, watched, ns, self._handler(watched.kind),
                               summarize=mapping.summarize,
                               timeout_range=config.watch_timeout, backoff=Backoff())

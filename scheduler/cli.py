@@ -117,12 +117,13 @@ def scheduler(
     from warmpool.pool.builders import PoolSettings
 
     try:
-        routing = PoolSettings.from_env(os.environ).routing
+        pool = PoolSettings.from_env(os.environ)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     config = SchedulerConfig(namespaces=ns_list, resync_period=resync_period,
                              epoch_period=settings.epoch_period, watch_timeout=watch_timeout,
-                             leader=leader, routes=routing, timeouts=timeouts)
+                             leader=leader, routes=pool.routing, ingresses=pool.ingress,
+                             timeouts=timeouts)
     from warmpool.queue.epoch import Epoch
 
     epoch = Epoch(producer.client, producer.layout, create=True)

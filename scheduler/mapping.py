@@ -21,6 +21,9 @@ Rules (see the README of the scheduler in ``scheduler/__init__.py``):
   instance it sends to (before and after), under its Session's AppDefinition, else that
   Session's ``SessionKey``; any other route (a shared one) -> the ``PoolKey`` of each
   AppDefinition whose ``spec.ingressname`` names it (its claims wait for it).
+- Ingress (upstream's mode) added or deleted -> the ``PoolKey`` of each AppDefinition naming
+  it. Its modifications map to nothing: the workers edit it for every claim and release,
+  and a rule removed by hand is restored by the periodic resync.
 - Pool object (Service, Deployment, ConfigMap) added, modified or deleted -> ``InstanceKey``
   of the AppDefinition named by its owner reference and the id in its name; without such a
   reference (the Java operator strips it) -> the ``PoolKey`` of each owning Session's
@@ -51,6 +54,7 @@ APPDEF = v.APPDEF_KIND
 SESSION = v.SESSION_KIND
 POOL_KINDS = ("Service", "Deployment", "ConfigMap")
 ROUTE = v.ROUTE_KIND
+INGRESS = "Ingress"
 
 Obj = Mapping[str, Any]
 # (namespace, session name) -> that Session's spec.appDefinition, if the scheduler knows it.
@@ -175,6 +179,9 @@ def keys_for(
         return _pool_object_keys(kind, ns, obj, old_obj, session_appdef_of)
     if kind == ROUTE:
         return _route_keys(ns, obj, old_obj, session_appdef_of, routed_by)
+    if kind == INGRESS and event_type != MODIFIED:
+        name = str(_meta(obj).get("name") or "")
+        return [PoolKey(ns, a) for a in (routed_by(ns, name) if routed_by else [])]
     return []
 
 

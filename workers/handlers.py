@@ -87,7 +87,8 @@ def cache() -> ClusterCache:
         if _cache is None:
             url = os.environ.get("KUBECONFIG") or None
             _cache = ClusterCache(lambda: Kube(connect(url)), served_namespaces(),
-                                  watch_routes=pool_settings().routing).start()
+                                  watch_routes=pool_settings().routing,
+                                  watch_ingresses=pool_settings().ingress).start()
         return _cache
 
 

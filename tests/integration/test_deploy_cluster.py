@@ -215,6 +215,7 @@ ALLOWED = [
     # Session routes (session-lifecycle §1): the shared route is only read
     *[(verb, "httproutes.gateway.networking.k8s.io")
       for verb in ("get", "list", "watch", "create", "patch", "delete")],
+    *[(verb, "ingresses.networking.k8s.io") for verb in ("get", "list", "watch", "patch")],
     ("create", "events"),
     *[(verb, "leases.coordination.k8s.io") for verb in ("create", "list", "watch")],
     *[(verb, "leases.coordination.k8s.io/warmpool-scheduler") for verb in ("get", "patch")],

@@ -48,6 +48,7 @@ from warmpool.pool.claim import (
     waiting_sessions,
 )
 from warmpool.pool.decide import Plan, decide_instance, unguarded_deletes
+from warmpool.pool.ingress import INGRESS_MISSING
 from warmpool.pool.instances import HolderIndex, InstanceView, holders, is_session_ref, refs
 from warmpool.pool.model import AppDefinition, Invalid, Session
 from warmpool.pool.parts import Part
@@ -141,7 +142,8 @@ def reconcile_instance(
                      for s in holders(view, key.appdef, sessions) if s.instance_id != key.id}
         plan = decide_instance(view, key.appdef, appdef, sessions, proxy_template=template,
                                settings=settings, held_elsewhere=elsewhere,
-                               shared_route=_shared_route(reader, appdef, settings),
+                               shared_route=_shared_route(reader, appdef, settings,
+                                                          fresh=fresh),
                                now_ms=int(time.time() * 1000))
         if not fresh and unguarded_deletes(view, plan):
             fresh = True  # nothing on the server would refuse these deletes: read it first
@@ -210,16 +212,22 @@ def _route_failed(kube: Kube, plan: Plan, exc: RouteWriteFailed) -> None:
 
 
 def _shared_route(
-    reader: Reader, appdef: AppDefinition | None, settings: PoolSettings
+    reader: Reader, appdef: AppDefinition | None, settings: PoolSettings, *,
+    fresh: bool = False,
 ) -> dict[str, Any] | None:
     """The HTTPRoute `spec.ingressname` names (session-lifecycle §1: by name, never written),
-    where routes are in use. A stale read is harmless: read missing, nothing is claimed or
-    routed until its creation's event queues the pool again; read present after a deletion,
-    a route copies the parentRefs it last had, which is what a route made a moment earlier
-    would carry too."""
-    if not settings.routing or appdef is None or not appdef.ingress_name:
+    where routes are in use; in upstream's mode, the Ingress it names (§4). A stale read is
+    harmless: read missing, nothing is claimed or routed until its creation's event queues
+    the pool again; read present after a deletion, a route copies the parentRefs it last
+    had, which is what a route made a moment earlier would carry too; an Ingress read stale
+    makes its patch (resourceVersion-guarded) fail, and the retry reads it `fresh`."""
+    if appdef is None or not appdef.ingress_name:
         return None
-    return reader.route(appdef.namespace, appdef.ingress_name)
+    if settings.routing:
+        return reader.route(appdef.namespace, appdef.ingress_name, fresh=fresh)
+    if settings.ingress:
+        return reader.ingress(appdef.namespace, appdef.ingress_name, fresh=fresh)
+    return None
 
 
 def _wake_waiting(
@@ -412,8 +420,9 @@ def claim_session(
             session, appdef, mine, sessions, facts, sessions_per_user=limit,
             user_sessions=reader.user_sessions(ns, session.user)
             if limit is not None and limit >= 0 else (),
-            routable=not settings.routing
-            or _shared_route(reader, pool_appdef, settings) is not None)
+            routable=not (settings.routing or settings.ingress)
+            or _shared_route(reader, pool_appdef, settings) is not None,
+            unroutable=ROUTE_MISSING if settings.routing else INGRESS_MISSING)
         if (session.instance_id is not None and pool_appdef is not None
                 and isinstance(decision, ClaimTry | ClaimWait)):
             # Annotated with an instance it does not hold. Before calling the annotation
@@ -442,10 +451,11 @@ def claim_session(
                                    "apiVersion": v.SESSION_API_VERSION})])
                 return ClaimResult("error", message=message, appdef=session.appdef)
             case ClaimWait(message=message):
-                if message == ROUTE_MISSING and session.message != message:
+                if message in (ROUTE_MISSING, INGRESS_MISSING) and session.message != message:
                     assert isinstance(appdef, AppDefinition)
                     Executor(kube, ns, Unguarded()).apply([Report(
-                        "RouteMissing", f"HTTPRoute {appdef.ingress_name!r} (spec.ingressname "
+                        "RouteMissing", f"{'HTTPRoute' if settings.routing else 'Ingress'} "
+                        f"{appdef.ingress_name!r} (spec.ingressname "
                         f"of AppDefinition {appdef.name}) does not exist: Session "
                         f"{session.name} waits for it",
                         regarding={"kind": v.APPDEF_KIND, "name": appdef.name,

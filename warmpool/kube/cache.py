@@ -58,6 +58,8 @@ PROXY_TEMPLATE = Watched("ConfigMap", "v1", None,
 # Every HTTPRoute of the namespace: the shared routes are found by name (an AppDefinition's
 # spec.ingressname), the Sessions' routes by the Service they send to (`routes_to`).
 ROUTES = Watched(v.ROUTE_KIND, v.ROUTE_API_VERSION)
+# Every Ingress of the namespace, in upstream's mode: the shared one is found by name.
+INGRESSES = Watched("Ingress", "networking.k8s.io/v1")
 WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, SERVICES, DEPLOYMENTS, CONFIGMAPS,
                                 PROXY_TEMPLATE)
 
@@ -82,7 +84,7 @@ def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
     """
     out: Obj = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind") or kind,
                 "metadata": _meta(obj)}
-    if kind in (v.APPDEF_KIND, v.SESSION_KIND, v.ROUTE_KIND):
+    if kind in (v.APPDEF_KIND, v.SESSION_KIND, v.ROUTE_KIND, "Ingress"):
         out["spec"] = obj.get("spec")
         if kind == v.SESSION_KIND and obj.get("status") is not None:
             out["status"] = obj.get("status")
@@ -110,11 +112,15 @@ class ClusterCache:
         *,
         timeout_range: tuple[float, float] = (300.0, 600.0),
         watch_routes: bool = True,
+        watch_ingresses: bool = False,
     ) -> None:
         """`watch_routes`: keep the HTTPRoutes too (Session routes in use; the CRD must
-        exist, or the cache never syncs)."""
+        exist, or the cache never syncs); `watch_ingresses`: the Ingresses (upstream's mode)."""
         self.namespaces = list(namespaces) if namespaces else None
         self.routes = watch_routes
+        self.ingresses = watch_ingresses
+        watched = (*WATCHES, *((ROUTES,) if watch_routes else ()),
+                   *((INGRESSES,) if watch_ingresses else ()))
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._sessions: dict[tuple[str, str], Session] = {}
@@ -133,9 +139,9 @@ class ClusterCache:
         everywhere: list[str | None] = [None]  # no namespaces given: one of each for all
         for ns in self.namespaces or everywhere:
             kube = kube_factory()  # one client per namespace: its watches hold connections
-            for watched in (*WATCHES, ROUTES) if watch_routes else WATCHES:
-                self.reflectors[(ns, watched)] = Reflector(
-                    kube, watched, ns, self._handler(watched), summarize=strip,
+            for kind in watched:
+                self.reflectors[(ns, kind)] = Reflector(
+                    kube, kind, ns, self._handler(kind), summarize=strip,
                     timeout_range=timeout_range, backoff=Backoff(), report_first_list=True)
 
     # --- life cycle -------------------------------------------------------------------------
@@ -180,6 +186,8 @@ class ClusterCache:
             return PROXY_TEMPLATE if name == v.NAMESPACE_PROXY_TEMPLATE else CONFIGMAPS
         if kind == v.ROUTE_KIND and self.routes:
             return ROUTES
+        if kind == "Ingress" and self.ingresses:
+            return INGRESSES
         raise KeyError(f"no cache of {kind}")
 
     def get(self, kind: str, namespace: str, name: str) -> Obj | None:

@@ -158,7 +158,7 @@ def _parallel_target(action: Action) -> tuple[str, str] | None:
 #: Parts whose writes stand alone, in their place: the external Service (what a plan's
 #: deletes and resets are guarded by) and the route (made only once all before it is done:
 #: a path must never reach an allow-list that is not yet the holder's).
-_ALONE = (Part.EXTERNAL_SERVICE, Part.ROUTE)
+_ALONE = (Part.EXTERNAL_SERVICE, Part.ROUTE, Part.INGRESS)
 
 
 class Executor:
@@ -276,7 +276,10 @@ class Executor:
                 self._wrote(part.kind, created)
                 log.info("created %s %s", part.kind, body["metadata"]["name"])
             case Patch(part=part, name=name, resource_version=rv, patch=patch, why=why):
-                body = {**patch, "metadata": self._fenced(patch.get("metadata", {}))}
+                # The shared Ingress is not the instance's: it gets no fence (a fence is one
+                # instance's lease, and the Ingress is every instance's and Helm's).
+                body = patch if part is Part.INGRESS else {
+                    **patch, "metadata": self._fenced(patch.get("metadata", {}))}
                 # Safe on a stale read: the resourceVersion we decided on is the precondition.
                 try:
                     patched = self.kube.merge_patch(
@@ -285,7 +288,7 @@ class Executor:
                 except KubeError as exc:
                     if exc.status == 404:
                         raise Conflict(f"{part.kind} {name} vanished") from exc
-                    if part is Part.ROUTE:
+                    if part in (Part.ROUTE, Part.INGRESS):
                         raise RouteWriteFailed(exc.status, str(exc)) from exc
                     raise
                 self._wrote(part.kind, patched)

@@ -48,6 +48,13 @@ def read_route(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
     return obj
 
 
+def read_ingress(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    obj = kube.get("networking.k8s.io/v1", "Ingress", namespace, name)
+    if obj is not None:
+        obj.setdefault("kind", "Ingress")
+    return obj
+
+
 def list_session_routes(kube: Kube, namespace: str) -> list[dict[str, Any]]:
     items, _ = kube.list(v.ROUTE_API_VERSION, v.ROUTE_KIND, namespace,
                          label_selector=ROUTE_SELECTOR)

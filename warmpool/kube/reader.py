@@ -15,7 +15,7 @@ directly and, for the cache, keeps what it read.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from warmpool.kube import observe
@@ -117,6 +117,10 @@ class Reader(Protocol):
         """Every session route of `namespace` (Theia Cloud's session labels)."""
         ...
 
+    def ingress(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
+        """An Ingress by name (the shared one of upstream's mode), or None."""
+        ...
+
     def wrote(self, obj: Obj) -> None:
         """A write's response: later reads of this job must see at least this version."""
         ...
@@ -214,6 +218,9 @@ class LiveReader:
 
     def session_routes(self, namespace: str) -> list[Obj]:
         return observe.list_session_routes(self.kube, namespace) if self.routes else []
+
+    def ingress(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
+        return observe.read_ingress(self.kube, namespace, name) if name else None
 
     def wrote(self, obj: Obj) -> None:
         return None
@@ -462,19 +469,30 @@ class CachedReader:
                 if routes.is_session_route(r)]
 
     def route(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
+        return self._by_name(v.ROUTE_KIND, observe.read_route, self.cache.routes, namespace,
+                             name, fresh)
+
+    def ingress(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
+        return self._by_name("Ingress", observe.read_ingress, self.cache.ingresses, namespace,
+                             name, fresh)
+
+    def _by_name(
+        self, kind: str, read: Callable[[Kube, str, str], Obj | None], cached_kind: bool,
+        namespace: str, name: str, fresh: bool,
+    ) -> Obj | None:
+        """One object by name from the cache (a miss, or `fresh`: from the server, kept)."""
         if not name:
             return None
-        if not self.cache.routes:
-            return observe.read_route(self.kube, namespace, name)
-        cached = self.cache.get(v.ROUTE_KIND, namespace, name)
-        if not fresh and (cached is not None
-                          or self.cache.deleted(v.ROUTE_KIND, namespace, name)):
+        if not cached_kind:
+            return read(self.kube, namespace, name)
+        cached = self.cache.get(kind, namespace, name)
+        if not fresh and (cached is not None or self.cache.deleted(kind, namespace, name)):
             return cached
-        obj = observe.read_route(self.kube, namespace, name)
+        obj = read(self.kube, namespace, name)
         if obj is not None:
             self.cache.offer(obj)
         elif cached is not None:
-            self.cache.offer_gone(v.ROUTE_KIND, namespace, name,
+            self.cache.offer_gone(kind, namespace, name,
                                   str((cached.get("metadata") or {}).get("uid") or ""))
         return obj
 

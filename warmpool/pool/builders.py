@@ -35,9 +35,10 @@ OAUTH2_PROXY_IMAGE = "quay.io/oauth2-proxy/oauth2-proxy:v7.5.1"
 
 SESSIONS_PER_USER_SETTING = "WARMPOOL_SESSIONS_PER_USER"
 ROUTES_SETTING = "WARMPOOL_ROUTES"
-#: How a claimed Session is routed: its own HTTPRoute (session-lifecycle §1, the default), or
-#: not at all (a cluster without Gateway API: `url` is still written, nothing routes to it).
-ROUTE_MODES = ("httproute", "none")
+#: How a claimed Session is routed: its own HTTPRoute (session-lifecycle §1, the default), a
+#: rule on the shared Ingress (§4, upstream Theia Cloud), or not at all (a cluster without
+#: either: `url` is still written, nothing routes to it).
+ROUTE_MODES = ("httproute", "ingress", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +53,11 @@ class PoolSettings:
     # Theia Cloud's sessionsPerUser: None (or negative) no limit (session-lifecycle §6).
     sessions_per_user: int | None = None
     # "httproute": each holder gets its route, and a claim waits for the shared route;
-    # "none": no routes are read or written.
+    # "ingress": each claimed instance gets its rule on the shared Ingress, and a claim waits
+    # for the Ingress; "none": no routes are read or written.
     routes: str = "httproute"
+    # Upstream's --ingressPathSuffix: nginx's default; empty for HAProxy.
+    ingress_path_suffix: str = "(/|$)(.*)"
     # Java's --usePaths and --instancesPath: the base of every session path.
     use_paths: bool = False
     instances_path: str = ""
@@ -63,7 +67,13 @@ class PoolSettings:
 
     @property
     def routing(self) -> bool:
+        """Session routes (HTTPRoutes) in use."""
         return self.routes == "httproute"
+
+    @property
+    def ingress(self) -> bool:
+        """Rules on the shared Ingress in use."""
+        return self.routes == "ingress"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
@@ -93,6 +103,8 @@ class PoolSettings:
             values["use_paths"] = raw == "true"
         if raw := environ.get("WARMPOOL_INSTANCES_PATH", "").strip():
             values["instances_path"] = raw
+        if "WARMPOOL_INGRESS_PATH_SUFFIX" in environ:  # set and empty: HAProxy's
+            values["ingress_path_suffix"] = environ["WARMPOOL_INGRESS_PATH_SUFFIX"].strip()
         values["url_probe"] = ProbeSettings.from_env(environ).enabled
         return cls(**values)
 
@@ -140,8 +152,9 @@ def base_labels(appdef: AppDefinition, part: Part, instance: int) -> dict[str, s
             return {v.LABEL_TEMPLATE_PURPOSE: v.PURPOSE_EMAILS, **gen}
         case Part.DEPLOYMENT:
             return gen
-        case Part.ROUTE:
-            raise ValueError("a route is not one of the five: warmpool.pool.routes builds it")
+        case Part.ROUTE | Part.INGRESS:
+            raise ValueError(f"{part.kind} is not one of the five: warmpool.pool.routes and "
+                             "warmpool.pool.ingress build what is written to it")
 
 
 def proxy_config(

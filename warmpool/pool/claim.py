@@ -175,6 +175,7 @@ def decide_claim(
     user_sessions: Sequence[Session] = (),
     sessions_per_user: int | None = None,
     routable: bool = True,
+    unroutable: str = ROUTE_MISSING,
 ) -> ClaimDecision:
     """`instances`: the pool's instances, or, with `facts` (the whole pool's), at least the
     ones `session` may hold (annotated with it, or whose Service references it).
@@ -205,7 +206,7 @@ def decide_claim(
     if (limited := over_user_limit(session, user_sessions, sessions_per_user)) is not None:
         return limited
     if not routable:
-        return ClaimWait(ROUTE_MISSING)
+        return ClaimWait(unroutable)
     facts = facts or pool_facts(instances)
     free = free_ids(appdef, facts)
     queue = waiting_sessions(facts, index)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from warmpool.pool import builders, naming, routes
+from warmpool.pool import builders, ingress, naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import (
     Action,
@@ -122,8 +122,8 @@ def decide_instance(
         plan = _claimed(instance, appdef, claimants, proxy_template, settings, shared_route,
                         now_ms)
     else:
-        plan = _free(instance, appdef_name, appdef, proxy_template, settings)
-    plan.actions[:] = _guard_route_deletes(instance, plan.actions)
+        plan = _free(instance, appdef_name, appdef, proxy_template, settings, shared_route)
+    plan.actions[:] = _guard_route_deletes(instance, plan.actions, free=not claimants)
     # A report is about the pool: file it on the AppDefinition unless it names its own object.
     regarding = {"apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND, "name": appdef_name}
     plan.actions[:] = [replace(a, regarding=regarding)
@@ -222,12 +222,15 @@ def _claimed(
     routed = True
     if settings.routing:
         routed = _route(instance, appdef, holder, shared_route, settings, actions)
+    elif settings.ingress:
+        routed = _ingress_rule(instance, appdef, shared_route, settings, actions, claimed=True)
     if not routed:
         # Claimed, but nothing can route to it until the shared route exists: not HANDLED
         # (a client would open a URL that leads nowhere). Its creation queues this again.
-        if holder.status != v.STATUS_HANDLING or holder.message != routes.ROUTE_MISSING:
+        missing = routes.ROUTE_MISSING if settings.routing else ingress.INGRESS_MISSING
+        if holder.status != v.STATUS_HANDLING or holder.message != missing:
             actions.append(SetSessionStatus(holder.name, {
-                "operatorStatus": v.STATUS_HANDLING, "operatorMessage": routes.ROUTE_MISSING},
+                "operatorStatus": v.STATUS_HANDLING, "operatorMessage": missing},
                 uid=holder.uid, first=holder.status == v.STATUS_NEW))
     else:
         url = settings.session_url(appdef, instance.id)
@@ -280,8 +283,29 @@ def _route(
     return True
 
 
-def _guard_route_deletes(instance: InstanceView, actions: list[Action]) -> list[Action]:
-    """Put a guarded write of the external Service before a plan's route deletes.
+def _ingress_rule(
+    instance: InstanceView, appdef: AppDefinition | None, shared: Obj | None,
+    settings: PoolSettings, actions: list[Action], *, claimed: bool,
+) -> bool:
+    """Append the patch that adds (claimed) or removes (free) the instance's rule on the
+    shared Ingress (session-lifecycle §4); whether the instance is routed once it is applied.
+    The patch replaces the rules whole, guarded by the Ingress's resourceVersion."""
+    if shared is None or appdef is None:
+        return False
+    rules = (ingress.with_rule if claimed else ingress.without_rule)(
+        shared, appdef, instance.id, settings)
+    if rules is not None:
+        why = (f"rule of instance {instance.id}, claimed" if claimed
+               else f"rule of instance {instance.id} removed: free")
+        actions.append(_patch(Part.INGRESS, shared, {"spec": {"rules": rules}}, why))
+    return True
+
+
+def _guard_route_deletes(
+    instance: InstanceView, actions: list[Action], *, free: bool
+) -> list[Action]:
+    """Put a guarded write of the external Service before a plan's route deletes (and, in
+    the plan of a free instance, before the removal of its Ingress rule).
 
     A route is deleted when the read says its Session does not hold the instance. On a
     stale read that Session may hold it now: its claim changed the external Service, so an
@@ -290,7 +314,9 @@ def _guard_route_deletes(instance: InstanceView, actions: list[Action]) -> list[
     retirement's delete) is guarded already. With no Service in the read, the caller
     confirms on the server's view first (`unguarded_deletes`).
     """
-    if not any(isinstance(a, Delete) and a.part is Part.ROUTE for a in actions):
+    if not any((isinstance(a, Delete) and a.part is Part.ROUTE)
+               or (free and isinstance(a, Patch) and a.part is Part.INGRESS)
+               for a in actions):
         return actions
     first = actions[0]
     if isinstance(first, Patch | Delete) and first.part is Part.EXTERNAL_SERVICE:
@@ -307,6 +333,7 @@ def _free(
     appdef: AppDefinition | None,
     proxy_template: str | None,
     settings: PoolSettings,
+    shared_route: Obj | None = None,
 ) -> Plan:
     keep = appdef is not None and not appdef.deleting and instance.id <= appdef.min_instances
     releasing = release_markers(instance)
@@ -314,6 +341,8 @@ def _free(
     # list is empty the path would lead a browser to a 403. Guarded (`_guard_route_deletes`).
     actions: list[Action] = [_delete(Part.ROUTE, r, f"instance {instance.id} is free")
                              for r in routes.stray_routes(instance.routes, None)]
+    if settings.ingress:  # the instance's rule goes first too (§4: before the allow-list)
+        _ingress_rule(instance, appdef, shared_route, settings, actions, claimed=False)
     obj: Mapping[str, Any] | None  # each loop below: a part's object (the second: or None)
     if not keep:
         # The external Service goes first: it is the object a claim's deciding write touches,

@@ -22,6 +22,9 @@ class Part(Enum):
     # Session and named after its uid, which the instance's plan creates, converges and
     # deletes under the instance's lease like the rest.
     ROUTE = ("gateway.networking.k8s.io/v1", "HTTPRoute", "route")
+    # Nor this: the shared Ingress of upstream Theia Cloud (session-lifecycle §4), whose rule
+    # for the instance the plan adds and removes.
+    INGRESS = ("networking.k8s.io/v1", "Ingress", "ingress")
 
     def __init__(self, api_version: str, kind: str, ident: str | None) -> None:
         self.api_version = api_version
@@ -29,7 +32,7 @@ class Part(Enum):
         self.ident = ident
 
     def object_name(self, appdef_spec_name: str, appdef_uid: str, instance: int) -> str:
-        assert self is not Part.ROUTE, "a route is named after its Session (routes.route_name)"
+        assert self not in (Part.ROUTE, Part.INGRESS), "not one of the five"
         if self is Part.INTERNAL_SERVICE:
             # The spec's table names the internal Service with the suffix form ("…-int").
             return naming.create_name_with_suffix(appdef_spec_name, appdef_uid, instance, "int")
