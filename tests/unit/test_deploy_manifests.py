@@ -258,8 +258,17 @@ def test_both_roles_read_namespace_redis_url_and_config_from_the_cluster(
     (config_name,) = config
     assert config_name.startswith("warmpool-config-")  # generated: a change rolls the pods
     data = config[config_name]["data"]
-    assert set(data) == {"WARMPOOL_INSTANCES_HOST", "WARMPOOL_SESSIONS_PER_USER"}
+    assert set(data) == {"WARMPOOL_INSTANCES_HOST", "WARMPOOL_SESSIONS_PER_USER",
+                         "WARMPOOL_ROUTES", "WARMPOOL_URL_PROBE", "WARMPOOL_TIMEOUTS",
+                         "WARMPOOL_ACTIVITY_TRACKER"}
     assert data["WARMPOOL_SESSIONS_PER_USER"] == "1"  # as Theia Cloud's chart sets it
+    # Every value as the controller reads it (a typo here fails the roles at start).
+    from warmpool.controller.timeouts import TimeoutSettings
+    from warmpool.pool.builders import PoolSettings
+
+    settings = PoolSettings.from_env(data)
+    assert (settings.routes, settings.url_probe) == ("httproute", True)
+    assert TimeoutSettings.from_env(data).enabled
     for name in ("warmpool-scheduler", "warmpool-worker"):
         c = container(base, name)
         env = env_of(c)
