@@ -60,8 +60,7 @@ def check(kube: Kube, namespace: str, *, quiet: bool = True) -> list[Violation]:
         mine = [s for s in sessions if s.appdef == name]
         pool = observe.group_pool(objects, name, appdef, mine)
         out += _check_pool(name, appdef, pool, mine, quiet, held)
-    if quiet:
-        out += _check_routes(kube, namespace, appdefs, sessions, objects, held)
+    out += _check_routes(kube, namespace, appdefs, sessions, objects, held, quiet)
     if quiet:  # I6
         for s in sessions:
             if not s.live or session_error(s) is not None or s.appdef not in appdefs:
@@ -149,41 +148,55 @@ def _check_pool(
 def _check_routes(
     kube: Kube, namespace: str, appdefs: Mapping[str, AppDefinition | None],
     sessions: list[Session], objects: list[dict[str, Any]], held: Mapping[str, set[str]],
+    quiet: bool,
 ) -> list[Violation]:
-    """session-lifecycle §1 and §3, once quiet: R1, a Session that holds instance k of an
-    AppDefinition whose shared route exists has its route, sending to k's external Service;
-    R2, every session route sends to an instance its Session holds. Skipped where the cluster
-    serves no HTTPRoutes."""
+    """session-lifecycle §1 and §3. At all times, R3: a session route to instance k exists only
+    while k's allow-list is its Session's user (the route is made after the list is the
+    holder's and deleted before it is cleared; a list deleted by hand is I1's to report). Once
+    quiet, R1: a Session that holds k of an AppDefinition whose shared route exists has its
+    route, sending to k's external Service; R2: every session route sends to an instance its
+    Session holds. Skipped where the cluster serves no HTTPRoutes."""
     try:
         every, _ = kube.list(v.ROUTE_API_VERSION, v.ROUTE_KIND, namespace)
     except Exception:  # no Gateway API here (the discovery error is the client's own type)
         return []
     shared_names = {str(r["metadata"]["name"]) for r in every if not routes.is_session_route(r)}
     by_name = {str(r["metadata"]["name"]): r for r in every if routes.is_session_route(r)}
+    users = {s.uid: s.user for s in sessions}
     out: list[Violation] = []
-    holder_of: dict[str, tuple[AppDefinition, int]] = {}  # route name -> what it must send to
+    lists: dict[str, str] = {}  # external Service name -> its instance's allow-list
+    holder_of: dict[str, tuple[str, int, str]] = {}  # route name -> (pool, k, Service)
     for name, appdef in appdefs.items():
         if appdef is None:
             continue
         mine = [s for s in sessions if s.appdef == name]
         index = HolderIndex(name, mine)
         for k, inst in observe.group_pool(objects, name, appdef, mine).items():
+            service = builders.object_name(appdef, Part.EXTERNAL_SERVICE, k)
+            email = inst.get(Part.EMAIL_CONFIGMAP)
+            if email is not None:
+                lists[service] = _emails(email)
             top = index.of(inst)
             if top and top[0].name in held[name]:
-                holder_of[routes.route_name(top[0].uid)] = (appdef, k)
-                if (appdef.ingress_name in shared_names
-                        and routes.route_name(top[0].uid) not in by_name):
+                route_name = routes.route_name(top[0].uid)
+                holder_of[route_name] = (name, k, service)
+                if quiet and appdef.ingress_name in shared_names and route_name not in by_name:
                     out.append(Violation("R1", f"Session {top[0].name} holds instance {k} of "
                                          f"{name} but has no route"))
     for route_name, route in sorted(by_name.items()):
+        uid = routes.session_uid_of(route)
+        for service in sorted(routes.backends(route)):
+            if service in lists and uid in users and lists[service] != users[uid]:
+                out.append(Violation("R3", f"route {route_name} sends to {service}, whose "
+                                     "allow-list is not its Session's user"))
+        if not quiet:
+            continue
         target = holder_of.get(route_name)
-        service = (builders.object_name(target[0], Part.EXTERNAL_SERVICE, target[1])
-                   if target else None)
         if target is None:
             out.append(Violation("R2", f"route {route_name} has no live holder"))
-        elif routes.backends(route) != {service}:
+        elif routes.backends(route) != {target[2]}:
             out.append(Violation("R1", f"route {route_name} sends to "
-                                 f"{sorted(routes.backends(route))}, not to {service}"))
+                                 f"{sorted(routes.backends(route))}, not to {target[2]}"))
     return out
 
 
