@@ -467,8 +467,10 @@ class Stack:
             threads=threads or self.threads, modules=self.modules,
             # No gateway routes to the instances here: a URL probe would only fail (the
             # claims measured are the pool's; the probe runs off the claim path anyway).
+            # Strict minInstances: the pool benchmarks measure claims of prewarmed instances
+            # (a burst would make up to maxInstances, the ceiling here, under churn).
             env={"KUBECONFIG": str(self.kubeconfig), "WARMPOOL_URL_PROBE": "off",
-                 **self.worker_env})
+                 "WARMPOOL_BURST": "off", **self.worker_env})
         self.workers.start(timeout=120)
 
     def stop_workers(self) -> None:

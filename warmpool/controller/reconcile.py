@@ -36,13 +36,14 @@ from warmpool.pool.actions import (
 )
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.claim import (
+    ClaimBurst,
     ClaimError,
     ClaimHeld,
     ClaimSkip,
     ClaimTry,
     ClaimWait,
+    capacity,
     decide_claim,
-    free_ids,
     is_free,
     pool_facts,
     waiting_sessions,
@@ -181,8 +182,11 @@ def reconcile_instance(
             continue
         written += executor.written
         follow_ups: list[FollowUp] = []
-        if plan.state in ("free", "outdated") and appdef is not None:
-            follow_ups = _wake_waiting(reader, ns, appdef, sessions, dict(written))
+        if appdef is not None and (plan.state in ("free", "outdated")
+                                   or (settings.burst and plan.state == "retired")):
+            # A retirement leaves room for a burst: someone waiting at maxInstances may go.
+            follow_ups = _wake_waiting(reader, ns, appdef, sessions, dict(written),
+                                       settings.burst)
         return InstanceResult(plan, writes, attempt, follow_ups, written)
     raise Conflict(f"instance {key}: still conflicting after {MAX_ATTEMPTS} attempts")
 
@@ -232,9 +236,10 @@ def _shared_route(
 
 def _wake_waiting(
     reader: Reader, namespace: str, appdef: AppDefinition, sessions: list[Session],
-    triggers: dict[str, str],
+    triggers: dict[str, str], burst: bool,
 ) -> list[FollowUp]:
-    """Claims for the oldest waiting Sessions, one per free instance (not every waiter).
+    """Claims for the oldest waiting Sessions, one per free instance (not every waiter), and
+    with `burst` one per instance that may still be made.
 
     Each carries this job's writes as versions to see first, so a worker whose cache has
     not yet seen the instance freed waits for it instead of finding nothing free.
@@ -245,8 +250,8 @@ def _wake_waiting(
         return []  # every live Session has made its claim: nobody to wake
     facts = reader.pool_facts(namespace, appdef.name, appdef, sessions)
     waiting = waiting_sessions(facts, index)
-    free = len(free_ids(appdef, facts))
-    return [(SessionKey(namespace, s.name), triggers) for s in waiting[:free]]
+    room = capacity(appdef, facts, burst)
+    return [(SessionKey(namespace, s.name), triggers) for s in waiting[:room]]
 
 
 @dataclass
@@ -269,6 +274,8 @@ class ClaimResult:
     # pool's metrics, which an instance job would otherwise record.
     instance: InstanceResult | None = None
     instance_fence: int = 0
+    # "warm": a prewarmed instance was claimed; "cold": one made for the claim (burst).
+    start: str = ""
 
 
 def _set_status(
@@ -343,6 +350,35 @@ def _deciding_write(
     reader.wrote(updated)
     written.append((f"Service/{meta['name']}", str(updated["metadata"]["resourceVersion"])))
     log.info("Session %s claimed instance %s of %s", session.name, k, appdef.name)
+    return True
+
+
+def _burst_write(
+    reader: Reader, kube: Kube, appdef: AppDefinition, k: int, session: Session,
+    sessions: list[Session], guard: Guard, settings: PoolSettings, written: Writes,
+) -> bool:
+    """Under k's lease: make instance k for the Session, its external Service first, created
+    with the Session's reference (the burst's deciding write); the instance's reconcile
+    then makes the other four for its holder.
+
+    Safe on a stale read: a create is refused (409) if the name exists, so two claims (or a
+    claim and anything else) can never both make k's Service; k is above the target, so no
+    job but this one (holding k's lease) makes it otherwise. A refusal reads k from the
+    server, and the claim decides again.
+    """
+    ns = appdef.namespace
+    if reader.instance(ns, appdef.name, appdef, k, sessions).existing():
+        return False  # in use or still being retired: not a spare id after all
+    body = builders.build(Part.EXTERNAL_SERVICE, appdef, k, holder=session,
+                          proxy_template=None, settings=settings)
+    executor = Executor(kube, ns, guard, sink=reader)
+    try:
+        executor.apply([Create(Part.EXTERNAL_SERVICE, body)])
+    except Conflict:
+        reader.instance(ns, appdef.name, appdef, k, sessions, fresh=True)
+        return False
+    written += executor.written
+    log.info("Session %s made instance %s of %s (burst)", session.name, k, appdef.name)
     return True
 
 
@@ -422,7 +458,8 @@ def claim_session(
             if limit is not None and limit >= 0 else (),
             routable=not (settings.routing or settings.ingress)
             or _shared_route(reader, pool_appdef, settings) is not None,
-            unroutable=ROUTE_MISSING if settings.routing else INGRESS_MISSING)
+            unroutable=ROUTE_MISSING if settings.routing else INGRESS_MISSING,
+            burst=settings.burst)
         if (session.instance_id is not None and pool_appdef is not None
                 and isinstance(decision, ClaimTry | ClaimWait)):
             # Annotated with an instance it does not hold. Before calling the annotation
@@ -438,6 +475,15 @@ def claim_session(
             with contextlib.suppress(Conflict):
                 _disown_annotation(reader, kube, session)
             continue
+        if isinstance(decision, ClaimTry | ClaimBurst) and not asked_server:
+            # The read says this Session holds nothing; a cache behind on the Services may
+            # have missed its own earlier deciding write (a retry after a lost answer, finding
+            # 11), and nothing on the server refuses a second one on another instance. Ask the
+            # server once; what it shows is now in the cache, and the claim decides again
+            # (the held path).
+            asked_server = True
+            if reader.claimed_on_server(ns, session.uid):
+                continue
         match decision:
             case ClaimSkip(reason=reason):
                 return ClaimResult("skipped", message=reason)
@@ -472,17 +518,24 @@ def claim_session(
                 return ClaimResult("held", k, session_created=session.created,
                                    appdef=session.appdef, written={str(ikey): result.written},
                                    instance=result, instance_fence=fence)
+            case ClaimBurst(instance_id=k):
+                assert isinstance(appdef, AppDefinition)
+                ikey = InstanceKey(ns, appdef.name, k)
+                with leases.try_lease(str(ikey)) as g:
+                    if g is None:
+                        raise Deferred(f"instance {k} is busy")
+                    made: Writes = []
+                    if not _burst_write(reader, kube, appdef, k, session, sessions, g,
+                                        settings, made):
+                        continue  # made or used meanwhile: decide again on what is there
+                    result = reconcile_instance(reader, kube, ikey, g, settings,
+                                                prober=prober)
+                    return ClaimResult("claimed", k, session_created=session.created,
+                                       appdef=session.appdef,
+                                       written={str(ikey): [*made, *result.written]},
+                                       instance=result, instance_fence=g.fence, start="cold")
             case ClaimTry(candidates=candidates):
                 assert isinstance(appdef, AppDefinition)
-                if not asked_server:
-                    # The read says this Session holds nothing; a cache behind on the Services
-                    # may have missed its own earlier deciding write (a retry after a lost
-                    # answer, finding 11), and nothing on the server refuses a second one on
-                    # another instance. Ask the server once; what it shows is now in the
-                    # cache, and the claim decides again (the held path).
-                    asked_server = True
-                    if reader.claimed_on_server(ns, session.uid):
-                        continue
                 busy = False
                 for i, k in enumerate(candidates):
                     ikey = InstanceKey(ns, appdef.name, k)
@@ -506,8 +559,9 @@ def claim_session(
                                 "claimed", k, session_created=session.created,
                                 appdef=session.appdef, written={str(ikey): written},
                                 follow_ups=_wake_waiting(reader, ns, appdef, rest,
-                                                         dict(written)) if hand_on else [],
-                                instance=result, instance_fence=g.fence)
+                                                         dict(written), settings.burst)
+                                if hand_on else [],
+                                instance=result, instance_fence=g.fence, start="warm")
                         # Refused or taken: decide again from the top rather than try the
                         # next id. The read behind this decision was stale for k; it may be
                         # for this Session too (a deciding write of a previous attempt whose

@@ -64,6 +64,9 @@ class PoolSettings:
     # Write status.url only once the instance answers (session-lifecycle §2); off: with
     # HANDLED. The probe's own settings: warmpool.pool.availability.ProbeSettings.
     url_probe: bool = True
+    # With no free instance, a claim makes one above minInstances, up to maxInstances
+    # (session-lifecycle §6, "Burst"); off: strict minInstances, a Session waits.
+    burst: bool = True
 
     @property
     def routing(self) -> bool:
@@ -106,6 +109,10 @@ class PoolSettings:
         if "WARMPOOL_INGRESS_PATH_SUFFIX" in environ:  # set and empty: HAProxy's
             values["ingress_path_suffix"] = environ["WARMPOOL_INGRESS_PATH_SUFFIX"].strip()
         values["url_probe"] = ProbeSettings.from_env(environ).enabled
+        if raw := environ.get("WARMPOOL_BURST", "").strip():
+            if raw not in ("on", "off"):
+                raise ValueError(f"WARMPOOL_BURST must be on or off, got {raw!r}")
+            values["burst"] = raw == "on"
         return cls(**values)
 
     def session_path(self, appdef: AppDefinition, instance: int) -> str:

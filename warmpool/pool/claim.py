@@ -58,13 +58,22 @@ class ClaimTry:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimBurst:
+    """No free instance within the target: make instance `instance_id` (above it, below
+    maxInstances, with no object) for this Session. The deciding write is the creation of
+    its external Service with the Session's reference (refused if the name exists)."""
+
+    instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimSkip:
     """Nothing to do (being deleted, or already in ERROR)."""
 
     reason: str
 
 
-ClaimDecision = ClaimError | ClaimWait | ClaimHeld | ClaimTry | ClaimSkip
+ClaimDecision = ClaimError | ClaimWait | ClaimHeld | ClaimTry | ClaimBurst | ClaimSkip
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +132,19 @@ def free_ids(appdef: AppDefinition, facts: PoolFacts) -> list[int]:
     return sorted(k for k in facts.clean if k <= appdef.min_instances)
 
 
+def burst_ids(appdef: AppDefinition, facts: PoolFacts) -> list[int]:
+    """Ids above the target and up to maxInstances that no object uses, lowest first: where
+    a burst may make an instance (an id still being retired is not one of them)."""
+    return [k for k in range(appdef.min_instances + 1, appdef.max_instances + 1)
+            if k not in facts.existing]
+
+
+def capacity(appdef: AppDefinition, facts: PoolFacts, burst: bool) -> int:
+    """How many waiting Sessions can be served now: free instances, and with `burst` the
+    instances that may still be made."""
+    return len(free_ids(appdef, facts)) + (len(burst_ids(appdef, facts)) if burst else 0)
+
+
 def waiting_sessions(facts: PoolFacts, index: HolderIndex) -> list[Session]:
     """Live, valid Sessions of the pool that hold nothing yet, oldest first.
 
@@ -176,13 +198,15 @@ def decide_claim(
     sessions_per_user: int | None = None,
     routable: bool = True,
     unroutable: str = ROUTE_MISSING,
+    burst: bool = False,
 ) -> ClaimDecision:
     """`instances`: the pool's instances, or, with `facts` (the whole pool's), at least the
     ones `session` may hold (annotated with it, or whose Service references it).
     `user_sessions`: the user's Sessions of the namespace, when `sessions_per_user` is set.
     `routable`: False while routes are in use and the AppDefinition's shared route does not
     exist: nothing is claimed then (session-lifecycle §1, Ours), the Session waits with Java's
-    message, and the route's creation queues the claim again."""
+    message, and the route's creation queues the claim again. `burst`: with no free
+    instance, make one above the target, up to maxInstances (session-lifecycle §6, Ours)."""
     if session.deleting:
         return ClaimSkip("Session is being deleted")
     if (error := session_error(session)) is not None:
@@ -217,5 +241,15 @@ def decide_claim(
         # others follow, in case the target is taken under our feet.
         target = free[position]
         return ClaimTry((target, *(k for k in free if k != target)))
-    return ClaimWait(f"Waiting for a free instance of {appdef.name} "
-                     f"(all {appdef.min_instances} prewarmed instances are taken or starting)")
+    if not burst:
+        return ClaimWait(f"Waiting for a free instance of {appdef.name} "
+                         f"(all {appdef.min_instances} prewarmed instances are taken or "
+                         "starting)")
+    # The same fairness past the free ones: the r-th of the rest makes the r-th spare id, so
+    # claims running at once do not collide, and ids never pass maxInstances.
+    spare = burst_ids(appdef, facts)
+    if position - len(free) < len(spare):
+        return ClaimBurst(spare[position - len(free)])
+    return ClaimWait(f"Waiting for a free instance of {appdef.name}: all "
+                     f"{appdef.max_instances} instances it may have (maxInstances) are taken "
+                     "or starting")

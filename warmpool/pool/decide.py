@@ -421,9 +421,10 @@ def unguarded_deletes(instance: InstanceView, plan: Plan) -> bool:
     while holding the rest: a cache whose Service watch lags its ConfigMap watch can hold a
     claimed instance's ConfigMaps (with their current versions) and no Service saying who
     holds them. Such a plan must be decided again on a read from the server. That read
-    settles it: claims never create an external Service (they patch a free one), and the
-    only job that does is this instance's own, whose lease the caller holds; so a Service
-    absent on the server stays absent while the plan runs. Route deletes count too: the
+    settles it: the only jobs that create an external Service are this instance's own and a
+    burst claim of it (which makes the Service first, with its holder), and both hold the
+    instance's lease, which the caller holds; so a Service absent on the server stays absent
+    while the plan runs. Route deletes count too: the
     Service is what guards them (`_guard_route_deletes`).
     """
     return (instance.get(Part.EXTERNAL_SERVICE) is None
