@@ -25,6 +25,9 @@ dramatiq keys (namespace `dramatiq`): `<ns>:<queue>` (list of message ids), `<qu
 `<queue>.XQ` / `.XQ.msgs` (dead letters), `__acks__.<worker>.<queue>`, `__heartbeats__`; the
 same for the claims queue `<queue>-claims` (session keys, consumed first), except dead letters:
 both queues' go to the main queue's `.XQ`.
+
+This class is the one definition of these names: the Lua scripts receive theirs as KEYS
+(`warmpool.queue.scripts.KEY_NAMES` says which attribute is which local) and spell none.
 """
 
 from __future__ import annotations
@@ -88,11 +91,19 @@ class Layout:
     def epoch(self) -> str:
         return self._p("epoch")
 
+    @property
+    def triggers_prefix(self) -> str:
+        return self._p("trig:")
+
     def triggers(self, key: str) -> str:
-        return self._p(f"trig:{key}")
+        return self.triggers_prefix + key
+
+    @property
+    def own_prefix(self) -> str:
+        return self._p("own:")
 
     def own(self, key: str) -> str:
-        return self._p(f"own:{key}")
+        return self.own_prefix + key
 
     def worker(self, worker_id: str) -> str:
         """`host:pid` of a dramatiq worker id, refreshed with its heartbeat, expiring after."""

@@ -2,29 +2,29 @@
 -- registers each as lib.lua + the script): the key names, the server clock (NOW) and the
 -- helpers the state changes share. See scripts.py's docstring for the invariants they keep.
 --
--- KEYS: the project prefix, dramatiq's main queue key, the claims queue key.
--- @CLAIM_PREFIX@ and @OWN_TTL@ are filled in from Python when the scripts are registered.
-local P, QUEUE, CLAIMS = KEYS[1], KEYS[2], KEYS[3]
-local DIRTY, INFLIGHT, FAILURES = P .. "dirty", P .. "inflight", P .. "failures"
-local DELAYED, ERRORS, ADDED_AT = P .. "delayed", P .. "errors", P .. "added_at"
-local PENDING, DEAD, FENCE, LEASE = P .. "pending", P .. "dead", P .. "fence", P .. "lease:"
-local TRIG, OWN = P .. "trig:", P .. "own:"
-local XQ = QUEUE .. ".XQ"
-local XQ_MSGS = XQ .. ".msgs"
-local CLAIM_PREFIX, OWN_TTL = "@CLAIM_PREFIX@", @OWN_TTL@
+-- KEYS: every key name (or key-name prefix) the scripts use, as warmpool.queue.layout.Layout
+-- defines it: no name is spelled here. scripts.py puts a generated head before this file
+-- (scripts.KEY_NAMES, in KEYS order) that declares them as locals:
+--   DIRTY INFLIGHT FAILURES DELAYED ERRORS ADDED_AT PENDING DEAD FENCE  project keys
+--   LEASE TRIG OWN                 prefixes of lease:<k>, trig:<k>, own:<k>
+--   QUEUE QUEUE_MSGS               dramatiq's main queue: its id list and messages hash
+--   CLAIMS CLAIMS_MSGS             the same for the claims queue
+--   XQ XQ_MSGS                     the dead letters (the main queue's, for both queues)
+-- and two constants: CLAIM_PREFIX (warmpool.queue.routing) and OWN_TTL (ms, scripts.py).
 local clock = redis.call("TIME")
 local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
--- The dramatiq queue a key's messages go to: claims ahead of bulk work.
+-- The dramatiq queue a key's messages go to (its id list, its messages hash): claims ahead
+-- of bulk work.
 local function queue_of(key)
-  if string.sub(key, 1, #CLAIM_PREFIX) == CLAIM_PREFIX then return CLAIMS end
-  return QUEUE
+  if string.sub(key, 1, #CLAIM_PREFIX) == CLAIM_PREFIX then return CLAIMS, CLAIMS_MSGS end
+  return QUEUE, QUEUE_MSGS
 end
 
 -- Exactly what dramatiq's dispatch.lua "enqueue" writes, plus our pending pointer.
 local function enqueue(key, rid, body)
-  local q = queue_of(key)
-  redis.call("HSET", q .. ".msgs", rid, body)
+  local q, msgs = queue_of(key)
+  redis.call("HSET", msgs, rid, body)
   redis.call("RPUSH", q, rid)
   redis.call("HSET", PENDING, key, rid)
 end
@@ -33,17 +33,19 @@ end
 -- the other one too, for a message queued before its key's kind moved queues).
 local function ack(key, acks, rid)
   if acks ~= "" and redis.call("SREM", acks, rid) > 0 then
-    local q = queue_of(key)
-    if redis.call("HDEL", q .. ".msgs", rid) == 0 then
-      if q == QUEUE then q = CLAIMS else q = QUEUE end
-      redis.call("HDEL", q .. ".msgs", rid)
+    local _, msgs = queue_of(key)
+    if redis.call("HDEL", msgs, rid) == 0 then
+      if msgs == QUEUE_MSGS then msgs = CLAIMS_MSGS else msgs = QUEUE_MSGS end
+      redis.call("HDEL", msgs, rid)
     end
   end
 end
 
 local function has_message(key)
   local rid = redis.call("HGET", PENDING, key)
-  return rid and redis.call("HEXISTS", queue_of(key) .. ".msgs", rid) == 1
+  if not rid then return false end
+  local _, msgs = queue_of(key)
+  return redis.call("HEXISTS", msgs, rid) == 1
 end
 
 local function is_dirty(key)

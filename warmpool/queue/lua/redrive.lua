@@ -5,7 +5,7 @@ if not redis.call("ZSCORE", XQ, drid) then return "missing" end
 redis.call("ZREM", XQ, drid)
 redis.call("HDEL", XQ_MSGS, drid)
 if key == "" then
-  redis.call("HSET", QUEUE .. ".msgs", rid, body)
+  redis.call("HSET", QUEUE_MSGS, rid, body)
   redis.call("RPUSH", QUEUE, rid)
   return "enqueued"
 end
