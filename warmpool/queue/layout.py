@@ -20,6 +20,9 @@ Project keys (prefix `warmpool:` by default):
   maintenance:<task>  str  short NX lock: one process at a time runs recovery / audit
   epoch      str   a random value the scheduler creates (no TTL); missing or changed means
                    Redis lost its data (see `epoch`)
+  worker:<id>  str  `host:pid` of a dramatiq worker, with its heartbeat (see `middleware`)
+  pool:state, pool:waiting, metrics:contended:<k>  the metrics' pool state (written by the
+                   jobs, read by the collectors: see `metrics.poolstate`)
 
 dramatiq keys (namespace `dramatiq`): `<ns>:<queue>` (list of message ids), `<queue>.msgs`,
 `<queue>.XQ` / `.XQ.msgs` (dead letters), `__acks__.<worker>.<queue>`, `__heartbeats__`; the
@@ -118,6 +121,22 @@ class Layout:
 
     def maintenance_lock(self, task: str) -> str:
         return self._p(f"maintenance:{task}")
+
+    # the metrics' keys (metrics.poolstate): not the queue's, but under its prefix
+    @property
+    def pool_state(self) -> str:
+        return self._p("pool:state")
+
+    @property
+    def pool_waiting(self) -> str:
+        return self._p("pool:waiting")
+
+    @property
+    def contended_prefix(self) -> str:
+        return self._p("metrics:contended:")
+
+    def contended(self, key: str) -> str:
+        return self.contended_prefix + key
 
     # dramatiq's layout (see dramatiq/brokers/redis/dispatch.lua)
     def _d(self, name: str) -> str:
