@@ -1,7 +1,8 @@
 """The pool's state as the jobs last saw it, kept in Redis so that any process on any host can
 export it at scrape time (a per-process gauge would only know what its own jobs touched).
 
-Keys, under the queue settings' prefix (``warmpool:`` by default):
+Keys, under the queue settings' prefix (``warmpool:`` by default), named by
+``warmpool.queue.layout.Layout``:
 
   pool:state     hash  instance key -> "<appdef>|<state>|<fence>", written by the instance
                        reconcile job under the instance's lease at the end of each run;
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 import redis
 
 from warmpool.keys import SessionKey, parse_key
+from warmpool.queue.layout import Layout
 from warmpool.queue.settings import QueueSettings
 
 CONTENTION_TTL_MS = 600_000
@@ -99,9 +101,10 @@ class PoolSnapshot:
 class PoolState:
     def __init__(self, client: redis.Redis, settings: QueueSettings) -> None:
         self.client = client
-        self.state_key = settings.prefix + "pool:state"
-        self.waiting_key = settings.prefix + "pool:waiting"
-        self.contended_prefix = settings.prefix + "metrics:contended:"
+        layout = Layout.of(settings)  # the key names' one definition
+        self.state_key = layout.pool_state
+        self.waiting_key = layout.pool_waiting
+        self.contended_prefix = layout.contended_prefix
         self._record = client.register_script(_RECORD)
         self._wait = client.register_script(_WAIT)
         self._contended = client.register_script(_CONTENDED)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 import weakref
@@ -56,8 +55,6 @@ if TYPE_CHECKING:
     from warmpool.queue.jobs import JobContext, Jobs
 
 log = logging.getLogger(__name__)
-
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Chosen now, from this process's environment (see the module docstring).
 values.ValueClass = values.get_value_class()
@@ -294,10 +291,6 @@ def install() -> WorkerObserver:
     observer = WorkerObserver().start()
     set_observer(observer)
     return observer
-
-
-def multiprocess_dir() -> str | None:
-    return os.environ.get(MULTIPROC_ENV) or None
 
 
 # --- handler runs ----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from scheduler import mapping
@@ -440,26 +440,3 @@ def _items(
         if UNTRIGGERED in triggers or not fields:
             yield str(k)
 
-
-@dataclass
-class Recorder:
-    """A producer wrapper that remembers every key added (tests, debugging)."""
-
-    inner: Producer | None = None
-    added: list[str] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add_many(self, keys: Iterable[str | tuple[str, Mapping[str, str]]]) -> Any:
-        keys = list(keys)
-        result = self.inner.add_many(keys) if self.inner is not None else None
-        with self._lock:
-            self.added.extend(k if isinstance(k, str) else k[0] for k in keys)
-        return result
-
-    def since(self, mark: int) -> list[str]:
-        with self._lock:
-            return self.added[mark:]
-
-    def mark(self) -> int:
-        with self._lock:
-            return len(self.added)

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler.app import Recorder, Scheduler, SchedulerConfig
+from scheduler.app import Scheduler, SchedulerConfig
 from scheduler.leader import LeaderConfig
 from tests.pool_world import USERS, create_appdef, create_session, delete_session
+from tests.producers import Recorder
 from tests.redis_server import (  # noqa: F401  (fixtures, used through getfixturevalue)
     queue_settings,
     redis_client,

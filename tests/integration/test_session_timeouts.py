@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from scheduler.app import Recorder, Scheduler, SchedulerConfig
+from scheduler.app import Scheduler, SchedulerConfig
 from tests.pool_world import create_session
+from tests.producers import Recorder
 from tests.waiting import wait_for
 from warmpool.controller.timeouts import (
     LiveSource,

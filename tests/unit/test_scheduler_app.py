@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from scheduler.app import Recorder, Scheduler, SchedulerConfig
+from scheduler.app import Scheduler, SchedulerConfig
+from tests.producers import Recorder
 from tests.waiting import wait_for
 from warmpool.pool import vocabulary as v
 

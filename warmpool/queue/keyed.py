@@ -123,8 +123,6 @@ class KeyedQueue:
         self.observer.on_add(key, result)
         return result
 
-    defer = add_after
-
     def list_dead(self, limit: int = 1000) -> list[DeadLetter]:
         return deadletters.list_dead(self.client, self.layout, self.messages, limit)
 
@@ -136,10 +134,3 @@ class KeyedQueue:
 
     def purge_dead(self) -> int:
         return deadletters.purge_dead(self.client, self.layout)
-
-    def forget(self, key: str) -> None:
-        """Reset the key's failure count and error (client-go's Forget), without running it."""
-        with self.client.pipeline() as pipe:
-            pipe.hdel(self.layout.failures, key)
-            pipe.hdel(self.layout.errors, key)
-            pipe.execute()

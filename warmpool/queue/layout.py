@@ -20,11 +20,17 @@ Project keys (prefix `warmpool:` by default):
   maintenance:<task>  str  short NX lock: one process at a time runs recovery / audit
   epoch      str   a random value the scheduler creates (no TTL); missing or changed means
                    Redis lost its data (see `epoch`)
+  worker:<id>  str  `host:pid` of a dramatiq worker, with its heartbeat (see `middleware`)
+  pool:state, pool:waiting, metrics:contended:<k>  the metrics' pool state (written by the
+                   jobs, read by the collectors: see `metrics.poolstate`)
 
 dramatiq keys (namespace `dramatiq`): `<ns>:<queue>` (list of message ids), `<queue>.msgs`,
 `<queue>.XQ` / `.XQ.msgs` (dead letters), `__acks__.<worker>.<queue>`, `__heartbeats__`; the
 same for the claims queue `<queue>-claims` (session keys, consumed first), except dead letters:
 both queues' go to the main queue's `.XQ`.
+
+This class is the one definition of these names: the Lua scripts receive theirs as KEYS
+(`warmpool.queue.scripts.KEY_NAMES` says which attribute is which local) and spell none.
 """
 
 from __future__ import annotations
@@ -88,11 +94,19 @@ class Layout:
     def epoch(self) -> str:
         return self._p("epoch")
 
+    @property
+    def triggers_prefix(self) -> str:
+        return self._p("trig:")
+
     def triggers(self, key: str) -> str:
-        return self._p(f"trig:{key}")
+        return self.triggers_prefix + key
+
+    @property
+    def own_prefix(self) -> str:
+        return self._p("own:")
 
     def own(self, key: str) -> str:
-        return self._p(f"own:{key}")
+        return self.own_prefix + key
 
     def worker(self, worker_id: str) -> str:
         """`host:pid` of a dramatiq worker id, refreshed with its heartbeat, expiring after."""
@@ -107,6 +121,22 @@ class Layout:
 
     def maintenance_lock(self, task: str) -> str:
         return self._p(f"maintenance:{task}")
+
+    # the metrics' keys (metrics.poolstate): not the queue's, but under its prefix
+    @property
+    def pool_state(self) -> str:
+        return self._p("pool:state")
+
+    @property
+    def pool_waiting(self) -> str:
+        return self._p("pool:waiting")
+
+    @property
+    def contended_prefix(self) -> str:
+        return self._p("metrics:contended:")
+
+    def contended(self, key: str) -> str:
+        return self.contended_prefix + key
 
     # dramatiq's layout (see dramatiq/brokers/redis/dispatch.lua)
     def _d(self, name: str) -> str:

@@ -19,7 +19,7 @@ ACTOR_FOR_KIND: dict[str, str] = {
 Router = Callable[[str], str]
 
 #: Keys of this kind (claims) go to the claims queue, ahead of bulk work; the Lua scripts
-#: test the same prefix (`queue_of` in `warmpool.queue.scripts.LIB`).
+#: test the same prefix (`queue_of` in `warmpool/queue/lua/lib.lua`).
 CLAIM_KIND = "session"
 CLAIM_PREFIX = CLAIM_KIND + "/"
 

@@ -1,0 +1,169 @@
+-- The library every script of warmpool/queue/lua/ is prefixed with (warmpool/queue/scripts.py
+-- registers each as lib.lua + the script): the key names, the server clock (NOW) and the
+-- helpers the state changes share. See scripts.py's docstring for the invariants they keep.
+--
+-- KEYS: every key name (or key-name prefix) the scripts use, as warmpool.queue.layout.Layout
+-- defines it: no name is spelled here. scripts.py puts a generated head before this file
+-- (scripts.KEY_NAMES, in KEYS order) that declares them as locals:
+--   DIRTY INFLIGHT FAILURES DELAYED ERRORS ADDED_AT PENDING DEAD FENCE  project keys
+--   LEASE TRIG OWN                 prefixes of lease:<k>, trig:<k>, own:<k>
+--   QUEUE QUEUE_MSGS               dramatiq's main queue: its id list and messages hash
+--   CLAIMS CLAIMS_MSGS             the same for the claims queue
+--   XQ XQ_MSGS                     the dead letters (the main queue's, for both queues)
+-- and two constants: CLAIM_PREFIX (warmpool.queue.routing) and OWN_TTL (ms, scripts.py).
+local clock = redis.call("TIME")
+local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+-- The dramatiq queue a key's messages go to (its id list, its messages hash): claims ahead
+-- of bulk work.
+local function queue_of(key)
+  if string.sub(key, 1, #CLAIM_PREFIX) == CLAIM_PREFIX then return CLAIMS, CLAIMS_MSGS end
+  return QUEUE, QUEUE_MSGS
+end
+
+-- Exactly what dramatiq's dispatch.lua "enqueue" writes, plus our pending pointer.
+local function enqueue(key, rid, body)
+  local q, msgs = queue_of(key)
+  redis.call("HSET", msgs, rid, body)
+  redis.call("RPUSH", q, rid)
+  redis.call("HSET", PENDING, key, rid)
+end
+
+-- What dispatch.lua's "ack" writes: forget the delivery and its body (in the key's queue;
+-- the other one too, for a message queued before its key's kind moved queues).
+local function ack(key, acks, rid)
+  if acks ~= "" and redis.call("SREM", acks, rid) > 0 then
+    local _, msgs = queue_of(key)
+    if redis.call("HDEL", msgs, rid) == 0 then
+      if msgs == QUEUE_MSGS then msgs = CLAIMS_MSGS else msgs = QUEUE_MSGS end
+      redis.call("HDEL", msgs, rid)
+    end
+  end
+end
+
+local function has_message(key)
+  local rid = redis.call("HGET", PENDING, key)
+  if not rid then return false end
+  local _, msgs = queue_of(key)
+  return redis.call("HEXISTS", msgs, rid) == 1
+end
+
+local function is_dirty(key)
+  return redis.call("SISMEMBER", DIRTY, key) == 1
+end
+
+local function leased(key)
+  return redis.call("EXISTS", LEASE .. key) == 1
+end
+
+-- a >= b for resourceVersions (decimal strings of any length); other text only if equal.
+local function rv_ge(a, b)
+  local x, y = string.match(a, "^0*(%d+)$"), string.match(b, "^0*(%d+)$")
+  if not (x and y) then return a == b end
+  if #x ~= #y then return #x > #y end
+  return x >= y
+end
+
+-- Merge one trigger (or own write) into a hash: "Kind/name" keeps the highest version,
+-- "Kind/name#gone" (a uid) and "*" the last written.
+local function note(hash, field, value)
+  if field ~= "*" and string.sub(field, -5) ~= "#gone" then
+    local old = redis.call("HGET", hash, field)
+    if old and rv_ge(old, value) then return end
+  end
+  redis.call("HSET", hash, field, value)
+end
+
+local function untriggered(key)
+  redis.call("HSET", TRIG .. key, "*", "1")
+end
+
+-- ARGV[i] = n, then n (field, value) pairs: the add's triggers; n = 0 records "*".
+-- Returns the index after them.
+local function record(key, i)
+  local n = tonumber(ARGV[i])
+  if n == 0 then
+    untriggered(key)
+  else
+    local hash = TRIG .. key
+    for j = i + 1, i + 2 * n, 2 do note(hash, ARGV[j], ARGV[j + 1]) end
+  end
+  return i + 1 + 2 * n
+end
+
+-- Returns true if the key was not dirty before. A delayed run it supersedes was owed
+-- whatever the versions (a retry, a defer): it carries over as "*".
+local function mark_dirty(key)
+  if redis.call("ZREM", DELAYED, key) == 1 then untriggered(key) end
+  if redis.call("SADD", DIRTY, key) == 0 then return false end
+  redis.call("HSETNX", ADDED_AT, key, NOW)
+  return true
+end
+
+local function add(key, rid, body)
+  if not mark_dirty(key) then return "deduplicated" end
+  if leased(key) then return "rerun" end
+  enqueue(key, rid, body)
+  return "enqueued"
+end
+
+-- Every trigger ({field, value, ...}) matched by the key's own writes, and no "*"?
+local function own_covers(key, trig)
+  for i = 1, #trig, 2 do
+    if trig[i] == "*" then return false end
+  end
+  local own = OWN .. key
+  for i = 1, #trig, 2 do
+    local field, want = trig[i], trig[i + 1]
+    local mine = redis.call("HGET", own, field)
+    if not mine then return false end
+    if string.sub(field, -5) == "#gone" then
+      if mine ~= want then return false end
+    elseif not rv_ge(mine, want) then
+      return false
+    end
+  end
+  return true
+end
+
+local function acquire(key, token, ttl)
+  local fence = redis.call("INCR", FENCE)
+  local value = fence .. "|" .. token
+  redis.call("SET", LEASE .. key, value, "PX", ttl)
+  redis.call("ZADD", INFLIGHT, NOW + tonumber(ttl), key)
+  return value, fence
+end
+
+local function clear_dead(key)
+  local old = redis.call("HGET", DEAD, key)
+  if old then
+    redis.call("ZREM", XQ, old)
+    redis.call("HDEL", XQ_MSGS, old)
+    redis.call("HDEL", DEAD, key)
+  end
+end
+
+-- One dead letter per key, in dramatiq's own dead-letter queue (the main queue's).
+local function dead_letter(key, rid, body)
+  clear_dead(key)
+  redis.call("ZADD", XQ, NOW, rid)
+  redis.call("HSET", XQ_MSGS, rid, body)
+  redis.call("HSET", DEAD, key, rid)
+  redis.call("HDEL", FAILURES, key)
+  redis.call("ZREM", DELAYED, key)
+end
+
+-- Count a failure; dead-letter at max. Returns failures, dead?
+local function fail(key, err, max, dead_rid, dead_body)
+  local n = redis.call("HINCRBY", FAILURES, key, 1)
+  redis.call("HSET", ERRORS, key, err)
+  if n >= tonumber(max) then
+    dead_letter(key, dead_rid, dead_body)
+    return n, true
+  end
+  return n, false
+end
+
+local function orphaned(key)
+  return is_dirty(key) and not leased(key) and not has_message(key)
+end

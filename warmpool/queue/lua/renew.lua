@@ -1,0 +1,14 @@
+-- ARGV: ttl_ms, then (key, value) pairs -> 1 renewed / 0 lost, per pair.
+local ttl = tonumber(ARGV[1])
+local out = {}
+for i = 2, #ARGV, 2 do
+  local key, value = ARGV[i], ARGV[i + 1]
+  if redis.call("GET", LEASE .. key) == value then
+    redis.call("PEXPIRE", LEASE .. key, ttl)
+    redis.call("ZADD", INFLIGHT, "XX", NOW + ttl, key)
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out

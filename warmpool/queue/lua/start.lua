@@ -1,0 +1,38 @@
+-- ARGV: key, token, ttl_ms, acks key, delivered rid -> {"busy", holder} | "stale" | "own" |
+--   {"started", lease value, queued ms or -1, failures so far, trigger field, value, ...}
+-- (the fence is the lease value's head; replies are flat, as few elements as will do: each
+-- one is parsed in Python on every job)
+-- A skipped delivery (busy, stale, own) is acked here; a busy one also stops counting as the
+-- key's queued message, so the holder's `done` queues a fresh one. The triggers (a flat
+-- field/value list) are handed over and deleted with the lease taken: adds from now on are
+-- the next run's. "own": every trigger is a version this key's own runs wrote, so the run
+-- would only read back its own writes: the key is done waiting without running.
+local key, token, ttl, acks, rid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local holder = redis.call("GET", LEASE .. key)
+if holder then
+  if rid ~= "" and redis.call("HGET", PENDING, key) == rid then redis.call("HDEL", PENDING, key) end
+  ack(key, acks, rid)
+  return {"busy", holder}
+end
+if not is_dirty(key) then
+  ack(key, acks, rid)
+  return "stale"
+end
+redis.call("SREM", DIRTY, key)
+redis.call("HDEL", PENDING, key)
+local added = redis.call("HGET", ADDED_AT, key)
+redis.call("HDEL", ADDED_AT, key)
+local trig = redis.call("HGETALL", TRIG .. key)
+if #trig > 0 then
+  redis.call("DEL", TRIG .. key)
+  if own_covers(key, trig) then
+    ack(key, acks, rid)
+    return "own"
+  end
+end
+local value = acquire(key, token, ttl)
+local queued = -1
+if added then queued = NOW - tonumber(added) end
+local out = {"started", value, queued, tonumber(redis.call("HGET", FAILURES, key) or "0")}
+for i = 1, #trig do out[i + 4] = trig[i] end
+return out
