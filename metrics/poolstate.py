@@ -58,7 +58,8 @@ if not since then
   since = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. '|' .. since)
-return since
+if cur then return 0 end
+return 1
 """
 
 # KEYS[1] the contention marker; ARGV: ttl ms. Sets it to now unless set.
@@ -123,8 +124,9 @@ class PoolState:
         parts = prev.split("|")
         return parts[1] if len(parts) == 3 else None
 
-    def waiting(self, session_key: str, appdef: str) -> None:
-        self._wait(keys=[self.waiting_key], args=[session_key, appdef])
+    def waiting(self, session_key: str, appdef: str) -> bool:
+        """Record the Session waiting (since when it first did); whether it just began."""
+        return bool(self._wait(keys=[self.waiting_key], args=[session_key, appdef]))
 
     def not_waiting(self, session_key: str) -> None:
         self.client.hdel(self.waiting_key, session_key)

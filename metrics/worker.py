@@ -120,8 +120,13 @@ FENCE_REGRESSIONS = Counter("warmpool_fence_regressions", "Jobs that refused to 
 # --- the pool --------------------------------------------------------------------------------
 
 CLAIM_DURATION = Histogram("warmpool_claim_duration_seconds", "Seconds from a Session's "
-                           "creationTimestamp to its claim completing (status HANDLED)",
-                           ["appdefinition"], buckets=CLAIM_BUCKETS)
+                           "creationTimestamp to its claim completing (status HANDLED), by "
+                           "start: warm (a prewarmed instance) or cold (one made for it, burst)",
+                           ["appdefinition", "start"], buckets=CLAIM_BUCKETS)
+CLAIMS_WAITED = Counter("warmpool_claims_waited", "Sessions that found no instance and began "
+                        "to wait, by limit: maxInstances (burst at its cap), minInstances "
+                        "(burst off), other (a missing shared route, an invalid AppDefinition)",
+                        ["appdefinition", "limit"])
 RELEASES = Counter("warmpool_releases", "Instances released: a reconcile ended with the "
                    "instance no longer claimed after it was recorded claimed, or cleared a "
                    "holder's traces", ["appdefinition"])
@@ -389,7 +394,9 @@ def claim_done(ctx: JobContext, result: ClaimResult, now: datetime | None = None
     state = pool_state(ctx.jobs)
     try:
         if result.outcome == "waiting" and result.appdef:
-            state.waiting(ctx.key, result.appdef)
+            if state.waiting(ctx.key, result.appdef):
+                CLAIMS_WAITED.labels(appdefinition=result.appdef,
+                                     limit=_wait_limit(result.message)).inc()
         else:
             state.not_waiting(ctx.key)
     except redis.RedisError as exc:
@@ -397,9 +404,19 @@ def claim_done(ctx: JobContext, result: ClaimResult, now: datetime | None = None
     if result.outcome == "claimed" and result.appdef:
         seconds = seconds_since(result.session_created, now)
         if seconds is not None:
-            CLAIM_DURATION.labels(appdefinition=result.appdef).observe(seconds)
+            CLAIM_DURATION.labels(appdefinition=result.appdef,
+                                  start=result.start or "warm").observe(seconds)
     elif result.outcome == "error":
         REFUSED.labels(kind="session").inc()
+
+
+def _wait_limit(message: str) -> str:
+    """Which limit a waiting claim's message names (a bounded label, never the message)."""
+    if "(maxInstances)" in message:
+        return "maxInstances"
+    if "prewarmed instances" in message:
+        return "minInstances"
+    return "other"
 
 
 def resync_started(ctx: JobContext) -> int | None:

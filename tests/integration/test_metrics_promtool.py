@@ -139,6 +139,27 @@ CASES: list[dict[str, Any]] = [
             alert("WarmpoolQueueGrowing", "25m", {"severity": "warning", "kind": "instance"}),
         ],
     },
+    {   # warm claims take 0.75 s from minute 5 (above the 0.5 s objective), cold ones
+        # always 2 s; back under at minute 30: the alert fires, then resolves
+        "interval": "1m",
+        "input_series": [
+            *({"series": f'warmpool_claim_duration_seconds_bucket{{{WORKER}, '
+                         f'appdefinition="java", start="warm", le="{le}"}}',
+               "values": values} for le, values in (
+                ("0.25", "0+10x5 50+0x25 50+10x30"), ("0.5", "0+10x5 50+0x25 50+10x30"),
+                ("1", "0+10x60"), ("2", "0+10x60"), ("+Inf", "0+10x60"))),
+            *({"series": f'warmpool_claim_duration_seconds_bucket{{{WORKER}, '
+                         f'appdefinition="java", start="cold", le="{le}"}}',
+               "values": values} for le, values in (
+                ("1", "0x60"), ("2", "0+5x60"), ("+Inf", "0+5x60"))),
+        ],
+        "alert_rule_test": [
+            alert("WarmpoolWarmClaimsSlow", "4m"),
+            alert("WarmpoolWarmClaimsSlow", "20m", {"severity": "warning",
+                                                    "appdefinition": "java", "start": "warm"}),
+            alert("WarmpoolWarmClaimsSlow", "50m"),
+        ],
+    },
     {   # a quiet, healthy pool: nothing fires
         "interval": "1m",
         "input_series": [

@@ -92,10 +92,16 @@ def test_the_dashboard_is_ready_for_provisioning() -> None:
 
 def test_the_alerts_use_only_exported_series_and_say_what_to_do() -> None:
     known = exported()
-    rules = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+    every = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+    rules = [r for r in every if "alert" in r]
+    records = {r["record"] for r in every if "record" in r}
     assert {r["alert"] for r in rules} >= {
         "WarmpoolNoLeader", "WarmpoolStuckWork", "WarmpoolQueueGrowing", "WarmpoolDeadLetters",
-        "WarmpoolSessionsWaiting", "WarmpoolLeaseExpiries"}
+        "WarmpoolSessionsWaiting", "WarmpoolLeaseExpiries", "WarmpoolWarmClaimsSlow"}
+    assert records == {"warmpool:claim_objective_seconds", "warmpool:claim_duration_seconds:p99"}
+    for rule in every:
+        missing = referenced(rule["expr"]) - known
+        assert not missing, (rule.get("alert") or rule["record"], missing)
     for rule in rules:
         missing = referenced(rule["expr"]) - known
         assert not missing, (rule["alert"], missing)
@@ -105,8 +111,10 @@ def test_the_alerts_use_only_exported_series_and_say_what_to_do() -> None:
 
 def test_no_series_is_labelled_with_an_identity() -> None:
     """Label names are limited to the kind, the result, the AppDefinition (and the watched
-    object's event type, the resync reason and the pool state): no id, name or e-mail."""
-    allowed = {"kind", "result", "appdefinition", "type", "reason", "state", "le"}
+    object's event type, the resync reason, the pool state, a claim's start and a wait's limit):
+    no id, name or e-mail."""
+    allowed = {"kind", "result", "appdefinition", "type", "reason", "state", "le", "start",
+               "limit"}
     settings = QueueSettings(redis_url="redis://unused")
     registry = CollectorRegistry()
     registry.register(ClusterCollector(fakeredis.FakeRedis(), settings))

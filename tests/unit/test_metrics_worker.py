@@ -288,21 +288,29 @@ def test_invalid_appdefinition_leaves_the_record(jobs: Jobs, run) -> None:  # ty
 def test_claims_waiting_latency_and_refusals(jobs: Jobs, run) -> None:  # type: ignore[no-untyped-def]
     key = "session/ns1/alice-session"
     waiting_key = jobs.settings.prefix + "pool:waiting"
-    ctx = run(key)
-    wm.claim_done(ctx, ClaimResult("waiting", appdef="java"))
+    waited = val("warmpool_claims_waited_total", appdefinition="java", limit="maxInstances")
+    at_max = "Waiting for a free instance of java: all 5 instances it may have (maxInstances)"
+    for _ in range(2):  # a Session that waits on is counted once, when it begins
+        ctx = run(key)
+        wm.claim_done(ctx, ClaimResult("waiting", appdef="java", message=at_max))
+        jobs.finish(ctx)
     assert jobs.client.hget(waiting_key, key).decode().startswith("java|")
-    jobs.finish(ctx)
+    assert val("warmpool_claims_waited_total", appdefinition="java",
+               limit="maxInstances") == waited + 1
 
-    count = val("warmpool_claim_duration_seconds_count", appdefinition="java")
-    total = val("warmpool_claim_duration_seconds_sum", appdefinition="java")
-    ctx = run(key)
-    now = datetime(2024, 5, 1, 12, 0, 42, tzinfo=UTC)
-    wm.claim_done(ctx, ClaimResult("claimed", 3, session_created="2024-05-01T12:00:00Z",
-                                   appdef="java"), now=now)
-    jobs.finish(ctx)
-    assert jobs.client.hget(waiting_key, key) is None
-    assert val("warmpool_claim_duration_seconds_count", appdefinition="java") == count + 1
-    assert val("warmpool_claim_duration_seconds_sum", appdefinition="java") == total + 42
+    for start in ("warm", "cold"):
+        count = val("warmpool_claim_duration_seconds_count", appdefinition="java", start=start)
+        total = val("warmpool_claim_duration_seconds_sum", appdefinition="java", start=start)
+        ctx = run(key)
+        now = datetime(2024, 5, 1, 12, 0, 42, tzinfo=UTC)
+        wm.claim_done(ctx, ClaimResult("claimed", 3, session_created="2024-05-01T12:00:00Z",
+                                       appdef="java", start=start), now=now)
+        jobs.finish(ctx)
+        assert jobs.client.hget(waiting_key, key) is None
+        assert val("warmpool_claim_duration_seconds_count", appdefinition="java",
+                   start=start) == count + 1
+        assert val("warmpool_claim_duration_seconds_sum", appdefinition="java",
+                   start=start) == total + 42
 
     refused = val("warmpool_refused_inputs_total", kind="session")
     ctx = run("session/ns1/bad")
