@@ -39,3 +39,18 @@ def test_without_burst_the_session_waits_at_min_instances() -> None:
     pool = {1: instance(a, 1, holder=holder)}
     decision = decide_claim(s, a, pool, [holder, s])
     assert isinstance(decision, ClaimWait) and "prewarmed" in decision.message
+
+
+def test_instances_being_made_or_released_within_the_target_are_waited_for() -> None:
+    """A Session that comes just after its pool was made (or while a release finishes) waits
+    for the prewarmed instance rather than have a cold one made."""
+    a = appdef(min_instances=2, max_instances=5)
+    early = session("s1")
+    starting = {1: instance(a, 1, missing=(Part.DEPLOYMENT,))}  # 2 not even started
+    decision = decide_claim(early, a, starting, [early], burst=True)
+    assert isinstance(decision, ClaimWait) and "prewarmed" in decision.message
+    # Two holders: the third Session past them makes an instance.
+    h1, h2 = session("h1", instance=1, status="HANDLED"), session("h2", instance=2,
+                                                                   status="HANDLED")
+    full = {1: instance(a, 1, holder=h1), 2: instance(a, 2, holder=h2)}
+    assert decide_claim(early, a, full, [h1, h2, early], burst=True) == ClaimBurst(3)

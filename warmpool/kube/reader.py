@@ -440,11 +440,14 @@ class CachedReader:
         clean = frozenset.intersection(*(frozenset(k for k, trace in m.items() if not trace)
                                          for m in marks))
         ext = _name_rests(appdef, Part.EXTERNAL_SERVICE)[0][1]
-        referenced = frozenset(
-            s.uid for s in sessions
-            if any(ns == namespace and (split := naming.split_instance_name(name)) is not None
-                   and split[1] == ext for ns, name in self.cache.referenced_by(s.uid)))
-        return PoolFacts(existing, clean, referenced)
+        held: dict[str, set[int]] = {}
+        for s in sessions:
+            for ns, name in self.cache.referenced_by(s.uid):
+                split = naming.split_instance_name(name)
+                if ns == namespace and split is not None and split[1] == ext:
+                    held.setdefault(s.uid, set()).add(split[0])
+        return PoolFacts(existing, clean, frozenset(held),
+                         frozenset().union(*held.values()))
 
     def referencing(self, namespace: str, appdef_name: str, session: Session) -> frozenset[int]:
         return frozenset(k for ns, name in self.cache.referenced_by(session.uid)

@@ -91,6 +91,8 @@ class PoolFacts:
     clean: frozenset[int]
     #: Uids of the Sessions an external Service of the pool references (deciding writes made).
     referenced: frozenset[str]
+    #: Ids whose external Service references a Session: claimed (or being released).
+    held: frozenset[int] = frozenset()
 
 
 def pool_facts(instances: Mapping[int, InstanceView]) -> PoolFacts:
@@ -101,6 +103,8 @@ def pool_facts(instances: Mapping[int, InstanceView]) -> PoolFacts:
         referenced=frozenset(str(r.get("uid")) for inst in instances.values()
                              for r in refs(inst.get(Part.EXTERNAL_SERVICE))
                              if is_session_ref(r)),
+        held=frozenset(k for k, inst in instances.items()
+                       if any(is_session_ref(r) for r in refs(inst.get(Part.EXTERNAL_SERVICE)))),
     )
 
 
@@ -132,6 +136,15 @@ def free_ids(appdef: AppDefinition, facts: PoolFacts) -> list[int]:
     return sorted(k for k in facts.clean if k <= appdef.min_instances)
 
 
+def coming_ids(appdef: AppDefinition, facts: PoolFacts) -> list[int]:
+    """Ids within the target that are neither free nor held: being made, replaced or
+    released. They will be free in moments, so a burst does not make instances for the
+    Sessions they will serve (a Session that comes just after its pool waits for it)."""
+    free = set(free_ids(appdef, facts))
+    return [k for k in range(1, appdef.min_instances + 1)
+            if k not in free and k not in facts.held]
+
+
 def burst_ids(appdef: AppDefinition, facts: PoolFacts) -> list[int]:
     """Ids above the target and up to maxInstances that no object uses, lowest first: where
     a burst may make an instance (an id still being retired is not one of them)."""
@@ -141,8 +154,11 @@ def burst_ids(appdef: AppDefinition, facts: PoolFacts) -> list[int]:
 
 def capacity(appdef: AppDefinition, facts: PoolFacts, burst: bool) -> int:
     """How many waiting Sessions can be served now: free instances, and with `burst` the
-    instances that may still be made."""
-    return len(free_ids(appdef, facts)) + (len(burst_ids(appdef, facts)) if burst else 0)
+    instances that may still be made (past those the coming ones will serve)."""
+    free = len(free_ids(appdef, facts))
+    if not burst:
+        return free
+    return free + len(coming_ids(appdef, facts)) + len(burst_ids(appdef, facts))
 
 
 def waiting_sessions(facts: PoolFacts, index: HolderIndex) -> list[Session]:
@@ -245,11 +261,17 @@ def decide_claim(
         return ClaimWait(f"Waiting for a free instance of {appdef.name} "
                          f"(all {appdef.min_instances} prewarmed instances are taken or "
                          "starting)")
-    # The same fairness past the free ones: the r-th of the rest makes the r-th spare id, so
-    # claims running at once do not collide, and ids never pass maxInstances.
+    # The same fairness past the free ones: the next ones wait for the instances about to be
+    # free; the r-th of the rest makes the r-th spare id, so claims running at once do not
+    # collide, and ids never pass maxInstances.
+    coming = coming_ids(appdef, facts)
+    if position < len(free) + len(coming):
+        return ClaimWait(f"Waiting for a free instance of {appdef.name} "
+                         f"(all {appdef.min_instances} prewarmed instances are taken or "
+                         "starting)")
     spare = burst_ids(appdef, facts)
-    if position - len(free) < len(spare):
-        return ClaimBurst(spare[position - len(free)])
+    if position - len(free) - len(coming) < len(spare):
+        return ClaimBurst(spare[position - len(free) - len(coming)])
     return ClaimWait(f"Waiting for a free instance of {appdef.name}: all "
                      f"{appdef.max_instances} instances it may have (maxInstances) are taken "
                      "or starting")
