@@ -150,10 +150,11 @@ def test_standby_adds_nothing_and_resyncs_when_it_takes_over(make) -> None:
 
 
 def test_losing_the_lease_drops_pending_keys_at_once(make) -> None:
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
 
     class Slow(Recorder):
         def add_many(self, keys: Iterable[str]) -> Any:
+            entered.set()
             gate.wait(5)
             return super().add_many(keys)
 
@@ -162,15 +163,17 @@ def test_losing_the_lease_drops_pending_keys_at_once(make) -> None:
     elector = FakeElector(leading=True)
     s.elector = elector  # type: ignore[assignment]
     s.start()
-    wait_for(lambda: s.stats.resyncs == 1, timeout=5)
+    wait_for(entered.is_set, timeout=5, message="the resync's add under way")
     s.offer([])  # nothing
     from warmpool.keys import SessionKey
     s.offer([SessionKey(NS, "late")])  # waits behind the slow add
+    dropped = s.stats.dropped_not_leader
     elector.leading = False
     s._stopped_leading()
+    # Dropped at once, not sent later: nothing is pending any more, so nothing can add it.
+    assert s.stats.dropped_not_leader == dropped + 1 and not s._pending
     gate.set()
     wait_for(lambda: rec.added, timeout=5)
-    time.sleep(0.2)
     assert "session/ns1/late" not in rec.added
 
 

@@ -424,11 +424,14 @@ def unguarded_deletes(instance: InstanceView, plan: Plan) -> bool:
     settles it: the only jobs that create an external Service are this instance's own and a
     burst claim of it (which makes the Service first, with its holder), and both hold the
     instance's lease, which the caller holds; so a Service absent on the server stays absent
-    while the plan runs. Route deletes count too: the
-    Service is what guards them (`_guard_route_deletes`).
+    while the plan runs. Route deletes and a free instance's Ingress rule removal count too:
+    the Service is what guards them (`_guard_route_deletes`).
     """
     return (instance.get(Part.EXTERNAL_SERVICE) is None
-            and any(isinstance(a, Delete | ResetPods) for a in plan.actions))
+            and any(isinstance(a, Delete | ResetPods)
+                    or (plan.holder is None and isinstance(a, Patch)
+                        and a.part is Part.INGRESS)
+                    for a in plan.actions))
 
 
 def _claim_guard_first(instance: InstanceView, actions: list[Action]) -> list[Action]:
