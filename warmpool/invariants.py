@@ -163,6 +163,7 @@ def _check_routes(
     shared_names = {str(r["metadata"]["name"]) for r in every if not routes.is_session_route(r)}
     by_name = {str(r["metadata"]["name"]): r for r in every if routes.is_session_route(r)}
     users = {s.uid: s.user for s in sessions}
+    live = {s.uid: s for s in sessions if s.live}
     out: list[Violation] = []
     lists: dict[str, str] = {}  # external Service name -> its instance's allow-list
     holder_of: dict[str, tuple[str, int, str]] = {}  # route name -> (pool, k, Service)
@@ -192,9 +193,10 @@ def _check_routes(
         if not quiet:
             continue
         target = holder_of.get(route_name)
-        if target is None:
+        holder = live.get(uid)
+        if holder is None or holder.name not in held[holder.appdef]:
             out.append(Violation("R2", f"route {route_name} has no live holder"))
-        elif routes.backends(route) != {target[2]}:
+        elif target is not None and routes.backends(route) != {target[2]}:
             out.append(Violation("R1", f"route {route_name} sends to "
                                  f"{sorted(routes.backends(route))}, not to {target[2]}"))
     return out

@@ -84,7 +84,8 @@ def test_status_of_converged_pools_with_holders_waiting_outdated_and_errors(
     kube, namespace, cluster, workers, queue
 ) -> None:
     ns = namespace
-    create_appdef(kube, ns, "java", min_instances=3)
+    # maxInstances 3: with all three claimed a fourth Session waits (a burst has no room)
+    create_appdef(kube, ns, "java", min_instances=3, max_instances=3)
     create_appdef(kube, ns, "broken", min_instances=5, max_instances=2)
     queue.add_many([str(PoolKey(ns, "java")), str(PoolKey(ns, "broken"))])
     # The pool first: this test plays the scheduler only by adding keys, so nothing would
@@ -110,7 +111,7 @@ def test_status_of_converged_pools_with_holders_waiting_outdated_and_errors(
     pools = {p["name"]: p for p in doc["appdefinitions"]}
     assert set(pools) == {"java", "broken"}
     java = pools["java"]
-    assert java["valid"] and (java["minInstances"], java["maxInstances"]) == (3, 10)
+    assert java["valid"] and (java["minInstances"], java["maxInstances"]) == (3, 3)
     assert java["counts"] == {"claimed": 3, "free": 0, "outdated": 0, "starting": 0,
                               "releasing": 0, "removing": 0, "waiting": 1}
     assert {i["id"]: i["session"] for i in java["instances"]} == {

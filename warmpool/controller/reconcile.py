@@ -150,12 +150,15 @@ def reconcile_instance(
             fresh = True  # nothing on the server would refuse these deletes: read it first
             continue
         if (not appdef_confirmed and appdef is not None
-                and any(isinstance(a, Create) for a in plan.actions)):
+                and any(isinstance(a, Create) and a.part is not Part.ROUTE
+                        for a in plan.actions)):
             # Nothing on the server refuses a create whose owner is gone: a cache that has not
             # seen its AppDefinition deleted would rebuild the instance the garbage collector
             # is removing (and a claim could take it, only to see its parts collected under
             # it). The AppDefinition is read from the server once before the first create;
             # if it is gone, deleting, or another one now, the plan is decided again on that.
+            # A route is the Session's, not the pool's: the garbage collector takes it with
+            # its Session, whatever becomes of the AppDefinition.
             appdef_confirmed = True
             now = reader.appdef(ns, key.appdef, fresh=True)
             if not (isinstance(now, AppDefinition) and now.uid == appdef.uid
