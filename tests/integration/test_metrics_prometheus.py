@@ -266,7 +266,7 @@ def test_promql_answers_what_the_cluster_shows(stack: Stack, kube: Kube) -> None
     wait_for(lambda: ask("sum(warmpool_scheduler_leader)") == 1, timeout=30,
              message="one leading scheduler")
 
-    create_appdef(kube, ns, min_instances=2)
+    create_appdef(kube, ns, min_instances=2, max_instances=2)  # full at 2: one waits
     wait_for(lambda: agree('sum(max by (appdefinition) (warmpool_pool_instances{state="free"}))',
                            2), timeout=90, message="two free instances in PromQL")
 

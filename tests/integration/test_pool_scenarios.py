@@ -143,7 +143,7 @@ def test_s4_release_then_claim_of_the_same_instance_admits_only_the_new_user(
 
 def test_waiting_sessions_are_served_oldest_first_when_an_instance_frees(kube, namespace) -> None:
     ns = namespace
-    create_appdef(kube, ns, min_instances=1)
+    create_appdef(kube, ns, min_instances=1, max_instances=1)  # no room to burst
     run_until_quiet(kube, ns)
     for name, user in (("first", USERS[1]), ("second", USERS[2]), ("third", USERS[3])):
         create_session(kube, ns, name, user)
