@@ -156,7 +156,7 @@ def test_scheduler_and_two_worker_processes_converge_the_pool(
     sched = stack.scheduler()
     assert sched.get("/healthz")[0] == 200 and sched.get("/readyz")[0] == 200
 
-    create_appdef(kube, ns, min_instances=3)
+    create_appdef(kube, ns, min_instances=3, max_instances=3)  # full at 3: s4 waits
     converge(kube, ns, lambda: all(instance_count(kube, ns, k) == 5 for k in (1, 2, 3)),
              what="three free instances")
 
