@@ -34,7 +34,7 @@ from kubernetes.client import AppsV1Api, CoreV1Api
 from kubernetes.client.rest import ApiException
 
 from scheduler.process import SchedulerProcess
-from tests.pool_world import USERS, create_appdef, instance_objects, snapshot
+from tests.pool_world import USERS, create_appdef, emails, instance_objects, snapshot
 from tests.redis_server import delete_prefix, isolated_settings, resolve_redis_url
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
@@ -618,9 +618,9 @@ def test_odd_but_valid_users_are_served(ctl: Controller, user: str) -> None:
     kube.create(session_body(ns, name, {"name": name, "appDefinition": app, "user": user,
                                         "workspace": "ws"}))
     wait_status(kube, ns, name, "HANDLED", "Instance")
-    emails = [o for o in instance_objects(kube, ns, app, 1).values()
-              if (o["metadata"].get("labels") or {}).get(v.LABEL_TEMPLATE_PURPOSE) == "emails"]
-    assert emails and emails[0]["data"][v.EMAILS_KEY] == user
+    lists = [o for o in instance_objects(kube, ns, app, 1).values()
+             if (o["metadata"].get("labels") or {}).get(v.LABEL_TEMPLATE_PURPOSE) == "emails"]
+    assert lists and lists[0]["data"][v.EMAILS_KEY] == user
 
 
 def test_malformed_sessions_among_twenty_claiming_at_once(ctl: Controller) -> None:
@@ -668,10 +668,17 @@ def test_malformed_sessions_among_twenty_claiming_at_once(ctl: Controller) -> No
         {n: status_of(kube, ns, n).get("operatorStatus") for n in valid}))
     assert len(set(ids.values())) == 20, f"two Sessions share an instance: {ids}"
     for name in odd:
-        st = wait_for(lambda n=name: (status_of(kube, ns, n) if status_of(kube, ns, n).get(
-            "operatorStatus") in ("HANDLED", "ERROR") else None), timeout=SETTLE,
-            message=f"Session {name} settles")
-        assert st.get("operatorMessage")
+        # Served like any other: the annotation is not an id, so it names no instance; the
+        # claim replaces it with the instance it holds, and says so.
+        wait_status(kube, ns, name, "HANDLED", "Instance")
+        annotated = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+        ids[name] = annotated["metadata"]["annotations"][v.ANNOTATION_INSTANCE_ID]
+        assert ids[name].isdigit() and len(ids[name]) <= 2
+        assert emails(kube, ns, app, int(ids[name])) == \
+            USERS[20 + [*odd, *valid].index(name)]
+        reports = events_about(kube, ns, name, "AnnotationIgnored")
+        assert reports and "is not an instance id" in reports[0], reports
+    assert len(set(ids.values())) == 22, f"two Sessions share an instance: {ids}"
     # The odd two are judged above: how a report of their annotation shows is not I1-I6's.
     problems = [str(x) for x in check(kube, ns)
                 if app in str(x) and not any(n in str(x) for n in odd)]

@@ -433,3 +433,20 @@ def test_a_double_claim_not_yet_annotated_keeps_the_lowest_id() -> None:
     high = decide_instance(instance(a, 3, holder=s), "java", a, [s], proxy_template=None,
                            settings=SETTINGS, held_elsewhere=elsewhere)
     assert (low.state, high.state) == ("claimed", "free")
+
+
+def test_an_instance_id_annotation_that_is_no_id_is_reported_and_replaced() -> None:
+    import dataclasses
+
+    from warmpool.pool.actions import AnnotateSession, Report
+
+    a = appdef()
+    s = session("s1")
+    odd = dataclasses.replace(s, annotations={"theia-cloud.io/instance-id": "²"})
+    assert odd.instance_id is None  # names no instance: not obeyed
+    actions = plan(instance(a, 1, holder=odd), a, [odd]).actions
+    (report,) = [x for x in actions if isinstance(x, Report)]
+    assert report.reason == "AnnotationIgnored" and "'²' is not an instance id" in report.message
+    assert report.regarding["kind"] == "Session"
+    (annotate,) = [x for x in actions if isinstance(x, AnnotateSession)]
+    assert annotate.annotations["theia-cloud.io/instance-id"] == "1"

@@ -211,6 +211,16 @@ def _claimed(
             actions.append(_patch(part, obj, patch, f"held by Session {holder.name}"))
     if email_written:
         actions.append(RefreshPods(naming.app_selector(appdef.spec_name, instance.id)))
+    raw_id = holder.annotations.get(v.ANNOTATION_INSTANCE_ID)
+    if raw_id is not None and holder.instance_id is None:
+        # Not an instance id at all ('²', 5000 digits, 'abc'): not obeyed (pool-spec §4) and
+        # reported; the annotation below replaces it with the instance the Session holds.
+        shown = repr(raw_id) if len(raw_id) <= 40 else f"{raw_id[:40]!r}... ({len(raw_id)} chars)"
+        actions.append(Report("AnnotationIgnored", f"Session {holder.name}: its "
+                              f"{v.ANNOTATION_INSTANCE_ID} annotation {shown} is not an "
+                              f"instance id: not obeyed, replaced by {instance.id}",
+                              regarding={"kind": v.SESSION_KIND, "name": holder.name,
+                                         "apiVersion": v.SESSION_API_VERSION}))
     if (holder.instance_id != instance.id
             or holder.annotations.get(v.ANNOTATION_START_STRATEGY) != v.START_STRATEGY_EAGER):
         # After the completing patches (I1: a Session annotated with k finds k's objects
