@@ -11,6 +11,13 @@ object's owner reference, from the caches): once every watch has its first list 
 process leads (startup, and every new leadership), then every ``resync_period``, and at once
 when Redis lost its data: an epoch thread reads the Redis epoch every ``epoch_period``
 (``warmpool.queue.epoch``; every replica re-creates a missing one, only the leader resyncs).
+
+Scheduled pool sizes (PoolSchedules, ``warmpool.pool.schedule``): the leader's schedule loop
+sleeps until the next instant any pool's target changes (over every schedule, recomputed
+whenever a PoolSchedule or an AppDefinition event arrives), then offers that pool's
+``PoolKey``, a ``schedule_margin`` after the edge so that a worker whose clock is a little
+behind already sees the new target. Each pass writes every schedule's status
+(``effectiveTarget``, ``nextChange``, ``message``) where it changed.
 """
 
 from __future__ import annotations
@@ -19,17 +26,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from scheduler import mapping
 from scheduler.leader import LeaderConfig, LeaderElector
 from warmpool.controller.timeouts import TimeoutRunner, TimeoutSettings
 from warmpool.keys import Key, PoolKey
-from warmpool.kube.api import Kube
+from warmpool.kube.api import Kube, KubeError
 from warmpool.kube.observe import POOL_SELECTOR
 from warmpool.kube.reflector import Backoff, Reflector, Watched
 from warmpool.pool import vocabulary as v
+from warmpool.pool.model import AppDefinition, Invalid, parse_appdefinition
+from warmpool.pool.schedule import (
+    effective_target,
+    next_change,
+    schedule_status,
+    valid_schedules,
+)
 from warmpool.queue.epoch import Epoch
 
 log = logging.getLogger(__name__)
@@ -41,6 +56,8 @@ WATCHED: tuple[Watched, ...] = (
     Watched("Deployment", "apps/v1", POOL_SELECTOR),
     Watched("ConfigMap", "v1", POOL_SELECTOR),
 )
+#: Watched too with `SchedulerConfig.schedules` (the PoolSchedule CRD must exist).
+SCHEDULES = Watched(v.SCHEDULE_KIND, v.SCHEDULE_API_VERSION)
 #: Watched too where Session routes are in use (the HTTPRoute CRD must exist).
 ROUTES = Watched(v.ROUTE_KIND, v.ROUTE_API_VERSION)
 #: Watched instead in upstream's mode (PoolSettings.ingress).
@@ -73,6 +90,13 @@ class SchedulerConfig:
     # Session timeouts (session-lifecycle §5), run by the leader every `interval`; None or
     # not enabled: none (the CLI passes TimeoutSettings.from_env(), on by default).
     timeouts: TimeoutSettings | None = None
+    # PoolSchedules: watched, their boundaries acted on and their status written (leader).
+    schedules: bool = True
+    # How long after a schedule's edge its pool is queued (worker clocks a little behind).
+    schedule_margin: float = 1.0
+    # The longest the schedule loop sleeps without looking again (a clock that jumped).
+    schedule_recheck: float = 60.0
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
 
 @dataclass
@@ -91,6 +115,11 @@ class SchedulerStats:
     timeout_passes: int = 0
     timeout_deletions: int = 0  # Sessions deleted for a timeout or inactivity
     timeout_errors: int = 0  # Sessions (or namespaces) a timeout pass failed on
+    schedule_passes: int = 0
+    schedule_offers: int = 0  # pools queued because a schedule's window opened or closed
+    schedule_status_writes: int = 0
+    schedule_errors: int = 0  # passes (or status writes) that failed
+    next_schedule_change: str | None = None  # RFC 3339, over every schedule
 
 
 class Scheduler:
@@ -111,6 +140,13 @@ class Scheduler:
         self._resync_due = True
         self._resync_reason = "startup"
         self._wake_resync = threading.Event()
+        self._wake_schedules = threading.Event()
+        # (namespace, AppDefinition) -> its target at the last schedule pass.
+        self._targets: dict[tuple[str, str], int] = {}
+        # (namespace, PoolSchedule, uid) -> the status last written to it.
+        self._written: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._status_kube: Kube | None = None
+        self._kube_factory = kube_factory
         self._threads: list[threading.Thread] = []
         self._stopped = False
         # For metrics: events handled by (kind, type) and resyncs by reason.
@@ -122,10 +158,12 @@ class Scheduler:
         self.reflectors: list[Reflector] = []
         self._sessions: list[Reflector] = []
         self._appdefs: list[Reflector] = []
+        self._schedules: list[Reflector] = []
         for ns in namespaces:
             kube = kube_factory()  # one client per namespace: its watches hold connections
             for watched in (*WATCHED, *((ROUTES,) if config.routes else ()),
-                            *((INGRESSES,) if config.ingresses else ())):
+                            *((INGRESSES,) if config.ingresses else ()),
+                            *((SCHEDULES,) if config.schedules else ())):
                 r = Reflector(kube, watched, ns, self._handler(watched.kind),
                               summarize=mapping.summarize,
                               timeout_range=config.watch_timeout, backoff=Backoff())
@@ -134,6 +172,8 @@ class Scheduler:
                     self._sessions.append(r)
                 if watched.kind == v.APPDEF_KIND:
                     self._appdefs.append(r)
+                if watched.kind == v.SCHEDULE_KIND:
+                    self._schedules.append(r)
         self.timeouts: TimeoutRunner | None = None
         if config.timeouts is not None and config.timeouts.enabled:
             self.timeouts = TimeoutRunner(kube_factory(), namespaces, config.timeouts,
@@ -213,6 +253,8 @@ class Scheduler:
         def handle(event_type: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
             with self._counts_lock:
                 self._events[(kind, event_type)] = self._events.get((kind, event_type), 0) + 1
+            if kind in (v.SCHEDULE_KIND, v.APPDEF_KIND):
+                self._wake_schedules.set()  # the next edge may have moved
             keys = mapping.keys_for(kind, event_type, obj, old,
                                     session_appdef_of=self._session_appdef,
                                     routed_by=self._routed_by)
@@ -353,6 +395,97 @@ class Scheduler:
                 self.resync(self._resync_reason)
                 next_periodic = time.monotonic() + period
 
+    # --- scheduled pool sizes ---------------------------------------------------------------
+
+    def _stubs(self, reflectors: Sequence[Reflector]) -> dict[str, list[dict[str, Any]]]:
+        """The cached stubs of these reflectors by namespace."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for r in reflectors:
+            for stub in r.items():
+                ns = (stub.get("metadata") or {}).get("namespace")
+                if ns:
+                    out.setdefault(str(ns), []).append(stub)
+        return out
+
+    def schedule_pass(self, now: datetime | None = None) -> datetime | None:
+        """Queue each pool whose target changed since the last pass, write each schedule's
+        status where it changed, and return the next instant any target changes (None:
+        none ahead). Leader only; from the watch caches, no read of the API server."""
+        now = now or self.config.clock()
+        appdefs = self._stubs(self._appdefs)
+        earliest: datetime | None = None
+        offers: list[Key] = []
+        for ns, schedules in sorted(self._stubs(self._schedules).items()):
+            by_name = {str(a["metadata"].get("name")): a for a in appdefs.get(ns, [])}
+            for name in sorted({n for s in schedules
+                                if (n := mapping.schedule_appdef(s)) is not None}):
+                stub = by_name.get(name)
+                appdef: AppDefinition | Invalid | None = (
+                    None if stub is None else parse_appdefinition(stub))
+                if isinstance(appdef, AppDefinition):
+                    valid = valid_schedules(appdef, schedules)
+                    target = effective_target(appdef, valid, now)
+                    if self._targets.get((ns, name), target) != target:
+                        offers.append(PoolKey(ns, name))
+                    self._targets[(ns, name)] = target
+                    edge = next_change(appdef, valid, now)
+                    if edge is not None and (earliest is None or edge < earliest):
+                        earliest = edge
+                for obj in schedules:
+                    if mapping.schedule_appdef(obj) == name:
+                        self._write_status(ns, obj, schedule_status(obj, appdef, schedules, now))
+        if offers:
+            log.info("schedules: the target of %s changed", ", ".join(map(str, offers)))
+            self.stats.schedule_offers += len(offers)
+            self.offer(offers)
+        self.stats.schedule_passes += 1
+        self.stats.next_schedule_change = (None if earliest is None
+                                           else earliest.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        return earliest
+
+    def _write_status(self, ns: str, obj: Mapping[str, Any], status: dict[str, Any]) -> None:
+        """Merge-patch the schedule's status, only where it differs from what the cache shows
+        (or this process last wrote: its event may not be here yet)."""
+        meta = obj.get("metadata") or {}
+        name, uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
+        shown = obj.get("status") or {}
+        ident = (ns, name, uid)
+        if (all(shown.get(k) == val for k, val in status.items())
+                or self._written.get(ident) == status):
+            return
+        if self._status_kube is None:
+            self._status_kube = self._kube_factory()
+        try:
+            self._status_kube.merge_patch(v.SCHEDULE_API_VERSION, v.SCHEDULE_KIND, ns, name,
+                                          {"status": status}, status=True)
+        except KubeError as exc:
+            self.stats.schedule_errors += 1
+            log.warning("PoolSchedule %s/%s: writing its status failed: %s", ns, name, exc)
+            return
+        self._written[ident] = status
+        self.stats.schedule_status_writes += 1
+
+    def _schedule_loop(self) -> None:
+        """While leading: a pass, then sleep until the next edge (plus the margin), an event
+        of a PoolSchedule or AppDefinition, or `schedule_recheck`, whichever comes first."""
+        cfg = self.config
+        while not self._stop.is_set():
+            delay = cfg.schedule_recheck
+            self._wake_schedules.clear()
+            if self.synced() and self.is_leader():
+                try:
+                    edge = self.schedule_pass()
+                except Exception:
+                    self.stats.schedule_errors += 1
+                    log.exception("schedule pass failed")
+                else:
+                    if edge is not None:
+                        left = (edge - cfg.clock()).total_seconds() + cfg.schedule_margin
+                        delay = min(delay, max(0.05, left))
+            else:
+                delay = min(delay, 0.5)  # not leading or not synced yet: look again soon
+            self._wake_schedules.wait(delay)
+
     def _timeouts_loop(self) -> None:
         """A timeout pass every interval while leading (the first one interval after start,
         as Java's); a pass that raises is logged and the next one runs on schedule."""
@@ -386,6 +519,8 @@ class Scheduler:
         self._spawn(self._resync_loop, "resync")
         if self.timeouts is not None:
             self._spawn(self._timeouts_loop, "timeouts")
+        if self.config.schedules:
+            self._spawn(self._schedule_loop, "schedules")
         if self.epoch is not None:
             self._spawn(self._epoch_loop, "epoch")
         for r in self.reflectors:  # a resync waits for these; wake it when they are done
@@ -412,6 +547,7 @@ class Scheduler:
         with self._lock:
             self._lock.notify_all()
         self._wake_resync.set()
+        self._wake_schedules.set()
         deadline = time.monotonic() + timeout
         for t in self._threads:
             if t.name.startswith("reflector-"):

@@ -24,6 +24,9 @@ Rules (see the README of the scheduler in ``scheduler/__init__.py``):
 - Ingress (upstream's mode) added or deleted -> the ``PoolKey`` of each AppDefinition naming
   it. Its modifications map to nothing: the workers edit it for every claim and release,
   and a rule removed by hand is restored by the periodic resync.
+- PoolSchedule added, deleted or modified (not its status) -> the ``PoolKey`` of the
+  AppDefinition it names (before and after): the pool's target may have changed. The
+  boundaries of its windows are the scheduler's schedule loop's (``scheduler.app``).
 - Pool object (Service, Deployment, ConfigMap) added, modified or deleted -> ``InstanceKey``
   of the AppDefinition named by its owner reference and the id in its name; without such a
   reference (the Java operator strips it) -> the ``PoolKey`` of each owning Session's
@@ -55,6 +58,7 @@ SESSION = v.SESSION_KIND
 POOL_KINDS = ("Service", "Deployment", "ConfigMap")
 ROUTE = v.ROUTE_KIND
 INGRESS = "Ingress"
+SCHEDULE = v.SCHEDULE_KIND
 
 Obj = Mapping[str, Any]
 # (namespace, session name) -> that Session's spec.appDefinition, if the scheduler knows it.
@@ -103,10 +107,14 @@ def summarize(kind: str, obj: Obj) -> dict[str, Any]:
         appdef = (obj.get("spec") or {}).get("appDefinition")
         if appdef:
             stub["spec"] = {"appDefinition": appdef}
-    elif kind == APPDEF:
-        ingress = (obj.get("spec") or {}).get("ingressname")
-        if isinstance(ingress, str) and ingress:
-            stub["spec"] = {"ingressname": ingress}
+    elif kind in (APPDEF, SCHEDULE):
+        # The whole spec (AppDefinitions and schedules are few): the schedule loop judges
+        # each schedule against its AppDefinition, and the routes map by spec.ingressname.
+        spec = obj.get("spec")
+        if isinstance(spec, Mapping):
+            stub["spec"] = dict(spec)
+        if kind == SCHEDULE and isinstance(obj.get("status"), Mapping):
+            stub["status"] = dict(obj["status"])  # what the leader wrote last
     elif kind == ROUTE:
         labels = meta.get("labels") or {}
         if routes.is_session_route(obj):
@@ -140,6 +148,12 @@ def instance_id(obj: Obj | None) -> int | None:
 
 
 def session_appdef(obj: Obj | None) -> str | None:
+    appdef = ((obj or {}).get("spec") or {}).get("appDefinition")
+    return appdef if isinstance(appdef, str) and appdef else None
+
+
+def schedule_appdef(obj: Obj | None) -> str | None:
+    """The AppDefinition a PoolSchedule names (spec.appDefinition), or None."""
     appdef = ((obj or {}).get("spec") or {}).get("appDefinition")
     return appdef if isinstance(appdef, str) and appdef else None
 
@@ -179,6 +193,9 @@ def keys_for(
         return _pool_object_keys(kind, ns, obj, old_obj, session_appdef_of)
     if kind == ROUTE:
         return _route_keys(ns, obj, old_obj, session_appdef_of, routed_by)
+    if kind == SCHEDULE:
+        return _unique(PoolKey(ns, a) for o in (obj, old_obj)
+                       if (a := schedule_appdef(o)) is not None)
     if kind == INGRESS and event_type != MODIFIED:
         name = str(_meta(obj).get("name") or "")
         return [PoolKey(ns, a) for a in (routed_by(ns, name) if routed_by else [])]

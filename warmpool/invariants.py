@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from warmpool.kube import observe
@@ -24,6 +25,7 @@ from warmpool.pool.model import (
     session_error,
 )
 from warmpool.pool.parts import PARTS, Part
+from warmpool.pool.schedule import scheduled
 from warmpool.pool.validate import validate_appdefinition
 
 
@@ -36,9 +38,17 @@ class Violation:
         return f"{self.invariant}: {self.message}"
 
 
-def check(kube: Kube, namespace: str, *, quiet: bool = True) -> list[Violation]:
+def check(
+    kube: Kube, namespace: str, *, quiet: bool = True, now: datetime | None = None
+) -> list[Violation]:
     """All violations in `namespace`. With quiet=False only those that must hold at all times:
-    I1 and I2 for Sessions annotated with their instance, I3, I4."""
+    I1 and I2 for Sessions annotated with their instance, I3, I4.
+
+    I5's "minInstances" is the pool's target: spec.minInstances raised by the valid
+    PoolSchedules' windows active at `now` (default: the current time), as the workers read
+    it; the schedules are read here too, not taken from the controller."""
+    now = now or datetime.now(UTC)
+    schedule_items = observe.list_schedules(kube, namespace)
     appdef_items, _ = kube.list(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace)
     session_items, _ = kube.list(v.SESSION_API_VERSION, v.SESSION_KIND, namespace)
     sessions = [parse_session(o) for o in session_items]
@@ -52,7 +62,8 @@ def check(kube: Kube, namespace: str, *, quiet: bool = True) -> list[Violation]:
     appdefs: dict[str, AppDefinition | None] = {}
     for item in appdef_items:
         parsed = validate_appdefinition(item, appdef_items)  # as the workers judge it
-        appdefs[item["metadata"]["name"]] = parsed if isinstance(parsed, AppDefinition) else None
+        appdefs[item["metadata"]["name"]] = (scheduled(parsed, schedule_items, now)
+                                             if isinstance(parsed, AppDefinition) else None)
     names = set(appdefs) | {s.appdef for s in sessions if s.appdef}
     held: dict[str, set[str]] = defaultdict(set)
     for name in sorted(names):
@@ -129,7 +140,7 @@ def _check_pool(
             continue
         if k > appdef.min_instances and inst.existing():
             out.append(Violation("I5", f"free instance {k} of {name} exists above "
-                                 f"minInstances={appdef.min_instances}"))
+                                 f"minInstances={appdef.min_instances} (the target)"))
         elif k <= appdef.min_instances:
             for part in PARTS:
                 obj = inst.get(part)

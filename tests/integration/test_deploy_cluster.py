@@ -196,10 +196,11 @@ def apply_rbac(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> list[dic
     """The base's CRDs, ServiceAccount, Role and RoleBinding, applied for real in `namespace`."""
     objs = [o for o in render(DEPLOY / "base", namespace, tmp_path) if o["kind"] in RBAC_KINDS]
     assert sorted(o["kind"] for o in objs) == sorted(
-        ["CustomResourceDefinition"] * 2 + ["ServiceAccount", "Role", "RoleBinding"])
+        ["CustomResourceDefinition"] * 3 + ["ServiceAccount", "Role", "RoleBinding"])
     kubectl(cluster, "apply", "-f", "-", stdin=dump(objs))
     kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/appdefinitions.theia.cloud", "crd/sessions.theia.cloud")
+            "crd/appdefinitions.theia.cloud", "crd/sessions.theia.cloud",
+            "crd/poolschedules.warmpool.io")
     return objs
 
 
@@ -209,6 +210,9 @@ ALLOWED = [
     *[(verb, "sessions.theia.cloud") for verb in ("get", "list", "watch", "patch")],
     ("delete", "sessions.theia.cloud"),  # timed-out Sessions (session-lifecycle §5)
     ("patch", "sessions.theia.cloud", "status"),
+    # Scheduled pool sizes: read; only the status is written (the leading scheduler)
+    *[(verb, "poolschedules.warmpool.io") for verb in ("get", "list", "watch")],
+    ("patch", "poolschedules.warmpool.io", "status"),
     *[(verb, resource) for resource in ("services", "configmaps", "deployments.apps")
       for verb in ("get", "list", "watch", "create", "patch", "delete")],
     *[(verb, "pods") for verb in ("list", "patch", "delete")],
@@ -226,6 +230,8 @@ DENIED_HERE = [
     *[(verb, "sessions.theia.cloud") for verb in ("create", "update")],
     ("update", "sessions.theia.cloud", "status"),
     ("patch", "appdefinitions.theia.cloud", "status"),
+    *[(verb, "poolschedules.warmpool.io") for verb in ("create", "update", "patch", "delete")],
+    ("update", "poolschedules.warmpool.io", "status"),
     *[("update", resource) for resource in ("services", "configmaps", "deployments.apps",
                                             "httproutes.gateway.networking.k8s.io")],
     *[(verb, "pods") for verb in ("get", "watch", "create", "update")],
@@ -324,6 +330,8 @@ def test_the_optional_admin_role_scales_pools_and_reads_sessions(
         assert can_i(cluster, alice, verb, "appdefinitions.theia.cloud", None, namespace)
     for verb in ("get", "list", "watch"):
         assert can_i(cluster, alice, verb, "sessions.theia.cloud", None, namespace)
+    for verb in ("get", "list", "watch", "create", "patch", "delete"):  # they write schedules
+        assert can_i(cluster, alice, verb, "poolschedules.warmpool.io", None, namespace)
     for resource in ("services", "configmaps", "events", "deployments.apps"):  # warmpool status
         assert can_i(cluster, alice, "list", resource, None, namespace)
     for verb, resource in (("patch", "sessions.theia.cloud"), ("delete", "sessions.theia.cloud"),

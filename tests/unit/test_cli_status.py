@@ -220,3 +220,34 @@ def test_each_holder_shows_its_route_and_url_state() -> None:
     assert got == {1: ("ok", "h/java-17-1/"), 2: ("missing", ""), 3: ("elsewhere", "")}
     without = pool_status("ns", [ad], sessions, pool, [])  # routes not in use
     assert {i["route"] for i in without["appdefinitions"][0]["instances"]} == {None}
+
+
+def _schedule(name: str, **window: Any) -> dict[str, Any]:
+    return {"apiVersion": v.SCHEDULE_API_VERSION, "kind": v.SCHEDULE_KIND,
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+            "spec": {"appDefinition": "java", "windows": [{
+                "start": "12:00", "end": "14:00", "timeZone": "UTC", "size": 5,
+                "leadTime": "20m", **window}]}}
+
+
+def test_a_scheduled_pool_shows_its_target_next_change_and_invalid_schedules() -> None:
+    from datetime import UTC, datetime
+
+    appdefs, sessions, pool = world()  # min 3, max 10; 1..3 exist
+    schedules = [_schedule("lecture"), _schedule("broken", timeZone="Nowhere/Land")]
+    inside = datetime(2026, 3, 2, 11, 45, tzinfo=UTC)
+    (java,) = pool_status("ns", appdefs, sessions, pool, [], schedule_items=schedules,
+                          now=inside)["appdefinitions"]
+    assert (java["minInstances"], java["target"]) == (3, 5)
+    assert java["nextChange"] == "2026-03-02T14:00:00Z"
+    assert [i["id"] for i in java["instances"]] == [1, 2, 3, 4, 5]  # 4 and 5 to be made
+    assert java["schedules"] == [
+        {"name": "broken", "valid": False,
+         "message": "spec.windows[0].timeZone 'Nowhere/Land' is not a known IANA time zone"},
+        {"name": "lecture", "valid": True, "message": "ok"}]
+    after = datetime(2026, 3, 2, 14, 0, tzinfo=UTC)
+    (java,) = pool_status("ns", appdefs, sessions, pool, [], schedule_items=schedules,
+                          now=after)["appdefinitions"]
+    assert (java["target"], java["nextChange"]) == (3, "2026-03-03T11:40:00Z")
+    (plain,) = pool_status("ns", appdefs, sessions, pool, [])["appdefinitions"]
+    assert (plain["target"], plain["nextChange"], plain["schedules"]) == (3, None, [])

@@ -116,6 +116,7 @@ def test_the_base_holds_exactly_the_controller_and_nothing_cluster_wide_but_crds
     assert kinds == sorted([
         ("CustomResourceDefinition", "appdefinitions.theia.cloud"),
         ("CustomResourceDefinition", "sessions.theia.cloud"),
+        ("CustomResourceDefinition", "poolschedules.warmpool.io"),
         ("ServiceAccount", "warmpool"),
         ("Role", "warmpool"),
         ("RoleBinding", "warmpool"),
@@ -407,10 +408,12 @@ def test_example_overlay_points_at_an_external_redis_with_tls(
     example: list[dict[str, Any]],
 ) -> None:
     assert not by_kind(example, "Deployment").get("warmpool-redis")
-    # Theia Cloud's chart owns the CRDs there (components/without-crds).
-    assert not by_kind(example, "CustomResourceDefinition")
+    # Theia Cloud's chart owns its CRDs there (components/without-crds); warmpool's own
+    # PoolSchedule stays.
+    assert list(by_kind(example, "CustomResourceDefinition")) == ["poolschedules.warmpool.io"]
     for o in example:
-        assert o["metadata"]["namespace"] == "theia-prod"
+        if o["kind"] != "CustomResourceDefinition":
+            assert o["metadata"]["namespace"] == "theia-prod"
     assert by_kind(example, "RoleBinding")["warmpool"]["subjects"][0]["namespace"] == (
         "theia-prod")
     assert "warmpool-admin" in by_kind(example, "Role")
@@ -553,6 +556,8 @@ def test_admin_role_can_scale_but_not_write_sessions() -> None:
     role = by_kind(kustomize_component("admin"), "Role")["warmpool-admin"]
     rules = {tuple(r["resources"]): set(r["verbs"]) for r in role["rules"]}
     assert rules == {("appdefinitions",): {"get", "list", "watch", "patch"},
+                     ("poolschedules",): {"get", "list", "watch", "create", "patch",
+                                          "delete"},
                      ("sessions",): {"get", "list", "watch"},
                      ("services", "configmaps", "events"): {"list"},
                      ("deployments",): {"list"}}

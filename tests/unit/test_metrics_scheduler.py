@@ -30,7 +30,8 @@ class Kube:
     """Lists one AppDefinition; watches deliver what is pushed."""
 
     objects = {"AppDefinition": [{"metadata": meta("java", generation=1)}],
-               "Session": [], "Service": [], "Deployment": [], "ConfigMap": []}
+               "Session": [], "Service": [], "Deployment": [], "ConfigMap": [],
+               "PoolSchedule": []}
 
     def __init__(self) -> None:
         self.events: dict[str, list[dict[str, Any]]] = {k: [] for k in self.objects}

@@ -30,6 +30,7 @@ OBJECTS: dict[str, list[dict[str, Any]]] = {
          "uid": "u"}])}],
     "Deployment": [],
     "ConfigMap": [],
+    "PoolSchedule": [],
 }
 
 

@@ -22,8 +22,21 @@ from warmpool.pool import builders, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import pool_facts, waiting_sessions
 from warmpool.pool.instances import HolderIndex, InstanceView, release_markers
-from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
+from warmpool.pool.model import (
+    AppDefinition,
+    Invalid,
+    Session,
+    parse_appdefinition,
+    parse_session,
+)
 from warmpool.pool.parts import PARTS, Part
+from warmpool.pool.schedule import (
+    effective_target,
+    next_change,
+    parse_schedule,
+    rfc3339,
+    valid_schedules,
+)
 
 Obj = Mapping[str, Any]
 
@@ -155,9 +168,13 @@ def pool_status(
     only: str | None = None,
     errors_limit: int = 5,
     route_items: Sequence[Obj] | None = None,
+    schedule_items: Sequence[Obj] = (),
+    now: datetime | None = None,
 ) -> dict[str, Any]:
     """The JSON document of `warmpool status` (see the command's help for its keys).
-    `route_items`: the namespace's session routes (None: routes are not in use)."""
+    `route_items`: the namespace's session routes (None: routes are not in use);
+    `schedule_items`: its PoolSchedules, read at `now` (default: the current time)."""
+    now = now or datetime.now(UTC)
     sessions = [parse_session(o) for o in session_items]
     route_by_name = (None if route_items is None
                      else {str(_meta(r).get("name")): r for r in route_items})
@@ -181,12 +198,19 @@ def pool_status(
         parsed = parse_appdefinition(item)
         appdef = parsed if isinstance(parsed, AppDefinition) else None
         generation = _int_or_none(_meta(item).get("generation"))
-        min_i = appdef.min_instances if appdef else _int_or_none(spec.get("minInstances"))
+        schedules = [o for o in schedule_items
+                     if (o.get("spec") or {}).get("appDefinition") == name]
+        target, next_at = None, None
+        if appdef is not None:
+            valid = valid_schedules(appdef, schedules)
+            target = effective_target(appdef, valid, now)
+            next_at = rfc3339(next_change(appdef, valid, now))
+        min_i = target if target is not None else _int_or_none(spec.get("minInstances"))
         mine = [s for s in sessions if s.appdef == name]
         views = group_pool(pool_objects, name, appdef, mine)
         ids = set(views) | {s.instance_id for s in mine if s.live and s.instance_id}
-        if appdef is not None:
-            ids |= set(range(1, appdef.min_instances + 1))
+        if target is not None:
+            ids |= set(range(1, target + 1))
         empty = dict.fromkeys(PARTS)
         index = HolderIndex(name, mine)
         instances = [_instance(views.get(k) or InstanceView(k, empty), min_i, generation, index,
@@ -205,6 +229,11 @@ def pool_status(
             "generation": generation,
             "minInstances": spec.get("minInstances"),
             "maxInstances": spec.get("maxInstances"),
+            # The pool's size now: minInstances raised by its PoolSchedules (null: invalid).
+            "target": target,
+            "nextChange": next_at,
+            "schedules": [_schedule_entry(o, appdef) for o in
+                          sorted(schedules, key=lambda o: str(_meta(o).get("name")))],
             "counts": counts,
             "instances": instances,
             "waiting": waiting,
@@ -219,6 +248,13 @@ def pool_status(
         other += _event_errors(by_pool.get(None, []))
     return {"namespace": namespace, "appdefinitions": pools,
             "errors": other[:errors_limit], "errors_total": len(other)}
+
+
+def _schedule_entry(obj: Obj, appdef: AppDefinition | None) -> dict[str, Any]:
+    parsed = parse_schedule(obj, appdef)
+    return {"name": str(_meta(obj).get("name")),
+            "valid": not isinstance(parsed, Invalid),
+            "message": redact(parsed.message) if isinstance(parsed, Invalid) else "ok"}
 
 
 # --- rendering ------------------------------------------------------------------------------
@@ -247,6 +283,15 @@ def render(doc: dict[str, Any], now: datetime | None = None) -> None:
                            f"(namespace {doc['namespace']})"))
         if not pool["valid"]:
             out.print(f"[red]invalid, left as it is:[/] {escape(pool['problem'] or '')}")
+        if pool["schedules"]:
+            names = joined([sch["name"] for sch in pool["schedules"]])
+            nxt = pool["nextChange"] or "none ahead"
+            out.print(escape(f"target {pool['target']} (scheduled by {names}; next change "
+                             f"{nxt})"))
+            for sch in pool["schedules"]:
+                if not sch["valid"]:
+                    out.print(f"[red]PoolSchedule {escape(sch['name'])} is invalid, ignored:[/] "
+                              f"{escape(sch['message'])}")
         c = pool["counts"]
         extra = "".join(f"  {s} {c[s]}" for s in ("starting", "releasing", "removing") if c[s])
         out.print(f"free {c['free']}  claimed {c['claimed']}  outdated {c['outdated']}  "
@@ -284,13 +329,17 @@ def status(appdef: str | None, kube: KubeConfig, errors_limit: int, as_json: boo
     """Each pool of the namespace (or only APPDEF): its size, free, claimed, outdated and
     waiting counts, which Session holds which instance, and recent errors.
 
+    The target is minInstances raised by the AppDefinition's PoolSchedules (the windows
+    active now, capped by maxInstances); where a schedule names the pool, the target, its
+    next change and each schedule that is invalid (and so ignored) are shown.
+
     Recent errors are the controller's Warning Events (InvalidAppDefinition, InvalidSession,
     ForeignOwner, InstanceConflict, InvalidUser), repeated ones grouped, newest first, and
     Sessions in ERROR with their message. Sessions are named, never their users.
 
     States: claimed (held by a Session); free (claimable now); outdated (free but from an
     older AppDefinition generation: replaced soon); starting (objects missing); releasing
-    (a holder's traces being removed); removing (free, above minInstances). The count
+    (a holder's traces being removed); removing (free, above the target). The count
     "outdated" counts every instance from an older generation, claimed ones too (those are
     refreshed when released).
 
@@ -298,9 +347,10 @@ def status(appdef: str | None, kube: KubeConfig, errors_limit: int, as_json: boo
     JSON (--json):
       {"namespace", "appdefinitions": [POOL], "errors": [ERROR], "errors_total"}
       POOL: {"name", "valid", "problem", "generation", "minInstances",
-        "maxInstances", "counts": {"claimed", "free", "outdated", "starting",
-        "releasing", "removing", "waiting"}, "instances": [{"id", "state",
-        "session", "also_claimed_by", "objects", "outdated",
+        "maxInstances", "target": int|null, "nextChange": RFC 3339|null,
+        "schedules": [{"name", "valid", "message"}], "counts": {"claimed",
+        "free", "outdated", "starting", "releasing", "removing", "waiting"},
+        "instances": [{"id", "state", "session", "also_claimed_by", "objects", "outdated",
         "route": "ok"|"missing"|"elsewhere"|null, "url": str|null}],
         "waiting": [Session names, oldest first], "errors": [ERROR],
         "errors_total"}
@@ -313,7 +363,7 @@ def status(appdef: str | None, kube: KubeConfig, errors_limit: int, as_json: boo
     if appdef is not None and not any(_meta(a).get("name") == appdef for a in appdefs):
         raise NotFound(f"AppDefinition {appdef!r} not found in namespace {namespace!r}; "
                        f"'warmpool status -n {namespace}' lists those there")
-    from warmpool.kube.observe import list_pool_objects, list_session_routes
+    from warmpool.kube.observe import list_pool_objects, list_schedules, list_session_routes
     from warmpool.pool.builders import PoolSettings
 
     sessions, _ = client.list(v.SESSION_API_VERSION, v.SESSION_KIND, namespace)
@@ -321,7 +371,8 @@ def status(appdef: str | None, kube: KubeConfig, errors_limit: int, as_json: boo
     route_items = (list_session_routes(client, namespace)
                    if PoolSettings.from_env(os.environ).routing else None)
     doc = pool_status(namespace, appdefs, sessions, list_pool_objects(client, namespace), events,
-                      only=appdef, errors_limit=errors_limit, route_items=route_items)
+                      only=appdef, errors_limit=errors_limit, route_items=route_items,
+                      schedule_items=list_schedules(client, namespace))
     if as_json:
         emit_json(doc)
     else:

@@ -20,7 +20,7 @@ from warmpool.controller.reconcile import (
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Kube
 from warmpool.kube.executor import FenceRegression
-from warmpool.kube.reader import LiveReader
+from warmpool.kube.reader import Clock, LiveReader, utc_now
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
 
@@ -51,9 +51,12 @@ def _fingerprint(
 
 
 def run_until_quiet(
-    kube: Kube, namespace: str, settings: PoolSettings | None = None, max_rounds: int = 20
+    kube: Kube, namespace: str, settings: PoolSettings | None = None, max_rounds: int = 20,
+    *, clock: Clock = utc_now,
 ) -> int:
     """Resync every pool and run every job, round after round, until a round changes nothing.
+
+    `clock`: what time the PoolSchedules are read at (a test fixes it to a window's edge).
 
     Returns the number of rounds. Raises RuntimeError if the namespace never settles, which in
     a test means a reconcile that keeps rewriting what it wrote (a level-triggering bug).
@@ -62,7 +65,7 @@ def run_until_quiet(
     leases = LocalLeases()
     # the Java operator's model: every read asks the API server
     reader = LiveReader(kube, max_instances_ceiling=settings.max_instances_ceiling,
-                        routes=settings.routing)
+                        routes=settings.routing, clock=clock)
     before = _fingerprint(kube, namespace, settings.routing)
     for round_no in range(1, max_rounds + 1):
         queue: deque[Key] = deque(pool_keys(kube, namespace))

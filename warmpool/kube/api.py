@@ -19,7 +19,7 @@ from kubernetes import watch as kube_watch
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError
+from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, ResourceNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,13 @@ def _wrap(exc: DynamicApiError) -> Exception:
     if exc.status == 410:
         return Gone(exc.summary())
     return KubeError(exc.status, exc.summary())
+
+
+def not_served(exc: BaseException) -> bool:
+    """Whether `exc` says the API server does not serve that kind (its CRD is not installed):
+    discovery found no such resource, or the server answered 404 to a list."""
+    return isinstance(exc, ResourceNotFoundError) or (
+        isinstance(exc, KubeError) and exc.status == 404)
 
 
 #: Connections kept open to the API server per client. The library's default (5 per CPU)

@@ -2,10 +2,10 @@
 
 controller-runtime's default client reads from shared informer caches and writes to the API
 server; this is that cache for warmpool. One per worker process, shared by its threads: the
-AppDefinitions, the Sessions, the pool's Services, Deployments and ConfigMaps, and the
-namespace's oauth2-proxy template, each kept by a `Reflector` (list in pages, watch with
-bookmarks, relist on 410) and stripped on arrival to the fields the decisions read (an
-informer's transform), so a pool of thousands costs megabytes, not hundreds.
+AppDefinitions, the Sessions, the PoolSchedules, the pool's Services, Deployments and
+ConfigMaps, and the namespace's oauth2-proxy template, each kept by a `Reflector` (list in
+pages, watch with bookmarks, relist on 410) and stripped on arrival to the fields the
+decisions read (an informer's transform), so a pool of thousands costs megabytes, not hundreds.
 
 Indexes, kept up to date by every change:
 - (namespace, AppDefinition name) -> its Sessions, parsed once per version; (namespace,
@@ -60,6 +60,8 @@ PROXY_TEMPLATE = Watched("ConfigMap", "v1", None,
 ROUTES = Watched(v.ROUTE_KIND, v.ROUTE_API_VERSION)
 # Every Ingress of the namespace, in upstream's mode: the shared one is found by name.
 INGRESSES = Watched("Ingress", "networking.k8s.io/v1")
+# Every PoolSchedule of the namespace: the readers raise each AppDefinition's target by them.
+SCHEDULES = Watched(v.SCHEDULE_KIND, v.SCHEDULE_API_VERSION)
 WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, SERVICES, DEPLOYMENTS, CONFIGMAPS,
                                 PROXY_TEMPLATE)
 
@@ -79,12 +81,12 @@ def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
     Pool objects: their metadata (identity, labels, annotations with the shape hash and the
     fence, owner references) and the allow-list of an e-mail ConfigMap; a Deployment's spec
     and status are never read (its shape annotation says whether it is current).
-    AppDefinitions, Sessions and HTTPRoutes: metadata and spec (and a Session's status). The
-    proxy template: its data.
+    AppDefinitions, Sessions, PoolSchedules and HTTPRoutes: metadata and spec (and a
+    Session's status). The proxy template: its data.
     """
     out: Obj = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind") or kind,
                 "metadata": _meta(obj)}
-    if kind in (v.APPDEF_KIND, v.SESSION_KIND, v.ROUTE_KIND, "Ingress"):
+    if kind in (v.APPDEF_KIND, v.SESSION_KIND, v.SCHEDULE_KIND, v.ROUTE_KIND, "Ingress"):
         out["spec"] = obj.get("spec")
         if kind == v.SESSION_KIND and obj.get("status") is not None:
             out["status"] = obj.get("status")
@@ -113,14 +115,18 @@ class ClusterCache:
         timeout_range: tuple[float, float] = (300.0, 600.0),
         watch_routes: bool = True,
         watch_ingresses: bool = False,
+        watch_schedules: bool = True,
     ) -> None:
         """`watch_routes`: keep the HTTPRoutes too (Session routes in use; the CRD must
-        exist, or the cache never syncs); `watch_ingresses`: the Ingresses (upstream's mode)."""
+        exist, or the cache never syncs); `watch_ingresses`: the Ingresses (upstream's mode);
+        `watch_schedules`: the PoolSchedules (their CRD must exist too)."""
         self.namespaces = list(namespaces) if namespaces else None
         self.routes = watch_routes
         self.ingresses = watch_ingresses
+        self.schedules_kept = watch_schedules
         watched = (*WATCHES, *((ROUTES,) if watch_routes else ()),
-                   *((INGRESSES,) if watch_ingresses else ()))
+                   *((INGRESSES,) if watch_ingresses else ()),
+                   *((SCHEDULES,) if watch_schedules else ()))
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._sessions: dict[tuple[str, str], Session] = {}
@@ -188,6 +194,8 @@ class ClusterCache:
             return ROUTES
         if kind == "Ingress" and self.ingresses:
             return INGRESSES
+        if kind == v.SCHEDULE_KIND and self.schedules_kept:
+            return SCHEDULES
         raise KeyError(f"no cache of {kind}")
 
     def get(self, kind: str, namespace: str, name: str) -> Obj | None:
@@ -249,6 +257,12 @@ class ClusterCache:
         with the others of its namespace (warmpool.pool.validate: selector collisions)."""
         return [o for o in self._reflector(APPDEFS, namespace).items()
                 if (o.get("metadata") or {}).get("namespace") == namespace]
+
+    def schedules(self, namespace: str) -> list[Obj]:
+        """Every cached PoolSchedule of `namespace` (none unless `watch_schedules`)."""
+        if not self.schedules_kept:
+            return []
+        return self.items(v.SCHEDULE_KIND, namespace)
 
     def items(self, kind: str, namespace: str) -> list[Obj]:
         """Every cached object of `kind` in `namespace` (a scan: for resyncs and sweeps)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from warmpool.kube.api import Kube
+from warmpool.kube.api import Kube, not_served
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.instances import InstanceView, is_appdef_ref, is_session_ref, refs
@@ -60,6 +60,19 @@ def list_session_routes(kube: Kube, namespace: str) -> list[dict[str, Any]]:
                          label_selector=ROUTE_SELECTOR)
     for item in items:
         item.setdefault("kind", v.ROUTE_KIND)
+    return items
+
+
+def list_schedules(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    """The PoolSchedules of `namespace` (none where their CRD is not installed)."""
+    try:
+        items, _ = kube.list(v.SCHEDULE_API_VERSION, v.SCHEDULE_KIND, namespace)
+    except Exception as exc:
+        if not_served(exc):
+            return []
+        raise
+    for item in items:
+        item.setdefault("kind", v.SCHEDULE_KIND)
     return items
 
 

@@ -6,7 +6,11 @@ every read (the sequential driver, the CLI, tools); `CachedReader` answers from 
 `ClusterCache` and makes no request at all on the common path, which is what makes a claim
 cost the same at a thousand instances as at ten.
 
-Both return the same parsed model, so a decision cannot tell them apart; what differs is how
+Both return the same parsed model, so a decision cannot tell them apart; an AppDefinition
+comes with its `min_instances` replaced by the pool's target at the reader's clock (its
+spec.minInstances raised by the active windows of its valid PoolSchedules, capped by
+maxInstances: warmpool.pool.schedule), so every decision that sizes the pool obeys the
+schedule without knowing of it; what differs is how
 stale a read may be, and that is made harmless by the writes (see `warmpool.kube.cache`):
 after a conflict a job calls `instance(..., fresh=True)`, which reads the instance's objects
 directly and, for the cache, keeps what it read.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from warmpool.kube import observe
@@ -33,15 +38,23 @@ from warmpool.pool.model import (
     parse_session,
 )
 from warmpool.pool.parts import PARTS, Part
+from warmpool.pool.schedule import scheduled
 from warmpool.pool.validate import validate_appdefinition
 
 Obj = dict[str, Any]
+#: What time it is, for the schedules (aware, UTC); injectable so tests fix it.
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 class Reader(Protocol):
     def appdef(self, namespace: str, name: str, *, fresh: bool = False
                ) -> AppDefinition | Invalid | None:
-        """An AppDefinition by name; `fresh`: straight from the API server."""
+        """An AppDefinition by name, its min_instances the pool's target now (its schedules
+        applied); `fresh`: straight from the API server."""
         ...
 
     def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
@@ -132,9 +145,10 @@ class LiveReader:
     """Every read is a request to the API server (always current, cost grows with the pool)."""
 
     def __init__(self, kube: Kube, *, max_instances_ceiling: int = MAX_INSTANCES_CEILING,
-                 routes: bool = False) -> None:
+                 routes: bool = False, clock: Clock = utc_now) -> None:
         self.kube = kube
         self.max_instances_ceiling = max_instances_ceiling
+        self.clock = clock
         # Whether Session routes are in use: instance views then carry theirs.
         self.routes = routes
 
@@ -145,8 +159,11 @@ class LiveReader:
             return None
         # Valid only together with the others of its namespace (selector collisions).
         others, _ = self.kube.list(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace)
-        return validate_appdefinition(obj, others,
-                                      max_instances_ceiling=self.max_instances_ceiling)
+        parsed = validate_appdefinition(obj, others,
+                                        max_instances_ceiling=self.max_instances_ceiling)
+        if isinstance(parsed, Invalid):
+            return parsed
+        return scheduled(parsed, observe.list_schedules(self.kube, namespace), self.clock())
 
     def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
         return observe.read_session(self.kube, namespace, name)
@@ -281,10 +298,12 @@ class CachedReader:
     """
 
     def __init__(self, cache: ClusterCache, kube: Kube, *,
-                 max_instances_ceiling: int = MAX_INSTANCES_CEILING) -> None:
+                 max_instances_ceiling: int = MAX_INSTANCES_CEILING,
+                 clock: Clock = utc_now) -> None:
         self.cache = cache
         self.kube = kube
         self.max_instances_ceiling = max_instances_ceiling
+        self.clock = clock
 
     def appdef(self, namespace: str, name: str, *, fresh: bool = False
                ) -> AppDefinition | Invalid | None:
@@ -298,8 +317,7 @@ class CachedReader:
                 return None
             obj.setdefault("kind", v.APPDEF_KIND)
             self.cache.offer(obj)
-            return validate_appdefinition(obj, self.cache.appdefs(namespace),
-                                          max_instances_ceiling=self.max_instances_ceiling)
+            return self._judged(obj, namespace)
         obj = self.cache.get(v.APPDEF_KIND, namespace, name)
         if obj is None:
             if self.cache.deleted(v.APPDEF_KIND, namespace, name):
@@ -309,8 +327,17 @@ class CachedReader:
                 return None
             obj.setdefault("kind", v.APPDEF_KIND)
             self.cache.offer(obj)
-        return validate_appdefinition(obj, self.cache.appdefs(namespace),
-                                      max_instances_ceiling=self.max_instances_ceiling)
+        return self._judged(obj, namespace)
+
+    def _judged(self, obj: Obj, namespace: str) -> AppDefinition | Invalid:
+        """Validated with its namespace, then with its PoolSchedules applied (a schedule
+        is read from the cache: one created a moment ago counts once its event arrived,
+        which queues the pool again)."""
+        parsed = validate_appdefinition(obj, self.cache.appdefs(namespace),
+                                        max_instances_ceiling=self.max_instances_ceiling)
+        if isinstance(parsed, Invalid):
+            return parsed
+        return scheduled(parsed, self.cache.schedules(namespace), self.clock())
 
     def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
         cached = self.cache.session(namespace, name)

@@ -17,6 +17,11 @@ SESSION_PLURAL = "sessions"
 ROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
 ROUTE_KIND = "HTTPRoute"
 ROUTE_SUFFIX = "-route"
+# warmpool's own kind: a scheduled pool size for one AppDefinition (warmpool.pool.schedule).
+SCHEDULE_GROUP = "warmpool.io"
+SCHEDULE_API_VERSION = "warmpool.io/v1alpha1"
+SCHEDULE_KIND = "PoolSchedule"
+SCHEDULE_PLURAL = "poolschedules"
 
 # Labels on pool objects.
 LABEL_APP = "app"

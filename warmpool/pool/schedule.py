@@ -1,0 +1,345 @@
+"""Scheduled pool sizes (issue #17, item 2): PoolSchedule windows and a pool's target. Pure.
+
+A PoolSchedule (``warmpool.io/v1alpha1``, namespaced) names one AppDefinition and lists
+windows; each window is a span of local time on some days of the week, in an IANA time
+zone, with the pool size wanted inside it and a lead time:
+
+    spec:
+      appDefinition: java-17        # the AppDefinition's metadata.name
+      windows:
+        - days: [Mon, Wed]          # optional; default: every day
+          start: "08:00"            # HH:MM or HH:MM:SS, local time of timeZone
+          end: "10:00"              # after start, on the same day ("24:00" is midnight)
+          timeZone: Europe/Berlin   # IANA name (zoneinfo)
+          size: 40                  # >= 0, at most the AppDefinition's maxInstances
+          leadTime: 10m             # optional: a duration "1h30m", "10m", "45s" (at most 24h)
+
+A window is *active* from ``start - leadTime`` until ``end`` (half-open): the pool grows
+ahead of the window, and shrinks only once it has ended. The pool's target (pool-spec §4) is
+
+    min(maxInstances, max(spec.minInstances, sizes of the windows active now))
+
+over every valid PoolSchedule of the AppDefinition; an invalid one changes nothing.
+
+Local times are resolved with zoneinfo, day by day, so a window keeps its wall-clock times
+across a DST change. A local time that does not exist (the hour skipped in spring) is read
+with the offset before the change (02:30 becomes 03:30 summer time), as Python's `fold=0`
+does; a repeated one (autumn) is its first occurrence. A window whose start so resolved is
+not before its end is empty that day.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime, timedelta
+from functools import lru_cache
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from warmpool.pool.model import AppDefinition, Invalid
+
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")  # datetime.weekday() order
+DAY_SECONDS = 24 * 3600
+#: The longest lead time: a window's growth starts at most a day ahead of it.
+MAX_LEAD_SECONDS = DAY_SECONDS
+#: How far `next_change` looks ahead: a week repeats, plus a day for lead times and DST.
+HORIZON = timedelta(days=8)
+OK = "ok"
+
+_TIME = re.compile(r"([0-9]{2}):([0-9]{2})(?::([0-9]{2}))?")
+_DURATION = re.compile(r"(?:([0-9]{1,6})h)?(?:([0-9]{1,6})m)?(?:([0-9]{1,6})s)?")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    days: frozenset[int]  # weekdays, 0 = Monday
+    start: int  # seconds after local midnight
+    end: int  # seconds after local midnight; start < end <= DAY_SECONDS
+    zone: str  # an IANA name that zoneinfo knows
+    size: int
+    lead: int  # seconds
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSchedule:
+    name: str
+    namespace: str
+    uid: str
+    appdef: str  # spec.appDefinition: the AppDefinition's metadata.name
+    windows: tuple[Window, ...]
+
+
+@lru_cache(maxsize=256)
+def _zone(name: str) -> ZoneInfo:
+    return ZoneInfo(name)
+
+
+def _zone_error(name: object) -> str | None:
+    if not isinstance(name, str) or not name:
+        return f"must be an IANA time zone name such as 'Europe/Berlin', got {_shown(name)}"
+    try:
+        _zone(name)
+    except Exception:  # ZoneInfoNotFoundError, ValueError (a path), IsADirectoryError, ...
+        return f"{_shown(name)} is not a known IANA time zone"
+    return None
+
+
+def _clock_time(value: object, *, end: bool) -> int | str:
+    """Seconds after midnight of "HH:MM[:SS]", or what is wrong with it."""
+    if not isinstance(value, str) or not (m := _TIME.fullmatch(value)):
+        return f"must be a time HH:MM or HH:MM:SS, got {_shown(value)}"
+    h, mi, s = int(m[1]), int(m[2]), int(m[3] or 0)
+    if end and (h, mi, s) == (24, 0, 0):
+        return DAY_SECONDS
+    if h > 23 or mi > 59 or s > 59:
+        limit = "00:00 to 23:59:59, or 24:00" if end else "00:00 to 23:59:59"
+        return f"must be a time of day ({limit}), got {_shown(value)}"
+    return h * 3600 + mi * 60 + s
+
+
+def parse_duration(value: object) -> int | str:
+    """Seconds of a Go-like duration ("1h30m", "10m", "45s", "0s"), or what is wrong with it."""
+    if isinstance(value, str) and value and (m := _DURATION.fullmatch(value)):
+        return int(m[1] or 0) * 3600 + int(m[2] or 0) * 60 + int(m[3] or 0)
+    return f"must be a duration such as '90s', '10m' or '1h30m', got {_shown(value)}"
+
+
+def format_duration(seconds: int) -> str:
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return "".join(f"{n}{u}" for n, u in ((h, "h"), (m, "m"), (s, "s")) if n) or "0s"
+
+
+def _hhmm(seconds: int) -> str:
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h:02d}:{m:02d}" + (f":{s:02d}" if s else "")
+
+
+def _window(raw: object, where: str, appdef: AppDefinition | None) -> Window | Invalid:
+    if not isinstance(raw, Mapping):
+        return Invalid(f"{where} must be an object, got {_shown(raw)}")
+    days_raw = raw.get("days")
+    if days_raw is None:
+        days = frozenset(range(7))
+    elif not isinstance(days_raw, list) or not days_raw:
+        return Invalid(f"{where}.days must be a non-empty list of {', '.join(DAYS)} "
+                       f"(omit it for every day), got {_shown(days_raw)}")
+    else:
+        found: set[int] = set()
+        for i, day in enumerate(days_raw):
+            if day not in DAYS:
+                return Invalid(f"{where}.days[{i}] must be one of {', '.join(DAYS)}, "
+                               f"got {_shown(day)}")
+            found.add(DAYS.index(day))
+        days = frozenset(found)
+    start = _clock_time(raw.get("start"), end=False)
+    if isinstance(start, str):
+        return Invalid(f"{where}.start {start}")
+    end = _clock_time(raw.get("end"), end=True)
+    if isinstance(end, str):
+        return Invalid(f"{where}.end {end}")
+    if end <= start:
+        return Invalid(f"{where}.end ({_hhmm(end % DAY_SECONDS)}) must be after its start "
+                       f"({_hhmm(start)}): a window lies within one day (one that spans "
+                       "midnight is two windows, the first ending at 24:00)")
+    zone = raw.get("timeZone")
+    if (error := _zone_error(zone)) is not None:
+        return Invalid(f"{where}.timeZone {error}")
+    assert isinstance(zone, str)
+    size: object = raw.get("size")
+    if isinstance(size, bool) or not isinstance(size, int):
+        return Invalid(f"{where}.size must be an integer, got {_shown(size)}")
+    if size < 0:
+        return Invalid(f"{where}.size must be >= 0, got {size}")
+    if appdef is not None and size > appdef.max_instances:
+        return Invalid(f"{where}.size ({_shown(size)}) is above maxInstances "
+                       f"({appdef.max_instances}) of AppDefinition {appdef.name!r}")
+    lead_raw = raw.get("leadTime")
+    lead = 0 if lead_raw is None else parse_duration(lead_raw)
+    if isinstance(lead, str):
+        return Invalid(f"{where}.leadTime {lead}")
+    if lead > MAX_LEAD_SECONDS:
+        return Invalid(f"{where}.leadTime ({_shown(lead_raw)}) must be at most 24h")
+    return Window(days, start, end, zone, size, lead)
+
+
+def parse_schedule(
+    obj: Mapping[str, Any], appdef: AppDefinition | None = None
+) -> PoolSchedule | Invalid:
+    """Validate a PoolSchedule; never raises. With `appdef` (the AppDefinition it names, as
+    parsed from its spec), each window's size is checked against its maxInstances too."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return Invalid("spec is missing" if spec is None
+                       else f"spec must be an object, got {type(spec).__name__}")
+    name = spec.get("appDefinition")
+    if not isinstance(name, str) or not name:
+        return Invalid("spec.appDefinition must name an AppDefinition (its metadata.name), "
+                       f"got {_shown(name)}")
+    if appdef is not None and appdef.name != name:
+        return Invalid(f"spec.appDefinition is {name!r}, not {appdef.name!r}")
+    raw_windows = spec.get("windows")
+    if not isinstance(raw_windows, list) or not raw_windows:
+        return Invalid(f"spec.windows must be a non-empty list, got {_shown(raw_windows)}")
+    windows: list[Window] = []
+    for i, raw in enumerate(raw_windows):
+        w = _window(raw, f"spec.windows[{i}]", appdef)
+        if isinstance(w, Invalid):
+            return w
+        windows.append(w)
+    return PoolSchedule(
+        name=str(meta.get("name") or ""), namespace=str(meta.get("namespace") or ""),
+        uid=str(meta.get("uid") or ""), appdef=name, windows=tuple(windows))
+
+
+# --- time -----------------------------------------------------------------------------------
+
+
+def _instant(day: date, seconds: int, zone: ZoneInfo) -> datetime:
+    """The UTC instant of local time `seconds` after midnight of `day` in `zone` (fold=0)."""
+    wall = datetime(day.year, day.month, day.day, tzinfo=zone) + timedelta(seconds=seconds)
+    return wall.astimezone(UTC)  # aware + timedelta is wall-clock arithmetic in Python
+
+
+def _utc(now: datetime) -> datetime:
+    if now.tzinfo is None:
+        raise ValueError("a schedule needs an aware datetime (UTC), got a naive one")
+    return now.astimezone(UTC)
+
+
+def _spans(window: Window, first: date, last: date) -> Iterator[tuple[datetime, datetime]]:
+    """(active from, active until) of the window on each of its days from `first` to `last`
+    (local dates), lead time included; empty days (a start skipped by DST) left out."""
+    zone = _zone(window.zone)
+    day = first
+    while day <= last:
+        if day.weekday() in window.days:
+            opens = _instant(day, window.start, zone)
+            closes = _instant(day, window.end, zone)
+            if opens < closes:
+                yield opens - timedelta(seconds=window.lead), closes
+        day += timedelta(days=1)
+
+
+def _local_date(window: Window, now: datetime) -> date:
+    return now.astimezone(_zone(window.zone)).date()
+
+
+def active(window: Window, now: datetime) -> bool:
+    """Whether the window counts at `now` (aware): from its start minus the lead time until
+    its end."""
+    now = _utc(now)
+    today = _local_date(window, now)
+    # A span ends by the midnight after its day and opens at most a day (the longest lead)
+    # and a DST hour before its day: only these days can hold `now`.
+    return any(opens <= now < closes for opens, closes in _spans(
+        window, today - timedelta(days=1), today + timedelta(days=2)))
+
+
+def _mine(appdef: AppDefinition, schedules: Iterable[PoolSchedule]) -> list[PoolSchedule]:
+    return [s for s in schedules
+            if s.appdef == appdef.name and s.namespace in ("", appdef.namespace)]
+
+
+def effective_target(
+    appdef: AppDefinition, schedules: Iterable[PoolSchedule], now: datetime
+) -> int:
+    """min(maxInstances, max(spec.minInstances, sizes of the windows active at `now`)).
+
+    `appdef` as parsed from its spec (its min_instances is spec.minInstances); `schedules`:
+    valid ones (those of other AppDefinitions are ignored)."""
+    sizes = [w.size for s in _mine(appdef, schedules) for w in s.windows if active(w, now)]
+    return min(appdef.max_instances, max([appdef.min_instances, *sizes]))
+
+
+def next_change(
+    appdef: AppDefinition, schedules: Iterable[PoolSchedule], now: datetime,
+    horizon: timedelta = HORIZON,
+) -> datetime | None:
+    """The next instant after `now` at which the target changes, or None if it does not
+    within `horizon` (no window would change it, or none applies)."""
+    mine = _mine(appdef, schedules)
+    now = _utc(now)
+    current = effective_target(appdef, mine, now)
+    until = now + horizon
+    edges: set[datetime] = set()
+    for s in mine:
+        for w in s.windows:
+            today = _local_date(w, now)
+            for opens, closes in _spans(w, today - timedelta(days=1),
+                                        today + timedelta(days=horizon.days + 2)):
+                edges |= {t for t in (opens, closes) if now < t <= until}
+    for edge in sorted(edges):
+        if effective_target(appdef, mine, edge) != current:
+            return edge
+    return None
+
+
+def valid_schedules(
+    appdef: AppDefinition, objects: Iterable[Mapping[str, Any]]
+) -> list[PoolSchedule]:
+    """The PoolSchedule objects (of any AppDefinition) that name `appdef` and are valid."""
+    out: list[PoolSchedule] = []
+    for obj in objects:
+        spec = obj.get("spec")
+        if not isinstance(spec, Mapping) or spec.get("appDefinition") != appdef.name:
+            continue
+        ns = (obj.get("metadata") or {}).get("namespace")
+        if ns not in (None, "", appdef.namespace):
+            continue
+        parsed = parse_schedule(obj, appdef)
+        if isinstance(parsed, PoolSchedule):
+            out.append(parsed)
+    return out
+
+
+def scheduled(
+    appdef: AppDefinition, objects: Iterable[Mapping[str, Any]], now: datetime
+) -> AppDefinition:
+    """`appdef` (as parsed from its spec) with min_instances replaced by its target at `now`:
+    what the readers hand the decisions, so everything that sizes the pool obeys it."""
+    target = effective_target(appdef, valid_schedules(appdef, objects), now)
+    return appdef if target == appdef.min_instances else replace(appdef, min_instances=target)
+
+
+def rfc3339(when: datetime | None) -> str | None:
+    return None if when is None else _utc(when).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def schedule_status(
+    obj: Mapping[str, Any], appdef: AppDefinition | Invalid | None,
+    objects: Iterable[Mapping[str, Any]], now: datetime,
+) -> dict[str, Any]:
+    """The status a PoolSchedule should show: the named AppDefinition's `effectiveTarget`
+    and `nextChange` (RFC 3339, null if none ahead) over all its valid schedules, and
+    `message`: "ok", or why this schedule is invalid (it then counts for nothing)."""
+    spec = obj.get("spec")
+    name = spec.get("appDefinition") if isinstance(spec, Mapping) else None
+    if not isinstance(appdef, AppDefinition):
+        parsed = parse_schedule(obj)
+        if isinstance(parsed, Invalid):
+            message = parsed.message
+        elif appdef is None:
+            message = f"AppDefinition {name!r} does not exist in this namespace"
+        else:
+            message = f"AppDefinition {name!r} is invalid and left as it is: {appdef.message}"
+        return {"effectiveTarget": None, "nextChange": None, "message": message}
+    parsed = parse_schedule(obj, appdef)
+    mine = valid_schedules(appdef, objects)
+    return {
+        "effectiveTarget": effective_target(appdef, mine, now),
+        "nextChange": rfc3339(next_change(appdef, mine, now)),
+        "message": parsed.message if isinstance(parsed, Invalid) else OK,
+    }
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    if isinstance(value, int) and value.bit_length() > 64:  # str() refuses > 4300 digits
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
