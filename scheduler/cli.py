@@ -27,6 +27,20 @@ def parse_namespaces(values: tuple[str, ...]) -> list[str] | None:
     return list(dict.fromkeys(names)) or None
 
 
+def schedules_served(kubeconfig: str | None) -> bool:
+    """Whether the cluster has warmpool's PoolSchedule CRD; without it the scheduler watches
+    no schedules (a watch of a kind not served never syncs) and says so once."""
+    from warmpool.kube import kinds
+    from warmpool.kube.api import Kube, connect
+
+    served = Kube(connect(kubeconfig)).serves(*kinds.SCHEDULES[:2])
+    if not served:
+        logging.getLogger(__name__).warning(
+            "no PoolSchedule CRD on this cluster: scheduled pool sizes are off (%s)",
+            kinds.SCHEDULES[2])
+    return served
+
+
 @click.command("scheduler")
 @click.option("--namespace", "-n", "namespaces", multiple=True, envvar="WARMPOOL_NAMESPACE",
               help="Namespace(s) to watch, comma-separated or repeated "
@@ -108,22 +122,24 @@ def scheduler(
             raise click.BadParameter(str(exc), param_hint="--lease-duration/--renew-deadline/"
                                      "--retry-period") from None
     from metrics.collectors import AddCounter
-
-    settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
-    check_servers(settings.redis_url, kube=True, kubeconfig=kubeconfig,
-                  namespaces=[*(ns_list or ()), *([leader.namespace] if leader else [])])
-    adds = AddCounter()
-    producer = KeyedQueue.from_settings(settings, observer=adds)
+    from warmpool.kube import kinds
     from warmpool.pool.builders import PoolSettings
 
     try:
         pool = PoolSettings.from_env(os.environ)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
+    check_servers(settings.redis_url, kube=True, kubeconfig=kubeconfig,
+                  namespaces=[*(ns_list or ()), *([leader.namespace] if leader else [])],
+                  kinds=kinds.required(pool))
+    schedules = schedules_served(kubeconfig)
+    adds = AddCounter()
+    producer = KeyedQueue.from_settings(settings, observer=adds)
     config = SchedulerConfig(namespaces=ns_list, resync_period=resync_period,
                              epoch_period=settings.epoch_period, watch_timeout=watch_timeout,
                              leader=leader, routes=pool.routing, ingresses=pool.ingress,
-                             timeouts=timeouts)
+                             timeouts=timeouts, schedules=schedules)
     from warmpool.queue.epoch import Epoch
 
     epoch = Epoch(producer.client, producer.layout, create=True)

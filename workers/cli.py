@@ -90,7 +90,8 @@ def worker(
     settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
     # The children find the API server through the same KUBECONFIG (or in-cluster config).
     check_servers(settings.redis_url,
-                  kube=any(getattr(m, "NEEDS_KUBERNETES", False) for m in loaded))
+                  kube=any(getattr(m, "NEEDS_KUBERNETES", False) for m in loaded),
+                  kinds=[k for m in loaded for k in getattr(m, "required_kinds", list)()])
     embedded = None
     if settings.redis_url is None:
         from warmpool.queue.embedded import embedded_redis

@@ -32,6 +32,7 @@ from warmpool.controller.reconcile import (
     resync_pool,
 )
 from warmpool.keys import InstanceKey, PoolKey, SessionKey, parse_key
+from warmpool.kube import kinds
 from warmpool.kube.api import Kube, connect
 from warmpool.kube.cache import ClusterCache
 from warmpool.kube.guard import Guard
@@ -86,9 +87,14 @@ def cache() -> ClusterCache:
     with _lock:
         if _cache is None:
             url = os.environ.get("KUBECONFIG") or None
+            schedules = Kube(connect(url)).serves(*kinds.SCHEDULES[:2])
+            if not schedules:
+                log.warning("no PoolSchedule CRD on this cluster: scheduled pool sizes are off "
+                            "(%s)", kinds.SCHEDULES[2])
             _cache = ClusterCache(lambda: Kube(connect(url)), served_namespaces(),
                                   watch_routes=pool_settings().routing,
-                                  watch_ingresses=pool_settings().ingress).start()
+                                  watch_ingresses=pool_settings().ingress,
+                                  watch_schedules=schedules).start()
         return _cache
 
 
@@ -131,6 +137,11 @@ def check_settings() -> None:
     probe = ProbeSettings.from_env(os.environ)
     if probe.enabled:
         ssl_context(probe.ca_bundle)  # an unreadable CA bundle: one clear error at start
+
+
+def required_kinds() -> list[kinds.Kind]:
+    """What `warmpool worker` checks the API server serves before it starts a process."""
+    return kinds.required(pool_settings())
 
 
 _prober: ProbeRunner | None = None

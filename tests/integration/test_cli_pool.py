@@ -264,3 +264,22 @@ def test_help_names_each_option_and_its_environment_variable() -> None:
             assert fragment in text, (args, fragment)
     top = " ".join(run(cli_env(None), "--help").stdout.split())
     assert "Exit codes" in top and "4 unreachable" in top
+
+
+def test_a_kind_the_api_server_does_not_serve_stops_the_roles_with_one_line(cluster) -> None:
+    """`warmpool worker` and `warmpool scheduler` check the kinds their settings need: a watch
+    of a kind the server does not serve would never sync, and the controller would stall
+    without a word."""
+    from warmpool.cli.config import check_servers
+    from warmpool.cli.errors import EXIT_UNREACHABLE, Unreachable
+    from warmpool.kube import kinds
+    from warmpool.pool.builders import PoolSettings
+
+    kc = str(cluster.kubeconfig)
+    check_servers(None, kube=True, kubeconfig=kc, kinds=kinds.required(PoolSettings()))
+    with pytest.raises(Unreachable) as refused:
+        check_servers(None, kube=True, kubeconfig=kc,
+                      kinds=[("example.com/v1", "Nothing", "install example.com's CRD")])
+    assert refused.value.exit_code == EXIT_UNREACHABLE
+    assert "serves no Nothing (example.com/v1): install example.com's CRD" in str(
+        refused.value.message)

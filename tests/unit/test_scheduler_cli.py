@@ -59,6 +59,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeScheduler]]:
     monkeypatch.setattr(cli, "Scheduler", FakeScheduler)
     monkeypatch.setattr(cli, "check_servers",
                         lambda *args, **kw: FakeScheduler.checked.append((args, kw)))
+    monkeypatch.setattr(cli, "schedules_served", lambda kubeconfig: True)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     yield FakeScheduler
     for s, h in handlers.items():
@@ -88,10 +89,19 @@ def test_namespaces_from_the_environment_and_lease_defaults(fake) -> None:
     assert s.epoch.key == s.producer.layout.epoch
     assert "health=http://127.0.0.1:" in result.output
     assert "namespaces=team-a,team-b" in result.output
-    # Checked before starting: the watched namespaces and the Lease's, Redis.
+    # Checked before starting: the watched namespaces and the Lease's, Redis, the kinds the
+    # settings need (routes on by default: the HTTPRoute CRD).
+    from warmpool.kube import kinds
+    from warmpool.pool.builders import PoolSettings
+
     assert fake.checked == [(("redis://127.0.0.1:1/0",), {
         "kube": True, "kubeconfig": "/nonexistent",
-        "namespaces": ["team-a", "team-b", "team-a"]})]
+        "namespaces": ["team-a", "team-b", "team-a"],
+        "kinds": kinds.required(PoolSettings())})]
+    assert ("gateway.networking.k8s.io/v1", "HTTPRoute") in {
+        k[:2] for k in kinds.required(PoolSettings())}
+    assert ("gateway.networking.k8s.io/v1", "HTTPRoute") not in {
+        k[:2] for k in kinds.required(PoolSettings(routes="none"))}
 
 
 def test_all_namespaces_lease_in_default_or_configured(fake) -> None:

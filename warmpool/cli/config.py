@@ -314,17 +314,26 @@ def patiently(attempt: Callable[[], T], seconds: float = STARTUP_WAIT) -> T:
 
 
 def check_servers(redis_url: str | None, *, kube: bool, kubeconfig: str | None = None,
-                  namespaces: Sequence[str] = ()) -> None:
+                  namespaces: Sequence[str] = (),
+                  kinds: Sequence[tuple[str, str, str]] = ()) -> None:
     """What `warmpool worker` and `warmpool scheduler` check before starting anything, so a
     configuration error ends in one line (exit 2, 3 or 4) and not in a loop of failing jobs or
-    watches: Redis answers; with `kube`, the API server answers and accepts the credentials
-    and the namespaces exist. Servers still coming up get `STARTUP_WAIT` seconds."""
+    watches: Redis answers; with `kube`, the API server answers and accepts the credentials,
+    the namespaces exist and every one of `kinds` ((apiVersion, kind, advice):
+    `warmpool.kube.kinds.required`) is served. Servers still coming up get `STARTUP_WAIT`
+    seconds."""
     if redis_url is not None:
         patiently(lambda: connect_redis(redis_url, "--redis-url or $WARMPOOL_REDIS_URL")).close()
     if kube:
         target = resolve_kube_target(kubeconfig)
         client = patiently(lambda: connect_kube(target))
         patiently(lambda: check_namespaces(client, list(dict.fromkeys(namespaces))))
+        from warmpool.cli.errors import Unreachable
+
+        for api_version, kind, advice in kinds:
+            if not client.serves(api_version, kind):
+                raise Unreachable(f"the Kubernetes API serves no {kind} ({api_version}): "
+                                  f"{advice}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,6 +102,16 @@ class Kube:
             self._resources[key] = self.dyn.resources.get(api_version=api_version, kind=kind)
         return self._resources[key]
 
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Whether the API server serves `kind` of `api_version` (its CRD is installed)."""
+        from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+        try:
+            self._res(api_version, kind)
+        except ResourceNotFoundError:
+            return False
+        return True
+
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Obj:
         kwargs.setdefault("_request_timeout", self.request_timeout)
         try:
