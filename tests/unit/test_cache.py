@@ -158,8 +158,16 @@ def test_freshness_waits_for_the_version_or_the_deletion_that_caused_a_job(make_
     assert c.wait_fresh(NS, {"Service/ws-java-1#gone": "u-ws-java-1"}, timeout=5)
     # A tombstone is at least as new as the deletion's version.
     assert c.fresh(NS, {"Service/ws-java-1": "12"})
-    # An object never seen, of a kind the cache keeps, is not fresh until it is.
+    # An object never seen, of a kind the cache keeps, is not fresh until it is...
     assert not c.fresh(NS, {f"{v.SESSION_KIND}/new": "3"})
+    # ...or until its watch is past that version without it: it was created and deleted
+    # before this cache listed (a worker started since), so no event of it will ever come.
+    kube.push(v.SESSION_KIND, "ADDED", session("other", 20))
+    wait_for(lambda: c.session(NS, "other") is not None, timeout=5)
+    wait_for(lambda: c.fresh(NS, {f"{v.SESSION_KIND}/new": "3"}), timeout=5)
+    assert c.fresh(NS, {f"{v.SESSION_KIND}/gone-before": "15"})
+    assert not c.fresh(NS, {f"{v.SESSION_KIND}/gone-before": "25"})
+    assert not c.fresh(NS, {f"{v.SESSION_KIND}/other": "25"})  # held: its own version counts
     # Kinds the cache does not keep are nothing to wait for.
     assert c.fresh(NS, {"Pod/p": "100"})
 

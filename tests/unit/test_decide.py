@@ -450,3 +450,25 @@ def test_an_instance_id_annotation_that_is_no_id_is_reported_and_replaced() -> N
     assert report.regarding["kind"] == "Session"
     (annotate,) = [x for x in actions if isinstance(x, AnnotateSession)]
     assert annotate.annotations["theia-cloud.io/instance-id"] == "1"
+
+
+def test_a_claim_whose_status_write_failed_before_its_appdefinition_went_is_handled() -> None:
+    """Everything of the claim done but its status (a 500), then the AppDefinition deleted:
+    the Session holds a whole instance and is HANDLED, not left NEW (long tier, seed 12);
+    with an object missing it cannot be completed: ERROR, and a HANDLED one is left alone."""
+    from warmpool.pool.actions import SetSessionStatus
+
+    a = appdef()
+    s = session("s1", instance=1)  # annotated, status NEW
+    view = instance(a, 1, holder=s)
+    p = decide_instance(view, "java", None, [s], proxy_template=None, settings=SETTINGS)
+    (status,) = [x for x in p.actions if isinstance(x, SetSessionStatus)]
+    assert status.status["operatorStatus"] == "HANDLED"
+    partial = instance(a, 1, holder=s, missing=(Part.DEPLOYMENT,))
+    p = decide_instance(partial, "java", None, [s], proxy_template=None, settings=SETTINGS)
+    (status,) = [x for x in p.actions if isinstance(x, SetSessionStatus)]
+    assert status.status["operatorStatus"] == "ERROR"
+    handled = session("s1", instance=1, status="HANDLED")
+    p = decide_instance(instance(a, 1, holder=handled, missing=(Part.DEPLOYMENT,)), "java", None,
+                        [handled], proxy_template=None, settings=SETTINGS)
+    assert not [x for x in p.actions if isinstance(x, SetSessionStatus)]

@@ -297,6 +297,12 @@ class ClusterCache:
         A trigger is `"<Kind>/<name>" -> resourceVersion` (the event or write that caused the
         job: seen once the cached object, or its deletion, is at least that new) or
         `"<Kind>/<name>#gone" -> uid` (a deletion: seen once that uid is not cached).
+
+        An object the cache does not hold, with no deletion of it remembered, is seen once its
+        watch is past that version: a process started (or relisted) after the object was
+        created and deleted never saw either, and would otherwise wait for ever (the long
+        chaos tier, seed 12: four claims of Sessions re-created and deleted again spun for
+        minutes on every worker).
         """
         for field, value in triggers.items():
             ident, _, gone = field.partition("#")
@@ -311,10 +317,15 @@ class ClusterCache:
                     return False
                 continue
             want = int(value) if value.isdigit() else 0
+            reflector = self._reflector(watched, namespace)
             with self._lock:
                 tomb = self._tombstones.get((kind, namespace, name))
-            if max(rv_int(obj), tomb[0] if tomb else 0) < want:
-                return False
+            if max(rv_int(obj), tomb[0] if tomb else 0) >= want:
+                continue
+            past = reflector.last_rv
+            if obj is None and past is not None and past.isdigit() and int(past) >= want:
+                continue
+            return False
         return True
 
     def wait_fresh(self, namespace: str, triggers: Mapping[str, str], timeout: float) -> bool:

@@ -293,7 +293,6 @@ class Reflector:
         with self._lock:
             old_cache = self.cache
             self.cache = fresh
-        self.last_rv = rv
         self._need_list = False
         if report:
             for key, obj in fresh.items():
@@ -306,6 +305,7 @@ class Reflector:
                 if key not in fresh:
                     # Deleted while we were not watching: the stub is its last known state.
                     self._emit(DELETED, old, old)
+        self.last_rv = rv  # after the handlers, as for a watch event
         self.stats.synced_at = time.time()
         self.synced.set()
 
@@ -355,15 +355,19 @@ class Reflector:
                 self.cache.pop(key, None)
             else:
                 self.cache[key] = self.summarize(self.watched.kind, obj)
-        if rv:
-            self.last_rv = rv
         self._failures = 0
         self.stats.events += 1
         if etype != DELETED and old is not None and _rv(old) == rv:
+            if rv:
+                self.last_rv = rv
             return  # seen already (a resumed watch may repeat the last event)
         if etype == ADDED and old is not None:
             etype = MODIFIED
         self._emit(etype, obj, old)
+        # After the handler: `last_rv` says "everything up to here is in the cache and its
+        # indexes" (ClusterCache.fresh reads it).
+        if rv:
+            self.last_rv = rv
 
     def _emit(self, etype: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         try:

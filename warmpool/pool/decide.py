@@ -161,9 +161,22 @@ def _claimed(
         if email is not None and emails_of(email) != emails:
             actions.append(_patch(Part.EMAIL_CONFIGMAP, email, {"data": {v.EMAILS_KEY: emails}},
                                   "allow-list of the holder"))
-        if holder.instance_id != instance.id and holder.status != v.STATUS_ERROR:
-            # The claim was in flight (deciding write made, Session not yet annotated): it
-            # cannot be completed, and without a word the Session would wait forever.
+        complete = holder.instance_id == instance.id and instance.complete
+        if complete and holder.status not in (v.STATUS_HANDLED, v.STATUS_ERROR):
+            # The claim had done everything but its status (a write that failed, then the
+            # AppDefinition went): the Session holds a whole instance, so it is HANDLED (it
+            # would otherwise stay NEW until it ends; the long chaos tier, seed 12).
+            ext_name = _meta(instance.get(Part.EXTERNAL_SERVICE) or {}).get("name")
+            actions.append(SetSessionStatus(holder.name, {
+                "operatorStatus": v.STATUS_HANDLED,
+                "operatorMessage": f"Instance {instance.id} of {holder.appdef} ({ext_name}); "
+                                   "its AppDefinition was deleted: kept until the Session ends"},
+                uid=holder.uid, first=holder.status == v.STATUS_NEW))
+        elif holder.status != v.STATUS_ERROR and (holder.instance_id != instance.id
+                                                  or holder.status != v.STATUS_HANDLED):
+            # The claim was in flight (deciding write made, Session not yet annotated, or an
+            # object still missing): it cannot be completed, and without a word the Session
+            # would wait forever.
             message = (f"AppDefinition {holder.appdef!r} was deleted before the claim of "
                        f"instance {instance.id} completed")
             actions.append(SetSessionStatus(holder.name, {"operatorStatus": v.STATUS_ERROR,
