@@ -1,8 +1,13 @@
-# syntax=docker/dockerfile:1.7
 # One image for both roles: the command selects it.
 #   docker build -t warmpool:0.1.0 .
 #   docker run --rm warmpool:0.1.0 scheduler --help
 #   docker run --rm warmpool:0.1.0 worker --processes 2 --threads 8
+# deploy/image/build.sh builds it with podman on a base image made from Debian's archive
+# (PYTHON_IMAGE=localhost/warmpool-base:bookworm: Debian's python3 and a venv first on PATH), and
+# deploy/image/run-s1.sh runs the scheduler and two workers from it (`make image-test`).
+# No `# syntax=` line: it makes BuildKit fetch its Dockerfile frontend from an image registry
+# before building (an offline or mirrored builder fails there), and the built-in frontend of
+# Docker 23+ and buildah already have everything used here (RUN --mount=type=bind,from=...).
 # tests/unit/test_deploy_image.py checks this file's invariants (non-root numeric USER, no
 # compiler or pip in the final stage, ENTRYPOINT warmpool, COPY lines vs .dockerignore);
 # tests/integration/test_deploy_wheel.py replays its Python steps (wheels from exactly the COPY
