@@ -55,8 +55,12 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
 # Numeric, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 10001:10001
 WORKDIR /tmp
-# /tmp and /var/run/warmpool/prometheus are writable by this user here; Kubernetes mounts
-# emptyDirs over both (deploy/base: the root filesystem is read-only there).
+# The two paths the processes write: /tmp, and the workers' PROMETHEUS_MULTIPROC_DIR (the
+# supervisor empties it at start and each worker process writes its metrics files there).
+# Volumes, so that they stay writable under `docker run --read-only` (an anonymous volume each,
+# gone with --rm), where a directory of the image's own is not. Kubernetes mounts emptyDirs
+# over both (deploy/base: the root filesystem is read-only there).
+VOLUME ["/tmp", "/var/run/warmpool/prometheus"]
 EXPOSE 8080 9090 9091
 ENTRYPOINT ["warmpool"]
 CMD ["--help"]

@@ -47,6 +47,19 @@ if ((${#missing[@]})); then
 fi
 [[ -r $CA_BUNDLE ]] || die "no CA bundle at $CA_BUNDLE (Debian's ca-certificates package)"
 podman=(podman --runtime "$RUNTIME")
+# podman's default ulimits (nofile 1048576) are above this machine's hard limits, which the
+# runtime may not raise: every build and run gets the host's own.
+NOFILE=$(ulimit -Hn)
+ulimits=(--ulimit "nofile=$NOFILE:$NOFILE" --ulimit nproc=32768:32768)
+# A container of the image, the check's exit code kept apart from podman's own (125-127).
+check_run() {
+    local what=$1 rc=0
+    shift
+    "${podman[@]}" run --rm --network none "${ulimits[@]}" "$@" || rc=$?
+    ((rc == 0)) && return 0
+    ((rc >= 125)) && die "podman could not run the check '$what' (exit $rc, see above)"
+    die "$IMAGE: $what (see above)"
+}
 
 now() { date +%s.%N; }
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$(now)"; }
@@ -125,19 +138,19 @@ fi
 
 # --- 2. the image -----------------------------------------------------------------------------
 T1=$(now)
-NOFILE=$(ulimit -Hn)
 say "building $IMAGE from Dockerfile on $BASE"
 # --layers: the builder's `pip wheel` layer is reused while its COPY sources are unchanged.
 "${podman[@]}" build --pull=never --network host --layers \
     --build-arg "PYTHON_IMAGE=$BASE" \
-    --ulimit "nofile=$NOFILE:$NOFILE" --ulimit nproc=32768:32768 \
+    "${ulimits[@]}" \
     --volume "$CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro" \
     --tag "$IMAGE" --file Dockerfile . >&2
 BUILD_S=$(elapsed "$T1")
 
 # --- 3. what the image must not carry from this host, and that it starts ----------------------
-"${podman[@]}" run --rm --network none --read-only --user 10001:10001 --entrypoint python3 \
-    "$IMAGE" -c '
+# As root, so that /root is readable too.
+check_run "it carries nothing of the host's pip configuration" \
+    --read-only --user 0:0 --entrypoint python3 "$IMAGE" -c '
 import os, pathlib, sys
 own = {"PIP_DISABLE_PIP_VERSION_CHECK", "PIP_NO_CACHE_DIR"}  # the Dockerfile ENV, not the host
 leaks = sorted(k for k in os.environ if k.startswith("PIP_") and k not in own)
@@ -150,15 +163,25 @@ try:
 except ImportError:
     pass
 sys.exit(f"host configuration in the image: {leaks}" if leaks else 0)
-' || die "$IMAGE carries what it must not (see above)"
+'
 # The CA bundle the RUN steps saw was the host's, mounted: the image keeps the base's own.
 bundle_sum() {
-    "${podman[@]}" run --rm --network none --read-only --entrypoint sha256sum "$1" \
-        /etc/ssl/certs/ca-certificates.crt | cut -d' ' -f1
+    "${podman[@]}" run --rm --network none "${ulimits[@]}" --read-only --entrypoint sha256sum \
+        "$1" /etc/ssl/certs/ca-certificates.crt | cut -d' ' -f1
 }
-[[ $(bundle_sum "$IMAGE") == "$(bundle_sum "$BASE")" ]] \
+image_sum=$(bundle_sum "$IMAGE")
+base_sum=$(bundle_sum "$BASE")
+[[ -n $image_sum && $image_sum == "$base_sum" ]] \
     || die "$IMAGE: /etc/ssl/certs/ca-certificates.crt is not the base image's (the host's leaked in)"
-"${podman[@]}" run --rm --network none --read-only --user 10001:10001 "$IMAGE" --help >/dev/null \
-    || die "$IMAGE: \`warmpool --help\` failed"
+check_run "\`warmpool --help\` runs" --read-only --user 10001:10001 "$IMAGE" --help >/dev/null
+# A read-only root with nothing mounted by hand and no tmpfs of podman's own (as
+# `docker run --read-only`): the image's volumes are what the processes write.
+check_run "/tmp and PROMETHEUS_MULTIPROC_DIR are writable under --read-only" \
+    --read-only --read-only-tmpfs=false --user 10001:10001 --entrypoint python3 "$IMAGE" -c '
+import os, tempfile
+for d in (tempfile.gettempdir(), os.environ["PROMETHEUS_MULTIPROC_DIR"]):
+    with open(os.path.join(d, "probe"), "w") as f:
+        f.write("ok")
+'
 
 echo "image: $IMAGE $(size_mb "$IMAGE") (base $BASE $(size_mb "$BASE")); image build ${BUILD_S} s, total $(elapsed "$T0") s"
