@@ -6,12 +6,13 @@ end, and the invariant checker finds nothing.
 Each container is run as its Deployment in deploy/base would run it, as far as podman can say
 so: the manifests' args and environment (fieldRef, the Secret's Redis URL, the ConfigMap), the
 image's ENTRYPOINT as PID 1, UID/GID 10001, a read-only root filesystem with only the
-manifests' emptyDirs writable (tmpfs here; podman's own tmpfs on /tmp, /run and /var/tmp is
-switched off, as Kubernetes has none), all capabilities dropped, no privilege escalation, the
-ServiceAccount's kubeconfig mounted read-only, and a hostname of its own (a pod's name). The
-differences from a pod: `--network host` (the control plane and Redis listen on this host's
-loopback), so the health and metrics servers bind 127.0.0.1 on free ports; no CPU or memory
-limits; the probes are run by `podman exec`, as the kubelet would run the exec ones.
+manifests' emptyDirs writable (fresh host directories, as the kubelet makes them; podman's own
+tmpfs on /tmp, /run and /var/tmp is switched off, as Kubernetes has none), all capabilities
+dropped, no privilege escalation, the ServiceAccount's kubeconfig mounted read-only, and a
+hostname of its own (a pod's name). The differences from a pod: `--network host` (the control
+plane and Redis listen on this host's loopback), so the health and metrics servers bind
+127.0.0.1 on free ports; no CPU or memory limits; the probes are run by `podman exec`, as the
+kubelet would run the exec ones.
 
 Marked `image`: `make test` leaves it out; `make image-test` (deploy/image/run-s1.sh) builds
 the image and runs it. It fails, and says how to build it, when the image is missing.
@@ -118,6 +119,8 @@ class Container:
         (self.container,) = pod["containers"]
         self.name, self.image, self.namespace = name, image, namespace
         self.grace = int(pod.get("terminationGracePeriodSeconds", 30))
+        self.fs_group = int(pod["securityContext"]["fsGroup"])
+        self.tmp_path = tmp_path
         env: dict[str, str] = {}
         for ref in self.container.get("envFrom") or []:
             cm = core_v1.read_namespaced_config_map(ref["configMapRef"]["name"], namespace)
@@ -175,10 +178,17 @@ class Container:
                 "--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", "nproc=32768:32768",
                 "--stop-timeout", str(self.grace), "--env-file", str(self.env_file),
                 "--volume", f"{self.kubeconfig}:{KUBECONFIG_IN_CONTAINER}:ro"]
-        # The manifests' emptyDirs (all of them are), as tmpfs with their size limits.
+        # The manifests' emptyDirs (all of them are): what the kubelet makes for one, a fresh
+        # directory on the node, mode 0777, group fsGroup with setgid. (Not `--tmpfs`: podman
+        # gives a tmpfs the mode of the image's directory under it, root-owned, so a 0755 one
+        # owned by 10001 in the image becomes unwritable for 10001.)
         for mount in self.container.get("volumeMounts") or []:
-            mode = "1777" if mount["mountPath"] == "/tmp" else "0777"
-            argv += ["--tmpfs", f"{mount['mountPath']}:rw,size=64m,mode={mode}"]
+            path = mount["mountPath"]
+            host = self.tmp_path / f"{self.name}{path.replace('/', '-')}"
+            host.mkdir()
+            os.chown(host, 0, self.fs_group)
+            host.chmod(0o2777)
+            argv += ["--volume", f"{host}:{path}:rw"]
         return [*argv, self.image, *self.args]
 
     def start(self) -> Container:
