@@ -13,6 +13,8 @@
 # tests/integration/test_deploy_wheel.py replays its Python steps (wheels from exactly the COPY
 # sources, install with no index, pip removed, `warmpool --help`).
 
+# A short name, as Docker resolves it. Podman and buildah resolve short names through
+# registries.conf (or refuse them): give them a fully qualified PYTHON_IMAGE, as build.sh does.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- builder: the project's wheel and the wheels of all its dependencies ---------------------

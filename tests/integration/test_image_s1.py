@@ -371,6 +371,12 @@ def test_s1_from_the_image_scheduler_and_two_workers_as_containers(
     lease = kube.get("coordination.k8s.io/v1", "Lease", ns, "warmpool-scheduler")
     assert lease is not None and lease["spec"]["holderIdentity"].startswith(scheduler.name)
 
+    # The ENTRYPOINT as PID 1 reaps what it starts: no zombie in any container.
+    zombies = ("import os, sys; sys.exit(any(open(f'/proc/{p}/stat').read().rsplit(')', 1)[1]"
+               ".split()[0] == 'Z' for p in os.listdir('/proc') if p.isdigit()))")
+    for c in (scheduler, *workers):
+        assert c.exec("python3", "-c", zombies) == 0, f"{c.name} has zombie processes"
+
     # SIGTERM to each PID 1: the scheduler releases its Lease, the workers drain; exit 0.
     assert scheduler.stop() == 0, scheduler.log()
     for worker in workers:
