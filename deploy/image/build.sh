@@ -33,18 +33,18 @@ SUITE=${WARMPOOL_BASE_SUITE:-bookworm}
 BASE=${WARMPOOL_BASE_IMAGE:-localhost/warmpool-base:${SUITE}}
 RUNTIME=${WARMPOOL_OCI_RUNTIME:-runc}
 CA_BUNDLE=${WARMPOOL_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
-VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
-IMAGE=${WARMPOOL_IMAGE:-localhost/warmpool:${VERSION}}
 
 # --- what this needs, said plainly when it is missing -----------------------------------------
 [[ $(id -u) == 0 ]] || die "run as root: the build and the containers use rootful podman"
 missing=()
-for tool in podman "$RUNTIME" mmdebstrap; do
+for tool in podman "$RUNTIME" mmdebstrap python3; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if ((${#missing[@]})); then
-    die "missing: ${missing[*]}. Install Debian's packages: apt-get install --no-install-recommends podman runc mmdebstrap"
+    die "missing: ${missing[*]}. Install Debian's packages: apt-get install --no-install-recommends podman runc mmdebstrap python3"
 fi
+VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+IMAGE=${WARMPOOL_IMAGE:-localhost/warmpool:${VERSION}}
 [[ -r $CA_BUNDLE ]] || die "no CA bundle at $CA_BUNDLE (Debian's ca-certificates package)"
 podman=(podman --runtime "$RUNTIME")
 # podman's default ulimits (nofile 1048576) are above this machine's hard limits, which the
@@ -146,6 +146,11 @@ say "building $IMAGE from Dockerfile on $BASE"
     --volume "$CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro" \
     --tag "$IMAGE" --file Dockerfile . >&2
 BUILD_S=$(elapsed "$T1")
+# The image this tag pointed at before, if the build moved it: untagged now, nothing uses it.
+# (Only warmpool's own: the filter is the Dockerfile's title label; the builder stage's
+# layers stay, as the cache of the next build.)
+"${podman[@]}" image prune --force \
+    --filter label=org.opencontainers.image.title=warmpool >/dev/null
 
 # --- 3. what the image must not carry from this host, and that it starts ----------------------
 # As root, so that /root is readable too.
