@@ -1,13 +1,20 @@
-# syntax=docker/dockerfile:1.7
 # One image for both roles: the command selects it.
 #   docker build -t warmpool:0.1.0 .
 #   docker run --rm warmpool:0.1.0 scheduler --help
 #   docker run --rm warmpool:0.1.0 worker --processes 2 --threads 8
+# deploy/image/build.sh builds it with podman on a base image made from Debian's archive
+# (PYTHON_IMAGE=localhost/warmpool-base:bookworm: Debian's python3 and a venv first on PATH), and
+# deploy/image/run-s1.sh runs the scheduler and two workers from it (`make image-test`).
+# No `# syntax=` line: it makes BuildKit fetch its Dockerfile frontend from an image registry
+# before building (an offline or mirrored builder fails there), and the built-in frontend of
+# Docker 23+ and buildah already have everything used here (RUN --mount=type=bind,from=...).
 # tests/unit/test_deploy_image.py checks this file's invariants (non-root numeric USER, no
 # compiler or pip in the final stage, ENTRYPOINT warmpool, COPY lines vs .dockerignore);
 # tests/integration/test_deploy_wheel.py replays its Python steps (wheels from exactly the COPY
 # sources, install with no index, pip removed, `warmpool --help`).
 
+# A short name, as Docker resolves it. Podman and buildah resolve short names through
+# registries.conf (or refuse them): give them a fully qualified PYTHON_IMAGE, as build.sh does.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- builder: the project's wheel and the wheels of all its dependencies ---------------------
@@ -50,8 +57,12 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
 # Numeric, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 10001:10001
 WORKDIR /tmp
-# /tmp and /var/run/warmpool/prometheus are writable by this user here; Kubernetes mounts
-# emptyDirs over both (deploy/base: the root filesystem is read-only there).
+# The two paths the processes write: /tmp, and the workers' PROMETHEUS_MULTIPROC_DIR (the
+# supervisor empties it at start and each worker process writes its metrics files there).
+# Volumes, so that they stay writable under `docker run --read-only` (an anonymous volume each,
+# gone with --rm), where a directory of the image's own is not. Kubernetes mounts emptyDirs
+# over both (deploy/base: the root filesystem is read-only there).
+VOLUME ["/tmp", "/var/run/warmpool/prometheus"]
 EXPOSE 8080 9090 9091
 ENTRYPOINT ["warmpool"]
 CMD ["--help"]

@@ -1,6 +1,6 @@
 # Entry points. The README's first commands are `make demo` and `make test`; CI runs .ci/run,
 # which starts Redis and then calls `make lint` and `make test`.
-.PHONY: venv demo test test-fast lint cluster-up cluster-down
+.PHONY: venv demo test test-fast lint cluster-up cluster-down image image-test
 
 PYTHON ?= python3
 
@@ -17,9 +17,10 @@ venv: .venv/.installed
 demo: .venv/.installed
 	.venv/bin/warmpool demo
 
-## Everything CI runs: unit tests, then the real-server tiers (not the on-demand `slow` tier).
+## Everything CI runs: unit tests, then the real-server tiers (not the on-demand `slow` tier, nor
+## `image`, which needs the image built: `make image-test`).
 test: .venv/.installed
-	.venv/bin/python -m pytest -m "not slow"
+	.venv/bin/python -m pytest -m "not slow and not image"
 
 ## Unit tests only: no server, seconds.
 test-fast: .venv/.installed
@@ -38,3 +39,13 @@ cluster-up: .venv/.installed
 
 cluster-down: .venv/.installed
 	.venv/bin/warmpool cluster down
+
+## The image, built from the Dockerfile with Debian's podman and a base made by mmdebstrap (root;
+## deploy/image/build.sh says which packages it needs). Prints its size and the build time.
+image:
+	deploy/image/build.sh
+
+## The image built, then the real system run from it: scheduler and two worker containers, S1
+## end to end against the local control plane and Redis, the invariant checker after.
+image-test: image .venv/.installed
+	PYTHON=.venv/bin/python deploy/image/run-s1.sh
