@@ -329,3 +329,31 @@ def test_a_route_orphaned_without_the_garbage_collector_is_swept(kube, namespace
     left = session_routes(kube, ns)
     assert orphan["metadata"]["name"] not in left
     assert kept["metadata"]["name"] in left  # held by another owner too: never deleted
+
+
+def test_a_session_left_with_no_instance_loses_its_route(kube, namespace) -> None:
+    """Its AppDefinition deleted while it holds an instance, then that instance's objects
+    deleted by hand (they are not rebuilt without an AppDefinition): the Session holds
+    nothing, goes to ERROR, and its route goes too (R2: no route without a holder)."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=1)
+    run_until_quiet(kube, ns)
+    _claim(kube, ns, 1)
+    assert _route_of(kube, ns, "s1") is not None
+    kube.delete(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, "java")
+    wait_for(lambda: kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, "java") is None,
+             timeout=30, message="the AppDefinition gone")
+    for key, obj in instance_objects(kube, ns, "java", 1).items():
+        kind = key.split("/")[0]
+        kube.delete("apps/v1" if kind == "Deployment" else "v1", kind, ns,
+                    obj["metadata"]["name"])
+    wait_for(lambda: not instance_objects(kube, ns, "java", 1), timeout=30,
+             message="instance 1's objects gone")
+    run_until_quiet(kube, ns)
+    assert session(kube, ns, "s1")["status"]["operatorStatus"] == v.STATUS_ERROR
+    assert _route_of(kube, ns, "s1") is None
+    # I1 names the objects deleted by hand (nothing can rebuild them without an
+    # AppDefinition); the routes' invariants hold.
+    from warmpool.invariants import check
+
+    assert [str(x) for x in check(kube, ns) if x.invariant.startswith("R")] == []

@@ -356,6 +356,32 @@ def _deciding_write(
     return True
 
 
+def _drop_route(
+    reader: Reader, kube: Kube, session: Session, settings: PoolSettings
+) -> None:
+    """A Session that holds no instance has no route (session-lifecycle §1): delete one it
+    still has, which no instance's job leads to any more (its instance gone with its
+    AppDefinition and then by hand, the long chaos tier, seed 13; the garbage collector takes
+    it only when the Session ends).
+
+    Safe on a stale read: the server is asked first which instances the Session holds (its
+    labelled Services), and the delete carries the route's uid and resourceVersion; a route
+    another owner holds too is left alone.
+    """
+    if not settings.routing:
+        return
+    route = reader.route(session.namespace, routes.route_name(session.uid))
+    if route is None or not routes.only_owned_by_its_session(route):
+        return
+    if reader.claimed_on_server(session.namespace, session.uid):
+        return  # it holds something after all: that instance's job keeps the route
+    meta = route.get("metadata") or {}
+    with contextlib.suppress(Conflict, KubeError):  # changed or gone meanwhile: fine
+        Executor(kube, session.namespace, Unguarded(), sink=reader).apply([Delete(
+            Part.ROUTE, str(meta.get("name")), str(meta.get("uid")),
+            str(meta.get("resourceVersion")), "its Session holds no instance")])
+
+
 def _burst_write(
     reader: Reader, kube: Kube, appdef: AppDefinition, k: int, session: Session,
     sessions: list[Session], guard: Guard, settings: PoolSettings, written: Writes,
@@ -498,6 +524,7 @@ def claim_session(
                         f"Session {session.name}: {message}" + (f" ({code})" if code else ""),
                         regarding={"kind": v.SESSION_KIND, "name": session.name,
                                    "apiVersion": v.SESSION_API_VERSION})])
+                _drop_route(reader, kube, session, settings)
                 return ClaimResult("error", message=message, appdef=session.appdef)
             case ClaimWait(message=message):
                 if message in (ROUTE_MISSING, INGRESS_MISSING) and session.message != message:
@@ -510,6 +537,7 @@ def claim_session(
                         regarding={"kind": v.APPDEF_KIND, "name": appdef.name,
                                    "apiVersion": v.APPDEF_API_VERSION})])
                 _set_status(kube, session, v.STATUS_HANDLING, message)
+                _drop_route(reader, kube, session, settings)
                 return ClaimResult("waiting", message=message, appdef=session.appdef)
             case ClaimHeld(instance_id=k):
                 ikey = InstanceKey(ns, session.appdef, k)
