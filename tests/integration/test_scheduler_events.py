@@ -342,7 +342,8 @@ def test_several_namespaces_or_all(
                       SchedulerConfig(namespaces=namespaces, watch_timeout=(2, 3))).start()
     try:
         assert sched.wait_synced(30)
-        assert len(sched.reflectors) == (10 if namespaces else 5)
+        # five kinds and the PoolSchedules, per namespace (or once for all)
+        assert len(sched.reflectors) == (12 if namespaces else 6)
         r = Run(sched, rec, client, settings)
         m = r.mark()
         create_appdef(kube, namespace, "java", min_instances=0)

@@ -350,8 +350,8 @@ def status(appdef: str | None, kube: KubeConfig, errors_limit: int, as_json: boo
         "maxInstances", "target": int|null, "nextChange": RFC 3339|null,
         "schedules": [{"name", "valid", "message"}], "counts": {"claimed",
         "free", "outdated", "starting", "releasing", "removing", "waiting"},
-        "instances": [{"id", "state", "session", "also_claimed_by", "objects", "outdated",
-        "route": "ok"|"missing"|"elsewhere"|null, "url": str|null}],
+        "instances": [{"id", "state", "session", "also_claimed_by", "objects",
+        "outdated", "route": "ok"|"missing"|"elsewhere"|null, "url": str|null}],
         "waiting": [Session names, oldest first], "errors": [ERROR],
         "errors_total"}
       ERROR: {"source": "event"|"session", "reason", "object", "message",
