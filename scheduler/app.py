@@ -455,9 +455,15 @@ class Scheduler:
             return
         if self._status_kube is None:
             self._status_kube = self._kube_factory()
+        # Safe on a stale read: the patch first tests the uid the status was computed for, so
+        # a schedule re-created under the name since is not told its predecessor's target (a
+        # 422; the next pass writes the new one's). The status is wholly ours, so it is set whole.
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "add", "path": "/status", "value": {**shown, **status}}]
         try:
-            self._status_kube.merge_patch(v.SCHEDULE_API_VERSION, v.SCHEDULE_KIND, ns, name,
-                                          {"status": status}, status=True)
+            self._status_kube.json_patch(v.SCHEDULE_API_VERSION, v.SCHEDULE_KIND, ns, name, ops,
+                                         status=True)
         except KubeError as exc:
             self.stats.schedule_errors += 1
             log.warning("PoolSchedule %s/%s: writing its status failed: %s", ns, name, exc)

@@ -57,11 +57,13 @@ class Fake:
         time.sleep(0.02)
         yield from ()
 
-    def merge_patch(self, api_version: str, kind: str, namespace: str, name: str,
-                    patch: dict[str, Any], *, status: bool = False, **kw: Any) -> Any:
+    def json_patch(self, api_version: str, kind: str, namespace: str, name: str,
+                   ops: list[dict[str, Any]], *, status: bool = False, **kw: Any) -> Any:
         assert (kind, status) == (v.SCHEDULE_KIND, True)
+        test, add = ops
+        assert test["op"] == "test" and test["path"] == "/metadata/uid"  # re-created: refused
         with self.lock:
-            self.patches.append((name, patch["status"]))
+            self.patches.append((name, add["value"]))
         return {}
 
     def statuses(self) -> dict[str, dict[str, Any]]:
