@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "coalescing": "bench.coalescing",
     "crash": "bench.crash",
     "memory": "bench.memory",
+    "lecture": "bench.lecture",
     "all": "bench.all",
 }
 

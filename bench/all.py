@@ -35,7 +35,7 @@ from bench.common import (
     verdict,
 )
 
-ORDER = ("pipeline", "convergence", "claim", "coalescing", "crash", "memory")
+ORDER = ("pipeline", "convergence", "claim", "coalescing", "crash", "memory", "lecture")
 
 #: Why the default pool is 800, not the issue's 1,000: the budget is ~10 min per convergence
 #: configuration, and an earlier run of this command on this machine (interrupted later by a
@@ -79,6 +79,13 @@ METHOD = {
              "recovery is measured.",
     "memory": "`bench.memory`: VmHWM from /proc of fresh worker and scheduler processes after "
               "the same load (startup resync, 16 simultaneous claims, resyncs, releases).",
+    "lecture": "`bench.lecture`: 100 Sessions created in 10 s and kept, on an AppDefinition "
+               "with minInstances 10 and maxInstances 120, each case on its own namespace "
+               "with 2 x 8 workers and a scheduler: a PoolSchedule window (size 110, lead "
+               "30 s) opening 35 s after the pool is built, the Sessions sent as it opens; "
+               "burst alone; strict minInstances. Latency as in `claim`; waited = seen "
+               "HANDLING with a waiting message first (or never served); cold = served by an "
+               "instance above the target.",
 }
 
 
@@ -270,9 +277,15 @@ def main(argv: list[str]) -> int:
 
         return (me.run(1000, 10) if args.quick else me.run())[0]
 
+    def lecture() -> list[Row]:
+        from bench import lecture as le
+
+        return (le.run(20, 5.0, 2, 30, 25, grace=20.0) if args.quick else le.run())[0]
+
     runners: dict[str, Callable[[], list[Row]]] = {
         "pipeline": lambda: _pipeline_rows(extra, args.quick), "convergence": convergence,
         "claim": claim, "coalescing": coalescing, "crash": crash, "memory": memory,
+        "lecture": lecture,
     }
     def write(load: LoadSampler, done: bool) -> Path:
         elapsed = time.monotonic() - t0

@@ -124,8 +124,9 @@ class Churn:
     """Creates Sessions at `rate`/s; deletes each `hold` s after it is seen HANDLED."""
 
     def __init__(self, kube: Kube, namespace: str, rate: float, hold: float,
-                 prefix: str) -> None:
+                 prefix: str, limit: int | None = None) -> None:
         self.kube, self.ns, self.rate, self.hold, self.prefix = kube, namespace, rate, hold, prefix
+        self.limit = limit  # at most this many Sessions (None: until stop_creating)
         self.sent: dict[str, float] = {}
         self.handled: dict[str, float] = {}
         self.errors = 0
@@ -168,7 +169,7 @@ class Churn:
     def _create_loop(self) -> None:
         start = time.monotonic()
         i = 0
-        while not self._stop_create.is_set():
+        while not self._stop_create.is_set() and (self.limit is None or i < self.limit):
             due = start + i / self.rate
             delay = due - time.monotonic()
             if delay > 0 and self._stop_create.wait(delay):
