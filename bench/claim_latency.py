@@ -43,6 +43,7 @@ from typing import Any
 
 from bench import traffic as tr
 from bench.common import (
+    CpuMeter,
     LoadSampler,
     PoolCounter,
     Row,
@@ -99,6 +100,14 @@ class ChurnResult:
     instance_runs: int = 0
     job_times: str = ""
     traffic: Traffic = field(default_factory=Traffic)  # through the proxy, churn window
+    #: the same window by (verb, resource, status): which requests a Session's cycle makes
+    shapes: Counter[tuple[str, str, int]] = field(default_factory=Counter)
+    cpu: CpuMeter = field(default_factory=CpuMeter)  # by process role, the same window
+
+    def top_shapes(self, n: int = 8) -> str:
+        per = max(1, len(self.served))
+        return ", ".join(f"{verb} {res} {status} {count / per:.1f}"
+                         for (verb, res, status), count in self.shapes.most_common(n))
 
     def percentile(self, q: float) -> tuple[float, bool]:
         """(value, exact): with unserved Sessions counted as +inf, the q-quantile is either a
@@ -243,6 +252,8 @@ def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, ra
     res = ChurnResult(rate=rate, window=window)
     churn = Churn(direct, ns, rate, hold, prefix=label).start()
     before = proxy.traffic() if proxy is not None else Traffic()
+    shapes_before = proxy.shapes() if proxy is not None else Counter()
+    res.cpu.start()
     t0 = time.monotonic()
     gen: int | None = None
     t_patch = 0.0
@@ -271,11 +282,16 @@ def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, ra
                 break
             time.sleep(0.1)
         res.created, res.served, res.unserved = churn.latencies()
+        res.cpu.stop()
         if proxy is not None:
             res.traffic = proxy.traffic() - before
+            res.shapes = proxy.shapes() - shapes_before
         res.errors = churn.errors
         res.duration = time.monotonic() - t0
         say(f"claim {label}: {res.describe()}")
+        say(f"claim {label}: {res.cpu.describe(len(res.served), 'Session served')}")
+        if res.shapes:
+            say(f"claim {label}: requests per Session served: {res.top_shapes(16)}")
     finally:
         churn.finish()
     settle()
@@ -513,7 +529,11 @@ def rows_for(out: ClaimBench, instances: int, small: int, rate: float,
         if res.served:
             note += (f"; through the proxy per Session served (all of the window's work, "
                      f"scale-down and releases included): "
-                     f"{tr.describe(res.traffic, len(res.served), 'Session')}")
+                     f"{tr.describe(res.traffic, len(res.served), 'Session')}; the most "
+                     f"frequent (verb resource status per Session served): "
+                     f"{res.top_shapes()}")
+        if res.cpu.used:
+            note += f"; {res.cpu.describe(len(res.served), 'Session served')}"
         goal = GOAL_P99_CHURN if res is w else GOAL_P99_STEADY
         rows.append(Row("3 claim latency", case, res.describe(),
                         f"p99 <= {goal * 1000:.0f} ms, 0 unserved",

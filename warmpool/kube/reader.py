@@ -122,8 +122,11 @@ class Reader(Protocol):
 
     def proxy_template(self, namespace: str) -> str | None: ...
 
-    def route(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
-        """An HTTPRoute by name (an AppDefinition's shared route), or None."""
+    def route(self, namespace: str, name: str, *, fresh: bool = False,
+              ask_on_miss: bool = True) -> Obj | None:
+        """An HTTPRoute by name (an AppDefinition's shared route), or None. A cache that
+        lacks it asks the server, unless `ask_on_miss` is False: for a caller to whom a route
+        created a moment ago and not yet seen makes no difference."""
         ...
 
     def session_routes(self, namespace: str) -> list[Obj]:
@@ -230,7 +233,8 @@ class LiveReader:
     def proxy_template(self, namespace: str) -> str | None:
         return observe.proxy_template(self.kube, namespace)
 
-    def route(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
+    def route(self, namespace: str, name: str, *, fresh: bool = False,
+              ask_on_miss: bool = True) -> Obj | None:
         return observe.read_route(self.kube, namespace, name) if name else None
 
     def session_routes(self, namespace: str) -> list[Obj]:
@@ -498,9 +502,10 @@ class CachedReader:
         return [r for r in self.cache.items(v.ROUTE_KIND, namespace)
                 if routes.is_session_route(r)]
 
-    def route(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
+    def route(self, namespace: str, name: str, *, fresh: bool = False,
+              ask_on_miss: bool = True) -> Obj | None:
         return self._by_name(v.ROUTE_KIND, observe.read_route, self.cache.routes, namespace,
-                             name, fresh)
+                             name, fresh, ask_on_miss)
 
     def ingress(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
         return self._by_name("Ingress", observe.read_ingress, self.cache.ingresses, namespace,
@@ -508,7 +513,7 @@ class CachedReader:
 
     def _by_name(
         self, kind: str, read: Callable[[Kube, str, str], Obj | None], cached_kind: bool,
-        namespace: str, name: str, fresh: bool,
+        namespace: str, name: str, fresh: bool, ask_on_miss: bool = True,
     ) -> Obj | None:
         """One object by name from the cache (a miss, or `fresh`: from the server, kept)."""
         if not name:
@@ -516,7 +521,8 @@ class CachedReader:
         if not cached_kind:
             return read(self.kube, namespace, name)
         cached = self.cache.get(kind, namespace, name)
-        if not fresh and (cached is not None or self.cache.deleted(kind, namespace, name)):
+        if not fresh and (cached is not None or not ask_on_miss
+                          or self.cache.deleted(kind, namespace, name)):
             return cached
         obj = read(self.kube, namespace, name)
         if obj is not None:

@@ -303,6 +303,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(502, f"the test proxy could not reach the API server: {exc}")
         if held is not None:
             held.answered(resp.status)
+        p._count_shape(self.verb, path, resp.status)
         if method == "DELETE" and 200 <= resp.status < 300:
             p._deleted_path(path, body)  # before the reply: the server has deleted it anyway
         if plan.lost_response:
@@ -667,6 +668,7 @@ class ApiProxy:
         self.clock = clock  # when a delayed watch chunk is due (a test may move it by hand)
         self._requests: Counter[tuple[str, str]] = Counter()  # (client, verb) -> requests
         self._bytes: Counter[tuple[str, str]] = Counter()  # (client, verb) -> body bytes
+        self._shapes: Counter[tuple[str, str, int]] = Counter()  # see `shapes`
         # Objects the proxied clients deleted (2xx from the server): path without query -> the
         # uids of the deletes' preconditions (None for a delete without one). A name is reused
         # by the next object of that name; the uid tells the two apart.
@@ -905,6 +907,20 @@ class ApiProxy:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+    def shapes(self) -> Counter[tuple[str, str, int]]:
+        """Requests so far by (verb, resource, status): the resource is the kind's plural
+        with its subresource ("sessions/status"), so a benchmark can say which writes a
+        cycle makes and which of them the server refused. Snapshots subtract."""
+        with self._lock:
+            return Counter(self._shapes)
+
+    def _count_shape(self, verb: str, path: str, status: int) -> None:
+        res = _resource_path(path)
+        segments = res[0] if res is not None else []
+        resource = "/".join([segments[0], *segments[2:3]]) if segments else "(other)"
+        with self._lock:
+            self._shapes[(verb, resource, status)] += 1
 
     def traffic(self, client: str | None = None) -> Traffic:
         """Requests and response bytes by verb so far, of one client (None: all of them)."""
