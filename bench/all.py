@@ -200,6 +200,8 @@ def main(argv: list[str]) -> int:
                         help="py-spy stacks of the 2 x 8 convergence run go here")
     parser.add_argument("--only", default=",".join(ORDER))
     parser.add_argument("--crash-cap", type=float, default=300.0)
+    parser.add_argument("--slow-rate", type=float, default=8.0,
+                        help="claim latency: the churn again at this rate (0: skip)")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="per convergence step (s)")
     parser.add_argument("--quick", action="store_true",
@@ -253,7 +255,7 @@ def main(argv: list[str]) -> int:
 
         quick: dict[str, Any] = {"window": 10.0, "grace": 5.0, "claims": 3} if args.quick else {}
         got, out = claim_latency.run(args.instances, args.small, profile_dir=args.profile,
-                                     **quick)
+                                     slow_rate=args.slow_rate, **quick)
         if args.instances < 1000:
             for r in got[:1]:
                 r.note += f"; {args.instances}, not 1,000: see sizes above the table"

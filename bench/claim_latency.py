@@ -396,6 +396,7 @@ def wait_quiet_pool(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, t
 class ClaimBench:
     workers: ChurnResult | None = None
     steady: ChurnResult | None = None
+    slow: ChurnResult | None = None  # the churn at `slow_rate`
     baseline: ChurnResult | None = None
     isolated: list[IsolatedClaims] = field(default_factory=list)
     build: list[str] = field(default_factory=list)
@@ -411,7 +412,8 @@ def build_pool(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, instan
 def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float = 2.0,
         window: float = 60.0, grace: float = 30.0, baseline: bool = True,
         steady_rate: float = 2.0, timeout: float = 900.0, url: str | None = None,
-        profile_dir: Path | None = None, claims: int = 20) -> tuple[list[Row], ClaimBench]:
+        profile_dir: Path | None = None, claims: int = 20,
+        slow_rate: float = 0.0) -> tuple[list[Row], ClaimBench]:
     url = url or resolve_redis_url()
     out = ClaimBench()
     with private_cluster("claim") as info, latency_proxy(info) as proxy:
@@ -451,12 +453,7 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                                 from bench.profiling import summarize
 
                                 out.profile = summarize(profiler.stop())
-                        kinds = [k.split("/", 1)[0] for _, k in stack.starts()]
-                        res.session_runs = kinds.count("session")
-                        res.instance_runs = kinds.count("instance")
-                        res.job_times = "; ".join((
-                            dur_summary("claim jobs", stack.durations("session")),
-                            dur_summary("instance jobs", stack.durations("instance"))))
+                        _count_jobs(res, stack)
                     res.load = load.summary()
                     out.workers = res
                     if steady_rate:
@@ -465,14 +462,25 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                             st = churn_run(direct, ns, counter, None, steady_rate, hold,
                                            min(window, 30.0), grace, "q",
                                            functools.partial(stack.wait_idle, 180), proxy)
-                            kinds = [k.split("/", 1)[0] for _, k in stack.starts()]
-                            st.session_runs = kinds.count("session")
-                            st.instance_runs = kinds.count("instance")
-                            st.job_times = "; ".join((
-                                dur_summary("claim jobs", stack.durations("session")),
-                                dur_summary("instance jobs", stack.durations("instance"))))
+                            _count_jobs(st, stack)
                         st.load = load.summary()
                         out.steady = st
+                    if slow_rate:
+                        # The same churn at a rate these two cores sustain: the pool built
+                        # again at `instances`, scaled down to `small` as before.
+                        wait_quiet_pool(direct, ns, stack, counter, small, timeout)
+                        gen = set_min_instances(direct, ns, APPDEF, instances)
+                        if counter.wait(instances, gen, timeout,
+                                        idle=functools.partial(stack.wait_idle, 60)) is None:
+                            raise RuntimeError(f"the pool did not grow back to {instances}")
+                        with LoadSampler() as load:
+                            stack.clear_starts()
+                            lo = churn_run(direct, ns, counter, small, slow_rate, hold, window,
+                                           grace, "l", functools.partial(stack.wait_idle, 180),
+                                           proxy)
+                            _count_jobs(lo, stack)
+                        lo.load = load.summary()
+                        out.slow = lo
                     if claims:
                         quiet = wait_quiet_pool(direct, ns, stack, counter, small, timeout)
                         if quiet is None:
@@ -499,9 +507,18 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
     return rows_for(out, instances, small, rate, hold), out
 
 
+def _count_jobs(res: ChurnResult, stack: Stack) -> None:
+    kinds = [k.split("/", 1)[0] for _, k in stack.starts()]
+    res.session_runs = kinds.count("session")
+    res.instance_runs = kinds.count("instance")
+    res.job_times = "; ".join((
+        dur_summary("claim jobs", stack.durations("session")),
+        dur_summary("instance jobs", stack.durations("instance"))))
+
+
 def rows_for(out: ClaimBench, instances: int, small: int, rate: float,
              hold: float) -> list[Row]:
-    w, b, q = out.workers, out.baseline, out.steady
+    w, b, q, lo = out.workers, out.baseline, out.steady, out.slow
     base = (b.describe() + f"; scale-down {fmt_s(b.scale_down)}") if b else "none (not run)"
     if w is None:
         return [Row("3 claim latency", "2 x 8 workers + scheduler", "not run",
@@ -511,7 +528,10 @@ def rows_for(out: ClaimBench, instances: int, small: int, rate: float,
             (w, f"{rate:.0f} Sessions/s during {instances}→{small}",
              f"scale-down took {fmt_s(w.scale_down)} under churn"),
             (q, f"{q.rate:g} Sessions/s, steady {small}-instance pool" if q else "",
-             "no scale-down (the claim path unloaded)")):
+             "no scale-down (the claim path unloaded)"),
+            (lo, f"{lo.rate:g} Sessions/s during {instances}→{small}" if lo else "",
+             f"scale-down took {fmt_s(lo.scale_down)} under churn; the same churn at a rate "
+             "the machine sustains (information: the goal is the 20/s row's)" if lo else "")):
         if res is None:
             continue
         p99, exact = res.percentile(0.99)
@@ -534,6 +554,10 @@ def rows_for(out: ClaimBench, instances: int, small: int, rate: float,
                      f"{res.top_shapes()}")
         if res.cpu.used:
             note += f"; {res.cpu.describe(len(res.served), 'Session served')}"
+        if res is lo:
+            rows.append(Row("3 claim latency", case, res.describe(), "(information)", "-", "",
+                            note))
+            continue
         goal = GOAL_P99_CHURN if res is w else GOAL_P99_STEADY
         rows.append(Row("3 claim latency", case, res.describe(),
                         f"p99 <= {goal * 1000:.0f} ms, 0 unserved",
@@ -594,6 +618,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--claims", type=int, default=20,
                         help="claims one at a time on each quiet pool, for their API cost "
                              "(0: skip)")
+    parser.add_argument("--slow-rate", type=float, default=0.0,
+                        help="then the same churn again at this rate (0: skip)")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--profile", type=Path, default=None,
                         help="py-spy the workers and scheduler during the churn; stacks here")
@@ -602,7 +628,8 @@ def main(argv: list[str]) -> int:
     quiet_warnings()
     rows, out = run(args.instances, args.small, args.rate, args.hold, args.window, args.grace,
                     baseline=not args.no_baseline, steady_rate=args.steady_rate,
-                    url=args.redis_url, profile_dir=args.profile, claims=args.claims)
+                    url=args.redis_url, profile_dir=args.profile, claims=args.claims,
+                    slow_rate=args.slow_rate)
     print_rows(rows)
     if out.profile:
         print("\nprofile of the workers + scheduler during the churn:")
