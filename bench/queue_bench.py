@@ -62,8 +62,13 @@ def _release(client: redis.Redis, settings: QueueSettings) -> None:
     """Hand the whole staged backlog to the workers at once."""
     lo = Layout.of(settings)
     staging = _staging(settings)
-    if client.exists(lo.messages_list, lo.messages):
-        raise RuntimeError("the real queue is not empty; cannot release the staged backlog")
+    # The previous case's count can reach its total a moment before its last acks have
+    # removed their messages: wait for those, not for new work.
+    deadline = time.monotonic() + 30
+    while client.exists(lo.messages_list, lo.messages):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the real queue is not empty; cannot release the staged backlog")
+        time.sleep(0.05)
     with client.pipeline(transaction=True) as pipe:
         pipe.rename(staging + ".msgs", lo.messages)
         pipe.rename(staging, lo.messages_list)
