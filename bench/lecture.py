@@ -51,6 +51,7 @@ from warmpool.invariants import check
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.queue.embedded import resolve_redis_url
+from warmpool.testing.zones import noon_zone
 
 CASES = ("schedule", "burst", "strict")
 LEAD = 30  # s: the schedule's lead time
@@ -102,15 +103,15 @@ def _hms(t: datetime) -> str:
 
 
 def _create_schedule(kube: Kube, ns: str, size: int, opens: datetime) -> None:
-    end = opens + timedelta(minutes=30)
+    """A window opening at `opens` for 30 minutes, written in a zone where it is about noon
+    (so that it never spans midnight there, whenever the benchmark runs)."""
+    zone, offset = noon_zone(opens)
     kube.create({
         "apiVersion": v.SCHEDULE_API_VERSION, "kind": v.SCHEDULE_KIND,
         "metadata": {"name": "lecture", "namespace": ns},
         "spec": {"appDefinition": APPDEF, "windows": [{
-            "start": _hms(opens),
-            # the window ends on its own day (the bench does not start just before midnight)
-            "end": "24:00" if end.date() != opens.date() else _hms(end),
-            "timeZone": "UTC", "size": size, "leadTime": f"{LEAD}s"}]},
+            "start": _hms(opens + offset), "end": _hms(opens + offset + timedelta(minutes=30)),
+            "timeZone": zone, "size": size, "leadTime": f"{LEAD}s"}]},
     })
 
 
@@ -132,11 +133,7 @@ def run_case(direct: Kube, proxy_kubeconfig: Any, url: str, case: str, sessions:
         if counter.wait(min_instances, gen, 300, idle=lambda: stack.wait_idle(60)) is None:
             raise RuntimeError(f"{case}: the {min_instances}-instance pool did not converge")
         if case == "schedule":
-            now = datetime.now(UTC)
-            if now.hour == 23 and now.minute >= 25:
-                raise RuntimeError("the schedule case needs its window on one UTC day; "
-                                   "run it after 00:00 UTC")
-            opens = (now + timedelta(seconds=OPENS_IN)).replace(microsecond=0)
+            opens = (datetime.now(UTC) + timedelta(seconds=OPENS_IN)).replace(microsecond=0)
             _create_schedule(direct, ns, size, opens)
             say(f"lecture {case}: window opens at {_hms(opens)} UTC, lead {LEAD}s, size {size}")
             ready = counter.wait(size, gen, OPENS_IN + 60, idle=lambda: stack.wait_idle(60))
