@@ -50,6 +50,11 @@ class _StagedLayout(Layout):
     def messages_list(self) -> str:
         return self.prefix + "bench:staging"
 
+    @property
+    def messages(self) -> str:
+        # The scripts take the hash's name from the layout too (since the Lua moved to files).
+        return self.prefix + "bench:staging.msgs"
+
 
 def _staged_queue(client: redis.Redis, settings: QueueSettings) -> KeyedQueue:
     q = KeyedQueue(client, settings)
