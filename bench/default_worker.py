@@ -33,7 +33,7 @@ def broker_for(redis_url: str, tag: str) -> RedisBroker:
 
 def declare(broker: RedisBroker, tag: str) -> dramatiq.Actor:
     def bench_claim(namespace: str, session: str) -> None:
-        from warmpool.controller.guard import LocalLeases
+        from warmpool.controller.guard import LocalLeases, lift_local_fences
         from warmpool.controller.reconcile import claim_session
         from warmpool.keys import SessionKey
         from warmpool.kube.api import Kube, connect
@@ -41,6 +41,8 @@ def declare(broker: RedisBroker, tag: str) -> dramatiq.Actor:
         from warmpool.pool.builders import PoolSettings
 
         broker.client.set(holder_key(tag), os.getpid())
+        # The pool was built by the keyed workers, under their Redis fences: start above them.
+        lift_local_fences(int(os.environ.get("BENCH_FENCE_FLOOR", "0")))
         kube = Kube(connect(os.environ["KUBECONFIG"]))
         claim_session(LiveReader(kube), kube, SessionKey(namespace, session), LocalLeases(),
                       PoolSettings())
@@ -52,6 +54,7 @@ def declare(broker: RedisBroker, tag: str) -> dramatiq.Actor:
 def run(redis_url: str, tag: str, kubeconfig: str, threads: int, ready: MpEvent) -> None:
     """Entry point of one baseline worker process (multiprocessing, spawn)."""
     os.environ["KUBECONFIG"] = kubeconfig
+    os.environ.setdefault("BENCH_FENCE_FLOOR", str(10**9))
     logging.basicConfig(level=logging.WARNING)
     broker = broker_for(redis_url, tag)
     declare(broker, tag)
