@@ -9,7 +9,9 @@ Differences from dramatiq's defaults, and why:
   * KeyedMiddleware first (see its docstring);
   * a rejected (nacked) claims message is dead-lettered in the main queue's `.XQ`;
   * each consumer reclaims the deliveries of its own ack set it never received (see
-    `HeldDeliveries`): dramatiq requeues the ack sets of dead workers only.
+    `HeldDeliveries`): dramatiq requeues the ack sets of dead workers only;
+  * every dispatch is stamped with the Redis server's clock (`ServerClock`), not the
+    caller's, so workers on hosts whose clocks disagree do not take each other for dead.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import redis
 from dramatiq.broker import MessageProxy
@@ -26,6 +28,7 @@ from dramatiq.common import dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, ShutdownNotifications, TimeLimit
 
+from warmpool.queue.clock import ServerClock
 from warmpool.queue.jobs import Jobs
 from warmpool.queue.middleware import KeyedMiddleware, is_acked
 from warmpool.queue.observer import QueueObserver
@@ -202,6 +205,23 @@ class KeyedRedisBroker(RedisBroker):
     def __init__(self, *, reclaim_period: float = 1.0, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[no-untyped-call]
         self.held = HeldDeliveries(reclaim_period)
+        self.clock = ServerClock(self.client)
+
+    def _dispatch(self, command: str) -> Callable[..., object]:
+        """dramatiq's own `_dispatch` (dramatiq 1.x, brokers/redis.py), with one change: the
+        timestamp is the server's (`ServerClock`). dispatch.lua writes it as this worker's
+        heartbeat and compares other workers' heartbeats and dead letters with it."""
+        dispatch = self.scripts["dispatch"]
+        keys = [self.namespace]
+
+        def do_dispatch(queue_name: str, *args: str | int | float | bytes) -> object:
+            return dispatch(args=[
+                command, self.clock.now_ms(), queue_name, self.broker_id,
+                self.heartbeat_timeout, self.dead_message_ttl,
+                self._should_do_maintenance(command), self._max_unpack_size(), *args,
+            ], keys=keys)
+
+        return do_dispatch
 
     @property
     def consumer_class(self) -> type[_RedisConsumer]:

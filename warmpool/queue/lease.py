@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from warmpool.queue.clock import ServerClock
 from warmpool.queue.observer import QueueObserver
 from warmpool.queue.scripts import Scripts
 from warmpool.queue.settings import QueueSettings
@@ -92,8 +93,11 @@ class LeaseBook:
         scripts: Scripts,
         settings: QueueSettings,
         observer: Callable[[], QueueObserver],
+        clock: ServerClock | None = None,
     ) -> None:
         self.client = client
+        # The heartbeat's score is compared with other hosts' clocks: the server's is used.
+        self.clock = clock or ServerClock(client)
         self.scripts = scripts
         self.settings = settings
         self._observer = observer
@@ -136,7 +140,7 @@ class LeaseBook:
         if self._heartbeat is not None:
             key, worker_id, name_key = self._heartbeat
             with self.client.pipeline(transaction=False) as p:
-                p.zadd(key, {worker_id: int(time.time() * 1000)})
+                p.zadd(key, {worker_id: self.clock.now_ms()})
                 # Which process this worker id is, for tools: a killed worker's entry expires.
                 p.set(name_key, self._identity,
                       ex=max(1, int(3 * self.settings.heartbeat_timeout)))

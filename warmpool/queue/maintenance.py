@@ -29,8 +29,9 @@ import time
 
 import redis
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.common import current_millis, dq_name
+from dramatiq.common import dq_name
 
+from warmpool.queue.clock import ServerClock
 from warmpool.queue.epoch import Epoch
 from warmpool.queue.jobs import Jobs
 from warmpool.queue.replies import text
@@ -44,6 +45,7 @@ class Maintenance:
     def __init__(self, jobs: Jobs, broker: RedisBroker | None = None) -> None:
         self.jobs = jobs
         self.broker = broker
+        self.clock = ServerClock(jobs.client)  # for a broker without one of its own
         self.settings = jobs.settings
         self.scripts = jobs.scripts
         self.messages = jobs.messages
@@ -89,16 +91,18 @@ class Maintenance:
         return count
 
     def requeue_dead_workers(self) -> None:
-        """Run dramatiq's own maintenance (dispatch.lua) now, with our heartbeat timeout."""
+        """Run dramatiq's own maintenance (dispatch.lua) now, with our heartbeat timeout, on
+        the server's clock: the heartbeats it compares were stamped with it (`ServerClock`)."""
         broker = self.broker
         if broker is None:
             return
+        clock = getattr(broker, "clock", None) or self.clock
         dispatch = broker.scripts["dispatch"]
         queues = self.jobs.queue.layout.queues
         for name in (q for queue in queues for q in (queue, dq_name(queue))):
             args = [
                 "qsize",  # a read-only command; maintenance runs before any command
-                current_millis(),
+                clock.now_ms(),
                 name,
                 broker.broker_id,
                 broker.heartbeat_timeout,
