@@ -266,11 +266,12 @@ def test_promql_answers_what_the_cluster_shows(stack: Stack, kube: Kube) -> None
     wait_for(lambda: ask("sum(warmpool_scheduler_leader)") == 1, timeout=30,
              message="one leading scheduler")
 
-    create_appdef(kube, ns, min_instances=2, max_instances=2)  # full at 2: one waits
+    # Two prewarmed, room for one more (a burst, a cold start): the fourth Session waits.
+    create_appdef(kube, ns, min_instances=2, max_instances=3)
     wait_for(lambda: agree('sum(max by (appdefinition) (warmpool_pool_instances{state="free"}))',
                            2), timeout=90, message="two free instances in PromQL")
 
-    for i in (1, 2, 3):  # two instances, three Sessions: one waits
+    for i in (1, 2, 3, 4):  # two warm, one cold (made for it), one waiting at maxInstances
         create_session(kube, ns, f"s{i}", USERS[i])
     claimed_q = 'sum(max by (appdefinition) (warmpool_pool_instances{state="claimed"}))'
     waiting_q = "sum(max by (appdefinition) (warmpool_sessions_waiting))"
@@ -279,17 +280,18 @@ def test_promql_answers_what_the_cluster_shows(stack: Stack, kube: Kube) -> None
         return (holding(kube, ns) == claimed and waiting(kube, ns) == waits
                 and agree(claimed_q, claimed) and agree(waiting_q, waits))
 
-    wait_for(lambda: claims_agree(2, 1), timeout=90, interval=0.5,
-             message=lambda: f"2 claimed and 1 waiting, cluster and PromQL alike: {answers}")
+    wait_for(lambda: claims_agree(3, 1), timeout=90, interval=0.5,
+             message=lambda: f"3 claimed and 1 waiting, cluster and PromQL alike: {answers}")
     assert ask('sum(max by (appdefinition) (warmpool_pool_instances{state="free"}))') == 0
-    phase("three Sessions, two instances", claimed_q, waiting_q,
+    phase("four Sessions, two prewarmed instances, maxInstances 3", claimed_q, waiting_q,
           'max by (appdefinition, state) (warmpool_pool_instances)',
           "max(warmpool_sessions_waiting_oldest_seconds)")
 
     holder = next(s["metadata"]["name"] for s in sessions(kube, ns)
-                  if (s["metadata"].get("annotations") or {}).get(v.ANNOTATION_INSTANCE_ID))
-    delete_session(kube, ns, holder)  # its instance goes to the waiting Session
-    wait_for(lambda: claims_agree(2, 0), timeout=90, interval=0.5,
+                  if (s["metadata"].get("annotations") or {}).get(v.ANNOTATION_INSTANCE_ID)
+                  == "1")
+    delete_session(kube, ns, holder)  # its prewarmed instance goes to the waiting Session
+    wait_for(lambda: claims_agree(3, 0), timeout=90, interval=0.5,
              message=lambda: f"the waiting Session served: {answers}")
     wait_for(lambda: (ask("sum(warmpool_releases_total)") or 0) >= 1, timeout=30,
              message="the release counted")
@@ -302,8 +304,11 @@ def test_promql_answers_what_the_cluster_shows(stack: Stack, kube: Kube) -> None
     assert (ask('sum(warmpool_reconcile_total{result="success"})') or 0) > 0
     assert ask("sum(max by (kind) (warmpool_workqueue_dead_letters))") == 0
     assert ask("sum(warmpool_workqueue_dead_lettered_total)") == 0
-    wait_for(lambda: (ask("sum(warmpool_claim_duration_seconds_count)") or 0) >= 3,
-             timeout=30, message="three claims observed")
+    # Warm and cold claims counted apart: three took a prewarmed instance (two at once, one
+    # after the release), one had its instance made for it.
+    wait_for(lambda: ask('sum(warmpool_claim_duration_seconds_count{start="warm"})') == 3
+             and ask('sum(warmpool_claim_duration_seconds_count{start="cold"})') == 1,
+             timeout=30, message=lambda: f"3 warm and 1 cold claims observed: {answers}")
     assert (ask('sum(warmpool_workqueue_adds_total{job="warmpool-scheduler"})') or 0) > 0
     assert (ask('sum(warmpool_scheduler_watch_events_total{kind="Session"})') or 0) >= 3
     assert ask('sum(warmpool_scheduler_resyncs_total{reason="new_leader"})') == 1
@@ -320,7 +325,7 @@ def test_promql_answers_what_the_cluster_shows(stack: Stack, kube: Kube) -> None
              and ask("max(warmpool_workqueue_longest_running_processor_seconds)") == 0,
              timeout=60, message="idle gauges at 0 after the kill and restart")
     assert prom.query('{__name__=~"warmpool_.+"} < 0') == [], "negative values"
-    assert claims_agree(2, 0)
+    assert claims_agree(3, 0)
     phase("a worker SIGKILLed and restarted, idle", "sum(warmpool_worker_restarts_total)",
           "sum(warmpool_workqueue_in_flight)", "sum(warmpool_workqueue_unfinished_work_seconds)",
           'count({__name__=~"warmpool_.+"} < 0)')
