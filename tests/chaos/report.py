@@ -72,8 +72,9 @@ def figures(results: list[ChaosResult], command: str, root: Path) -> str:
         f"| invariant violations | {violations} |",
         f"| lost or doubled claims | "
         f"{sum(1 for r in results for v in r.violations if 'claim' in v)} |",
-        f"| I1 reports excused: deleted by hand after their AppDefinition was gone (not "
-        f"rebuildable) | {sum(len(r.unrebuildable) for r in results)} |",
+        f"| I1 reports excused: deleted by hand, or taken by the garbage collector from a "
+        f"claim racing the deletion, after their AppDefinition was gone (not rebuildable) | "
+        f"{sum(len(r.unrebuildable) for r in results)} |",
         f"| settle time after a round, median / max | "
         f"{statistics.median(settle):.1f} s / {max(settle):.1f} s |" if settle else "",
         f"| duration | {duration / 60:.1f} min |",

@@ -972,6 +972,9 @@ class Operations:
         self.gc_deleted: set[str] = set()
         # (namespace, Session) whose held instance lost an object to the runner's hand
         self.damaged: set[tuple[str, str]] = set()
+        # (namespace, Session) whose held instance lost an object to the garbage collector
+        # racing its claim after the AppDefinition went (the deletion audit's verdict)
+        self.gc_damaged: set[tuple[str, str]] = set()
         # set by the `redis_flush_race` fault: the next operation is a race with this flush
         # between its claims and its scale-down, then sets the event
         self.flush_race: tuple[Callable[[], None], threading.Event] | None = None
@@ -1500,6 +1503,7 @@ class DeletionAudit:
             # lost with the object. Not the controller's doing; counted and reported.
             self.gc_races += 1
             self.ops.gc_deleted.add(meta["uid"])
+            self.ops.gc_damaged.add((ns, str(holder["metadata"]["name"])))
             self.history.add("audit", f"{ns}: {obj['kind']}/{name} of instance {k} (holder "
                              f"{holder['metadata']['name']}) deleted by the garbage collector "
                              "after its AppDefinition went (a claim racing the deletion)")
@@ -1520,10 +1524,12 @@ class Excusals:
     """I1 reports about held instances of a deleted AppDefinition, sorted out from violations.
 
     An object that really is missing is excused only when the runner deleted it by hand after
-    the AppDefinition was gone: the controller cannot rebuild an instance whose AppDefinition
-    is gone (pool-spec §4 keeps what exists), so I1 stays broken until the Session ends
-    (counted as `unrebuildable`). Any other missing object is a violation, and the uid
-    tracking catches any object of a held instance that someone other than the runner deleted.
+    the AppDefinition was gone, or the deletion audit saw the garbage collector take it from a
+    claim racing that deletion (`Operations.gc_damaged`): the controller cannot rebuild an
+    instance whose AppDefinition is gone (pool-spec §4 keeps what exists), so I1 stays broken
+    until the Session ends (counted as `unrebuildable`). Any other missing object is a
+    violation, and the uid tracking catches any object of a held instance that someone other
+    than the runner deleted.
 
     (Earlier, objects of such an instance that had lost the AppDefinition's reference to the
     garbage collector were invisible to the checker and the controller, and were excused here
@@ -1545,6 +1551,13 @@ class Excusals:
         if (ns, session) in self.ops.damaged:
             self._note(self.unrebuildable, text, "deleted by hand, AppDefinition gone: not "
                        "rebuildable")
+            return True
+        if (ns, session) in self.ops.gc_damaged:
+            # The same as by hand: the deletion audit saw the garbage collector take the
+            # object from a claim racing the AppDefinition's deletion (Kubernetes 1.20 deletes
+            # on a uid precondition alone, finding 8); nothing can rebuild it.
+            self._note(self.unrebuildable, text, "taken by the garbage collector from a claim "
+                       "racing its AppDefinition's deletion: not rebuildable")
             return True
         return False
 
@@ -1703,7 +1716,8 @@ class ChaosResult:
                  f" (watch gaps: {self.audit_gaps}; held objects the garbage collector took "
                  f"from claims racing their AppDefinition's deletion: {self.gc_races})"]
         lines += [f"  note: {n}" for n in self.notes]
-        lines += [f"  excused, not rebuildable (AppDefinition gone, damaged by hand): {x}"
+        lines += [f"  excused, not rebuildable (AppDefinition gone, damaged by hand or by the "
+                  f"garbage collector racing a claim): {x}"
                   for x in self.unrebuildable]
         if self.violations:
             lines.append(f"VIOLATIONS (seed {self.seed}; replay: {self.rerun}):")
