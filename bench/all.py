@@ -73,7 +73,7 @@ METHOD = {
              "traffic by the Sessions served.",
     "coalescing": "`bench.coalescing`: real watch events (annotation patches on the email "
                   "ConfigMaps), mapped to keys by the real scheduler; runs counted by the "
-                  "workers' `bench.counting` wrapper.",
+                  "workers' `workers.runlog` wrapper.",
     "crash": "`bench.crash`: SIGKILL of the worker holding the claim right after its deciding "
              "write; the bench enqueues the claim itself (no scheduler) so only the queue's "
              "recovery is measured.",

@@ -4,7 +4,7 @@ and how soon after an event its instance's job starts.
 Events are real: the bench patches an annotation (`bench.warmpool.io/touch`) on the
 instances' email ConfigMaps (direct connection, 8 threads); the scheduler sees each change on
 its watch (a MODIFIED whose digest changed) and adds the instance's key. Runs are counted by
-the workers' `bench.counting` wrapper (every job start logged, then the real handler).
+the workers' `workers.runlog` wrapper (every job start logged, then the real handler).
 
 - paused: the workers are stopped while the 10,000 events happen, then started. Goal: one
   run per instance (nothing changes while they run). Baseline (same run): the keys the

@@ -503,7 +503,7 @@ class PoolCounter:
 class Stack:
     """Queue settings unique to this run, worker processes and a scheduler on them.
 
-    Workers import `bench.counting` by default: the real handlers, each run logged to Redis
+    Workers import `workers.runlog` by default: the real handlers, each run logged to Redis
     first (so runs and their start times can be counted)."""
 
     redis_url: str
@@ -511,7 +511,7 @@ class Stack:
     namespace: str
     processes: int = 2
     threads: int = 8
-    modules: tuple[str, ...] = ("bench.counting",)
+    modules: tuple[str, ...] = ("workers.runlog",)
     tag: str = field(default_factory=lambda: f"bench{uuid.uuid4().hex[:8]}")
     log_dir: Path | None = None
     worker_env: dict[str, str] = field(default_factory=dict)
@@ -583,7 +583,7 @@ class Stack:
 
     @property
     def starts_key(self) -> str:
-        from bench.counting import starts_key
+        from workers.runlog import starts_key
 
         return starts_key(self.settings)
 
@@ -601,7 +601,7 @@ class Stack:
     def durations(self, kind: str) -> list[float]:
         """Seconds each finished run of `kind` keys took (a key's runs never overlap, so its
         i-th end belongs to its i-th start)."""
-        from bench.counting import ends_key
+        from workers.runlog import ends_key
 
         starts: dict[str, list[float]] = {}
         for t, key in self.starts():
@@ -613,7 +613,7 @@ class Stack:
                 for s, e in zip(starts.get(key, []), es, strict=False)]
 
     def clear_starts(self) -> None:
-        from bench.counting import ends_key
+        from workers.runlog import ends_key
 
         self.client.delete(self.starts_key, ends_key(self.settings))
 

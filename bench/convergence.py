@@ -5,7 +5,7 @@ sequentially in one thread (the Java operator's model: `run_until_quiet`, no que
 Each configuration runs on a fresh control plane of its own, so none inherits another's etcd
 history or garbage collection. The worker configurations run the real system: the scheduler
 (its watches through the proxy too) turns the AppDefinition's changes and the pool objects'
-events into keys, the workers (`bench.counting`, i.e. `workers.handlers`) run them. The
+events into keys, the workers (`workers.runlog`, i.e. `workers.handlers`) run them. The
 sequential baseline runs `run_until_quiet(max_rounds=1)` round after round (a round: resync the
 pool, reconcile every instance) until the pool is converged.
 

@@ -2,7 +2,7 @@
 write (the Session's owner reference on the instance's external Service) and before the
 Session is HANDLED; measured: kill -> Session HANDLED and the invariant checker green.
 
-- keyed queue: 2 worker processes x 4 threads (`workers.handlers` via `bench.counting`); the
+- keyed queue: 2 worker processes x 4 threads (`workers.handlers` via `workers.runlog`); the
   killed one held the Session key's lease. Its leases lapse after the lease TTL; the
   survivor's maintenance takes the key back and runs the claim again, which finds the
   instance already claimed and completes it. Goal: <= lease TTL + 2 s.

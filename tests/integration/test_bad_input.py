@@ -39,13 +39,16 @@ from tests.redis_server import delete_prefix, isolated_settings, resolve_redis_u
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
+from warmpool.keys import SessionKey
 from warmpool.kube.api import Kube, KubeError
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import AppDefinition, parse_appdefinition
 from warmpool.pool.parts import Part
+from warmpool.queue.inspect import Inspector
 from warmpool.queue.redis_conn import connect as redis_connect
 from warmpool.queue.settings import QueueSettings
+from workers import runlog
 from workers.process import WorkerPool
 
 pytestmark = pytest.mark.redis
@@ -134,7 +137,10 @@ def controller(cluster: ClusterInfo, kube: Kube, kube_api: Any,
     settings = isolated_settings(url, lease_ttl=3.0, heartbeat_timeout=3.0,
                                  recovery_period=0.25, drain_timeout=5)
     env = {"KUBECONFIG": str(cluster.kubeconfig)}
-    workers = WorkerPool(settings, processes=2, threads=4, env=env).start()
+    # The real handlers, each run logged (`workers.runlog`): a case proves that nothing moved
+    # after the job it caused has run, not after a sleep.
+    workers = WorkerPool(settings, processes=2, threads=4, env=env,
+                         modules=("workers.runlog",)).start()
     assert settings.redis_url
     sched = SchedulerProcess(
         ["--namespace", ns, "--lease-namespace", ns, "--log-level", "INFO",
@@ -294,8 +300,7 @@ def test_appdefinition_broken_while_in_use_is_left_as_it_is(
                                                                  "InvalidAppDefinition")),
              timeout=SETTLE, message=f"InvalidAppDefinition event with {case.message!r}")
     held_status = status_of(kube, ns, sname)
-    touch(kube, ns, sname)  # its claim job runs again, now against an invalid AppDefinition
-    time.sleep(5.0)  # the keys queued by both changes ran (they must do nothing)
+    touch_and_settle(ctl, sname)  # its claim job runs again, against an invalid AppDefinition
     assert {k: snapshot(kube, ns, name, k) for k in (1, 2)} == before
     after = status_of(kube, ns, sname)
     assert (after.get("operatorStatus"), after.get("operatorMessage")) == (
@@ -709,8 +714,7 @@ def test_session_for_an_appdefinition_being_deleted(ctl: Controller) -> None:
         kube.create(session_body(ns, "s-late", {"name": "s-late", "appDefinition": app,
                                                 "user": USERS[9], "workspace": "ws"}))
         wait_status(kube, ns, "s-late", "ERROR", "is being deleted")
-        touch(kube, ns, "s-holder")
-        time.sleep(5.0)
+        touch_and_settle(ctl, "s-holder")
         objs = instance_objects(kube, ns, app, held)
         assert {n: o["metadata"]["uid"] for n, o in objs.items()} == uids
         emails = [o for o in objs.values() if (o["metadata"].get("labels") or {})
@@ -756,8 +760,7 @@ def test_appdefinition_deleted_while_a_session_holds_an_instance(ctl: Controller
             for o in objs.values())
 
     wait_for(stripped, timeout=SETTLE, message="the GC strips the AppDefinition's reference")
-    touch(kube, ns, "s-gone")
-    time.sleep(5.0)
+    touch_and_settle(ctl, "s-gone")
     assert {n: o["metadata"]["uid"] for n, o in held().items()} == uids
     after = status_of(kube, ns, "s-gone")
     assert (after.get("operatorStatus"), after.get("operatorMessage")) == (
@@ -773,6 +776,26 @@ def touch(kube: Kube, ns: str, name: str) -> None:
     status, so the scheduler queues its claim job again."""
     kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name,
                      {"metadata": {"annotations": {"example.com/touched": str(time.time())}}})
+
+
+def touch_and_settle(ctl: Controller, name: str) -> None:
+    """`touch` the Session, then wait until its claim job has run since and the queue is idle
+    (what that run and the changes before it queued has run too): the point after which
+    "nothing moved" means something."""
+    with redis_connect(ctl.settings.redis_url or "") as client:
+        since = runlog.mark(client, ctl.settings)
+        touch(ctl.kube, ctl.ns, name)
+        key = str(SessionKey(ctl.ns, name))
+        inspector = Inspector(client, ctl.settings)
+
+        def settled() -> bool:
+            if not runlog.ran_since(client, ctl.settings, key, since):
+                return False
+            st = inspector.stats()
+            return st.waiting == 0 and st.running == 0 and st.delayed == 0
+
+        wait_for(settled, timeout=SETTLE, message=f"the claim job of {key} run after a touch, "
+                                                  "and the queue idle")
 
 
 def test_the_controller_still_serves_after_the_catalogue(ctl: Controller) -> None:
