@@ -111,7 +111,9 @@ def test_the_scheduler_grows_the_pool_at_the_lead_and_shrinks_it_at_the_end(
 ) -> None:
     ns = system
     create_appdef(kube, ns, min_instances=2, max_instances=10)
-    create_session(kube, ns, "s1", USERS[1])
+    wait_for(lambda: whole(kube, ns, range(1, 3)), timeout=60,
+             message=lambda: f"the pool at 2: {existing(kube, ns)}")
+    create_session(kube, ns, "s1", USERS[1])  # the only Session: the lowest free id, 1
     wait_for(lambda: held_instance(kube, ns, "s1") == 1 and whole(kube, ns, range(1, 3)),
              timeout=60, message=lambda: f"s1 on instance 1, 2 free: {existing(kube, ns)}")
     claimed = snapshot(kube, ns, "java", 1)
