@@ -33,7 +33,7 @@ def broker_for(redis_url: str, tag: str) -> RedisBroker:
 
 def declare(broker: RedisBroker, tag: str) -> dramatiq.Actor:
     def bench_claim(namespace: str, session: str) -> None:
-        from warmpool.controller.guard import LocalLeases, lift_local_fences
+        from warmpool.controller.guard import LocalLeases
         from warmpool.controller.reconcile import claim_session
         from warmpool.keys import SessionKey
         from warmpool.kube.api import Kube, connect
@@ -41,10 +41,14 @@ def declare(broker: RedisBroker, tag: str) -> dramatiq.Actor:
         from warmpool.pool.builders import PoolSettings
 
         broker.client.set(holder_key(tag), os.getpid())
-        # The pool was built by the keyed workers, under their Redis fences: start above them.
-        lift_local_fences(int(os.environ.get("BENCH_FENCE_FLOOR", "0")))
+        leases = LocalLeases()
+        # The pool was built by the keyed workers, under their Redis fences: start above them
+        # (a guard lifts the process's fence counter, as `check_fence` does on a refusal).
+        with leases.try_lease("bench/fence-floor") as guard:
+            assert guard is not None
+            guard.lift_fence(int(os.environ.get("BENCH_FENCE_FLOOR", "0")))
         kube = Kube(connect(os.environ["KUBECONFIG"]))
-        claim_session(LiveReader(kube), kube, SessionKey(namespace, session), LocalLeases(),
+        claim_session(LiveReader(kube), kube, SessionKey(namespace, session), leases,
                       PoolSettings())
 
     # = dramatiq.actor(bench_claim, ...), in the spelling its typed overloads take

@@ -15,17 +15,13 @@ a window never spans midnight, whenever the test runs.
 
 from __future__ import annotations
 
-import contextlib
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import CoreV1Api
-from kubernetes.client.rest import ApiException
 
 from scheduler.process import SchedulerProcess
 from tests.pool_world import (
@@ -74,13 +70,9 @@ def whole(kube: Kube, ns: str, ids: range) -> bool:
 
 
 @pytest.fixture
-def system(cluster: ClusterInfo, kube_api: Any, tmp_path: Path) -> Iterator[str]:
-    """A namespace served by one scheduler (resync an hour away) and two worker processes."""
-    core = CoreV1Api(kube_api)
-    ns = f"t-schedule-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns, "labels": {"warmpool-test": "true"}}})
-    wait_for(lambda: bool(core.read_namespaced_service_account("default", ns).secrets),
-             timeout=30, ignore=(ApiException,), message=f"default ServiceAccount of {ns}")
+def system(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterator[str]:
+    """`namespace` served by one scheduler (resync an hour away) and two worker processes."""
+    ns = namespace
     url = resolve_redis_url()
     settings = isolated_settings(url)
     env = {"KUBECONFIG": str(cluster.kubeconfig), "WARMPOOL_URL_PROBE": "off"}
@@ -102,8 +94,6 @@ def system(cluster: ClusterInfo, kube_api: Any, tmp_path: Path) -> Iterator[str]
         workers.stop(timeout=20)
         with redis_connect(url) as client:
             delete_prefix(client, settings.prefix.split(":", 1)[0] + ":")
-        with contextlib.suppress(ApiException):
-            core.delete_namespace(ns)
 
 
 def test_the_scheduler_grows_the_pool_at_the_lead_and_shrinks_it_at_the_end(

@@ -61,14 +61,6 @@ class _Fences:
 _FENCES = _Fences()
 
 
-def lift_local_fences(seen: int) -> None:
-    """Make this process's `LocalLeases` hand out fences above `seen`: for a process that
-    takes over objects written under another lease service's fences (the crash benchmark's
-    plain-dramatiq baseline, on a pool the keyed workers built), whose first writes would
-    otherwise be refused as a stale holder's."""
-    _FENCES.lift(seen)
-
-
 class _LocalGuard:
     """A lease of `LocalLeases`: held until its block ends."""
 

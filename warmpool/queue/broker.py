@@ -202,10 +202,11 @@ class _Consumer(_RedisConsumer):
 
 
 class KeyedRedisBroker(RedisBroker):
-    def __init__(self, *, reclaim_period: float = 1.0, **kwargs: object) -> None:
+    def __init__(self, *, reclaim_period: float = 1.0, clock: ServerClock | None = None,
+                 **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[no-untyped-call]
         self.held = HeldDeliveries(reclaim_period)
-        self.clock = ServerClock(self.client)
+        self.clock = clock or ServerClock(self.client)
 
     def _dispatch(self, command: str) -> Callable[..., object]:
         """dramatiq's own `_dispatch` (dramatiq 1.x, brokers/redis.py), with one change: the
@@ -247,6 +248,7 @@ def build_broker(
     keyed = KeyedMiddleware(Jobs(client, settings, router=router, observer=observer))
     broker = KeyedRedisBroker(
         reclaim_period=settings.recovery_period,
+        clock=keyed.jobs.book.clock,  # one server clock per process
         client=client,
         namespace=settings.namespace,
         heartbeat_timeout=int(settings.heartbeat_timeout * 1000),

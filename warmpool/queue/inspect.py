@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import redis
 
+from warmpool.queue.clock import ServerClock
 from warmpool.queue.layout import Layout
 from warmpool.queue.lease import fence_of, holder_of
 from warmpool.queue.replies import members, scored, text
@@ -59,10 +60,10 @@ class Inspector:
         self.client = client
         self.settings = settings
         self.layout = Layout.of(settings)
+        self.clock = ServerClock(client, refresh=0.0)  # a tool's reading: fresh each time
 
     def _now_ms(self) -> int:
-        sec, usec = self.client.time()
-        return int(sec) * 1000 + int(usec) // 1000
+        return self.clock.now_ms()
 
     def stats(self) -> QueueStats:
         lo = self.layout

@@ -31,7 +31,6 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import dq_name
 
-from warmpool.queue.clock import ServerClock
 from warmpool.queue.epoch import Epoch
 from warmpool.queue.jobs import Jobs
 from warmpool.queue.replies import text
@@ -45,7 +44,6 @@ class Maintenance:
     def __init__(self, jobs: Jobs, broker: RedisBroker | None = None) -> None:
         self.jobs = jobs
         self.broker = broker
-        self.clock = ServerClock(jobs.client)  # for a broker without one of its own
         self.settings = jobs.settings
         self.scripts = jobs.scripts
         self.messages = jobs.messages
@@ -96,7 +94,7 @@ class Maintenance:
         broker = self.broker
         if broker is None:
             return
-        clock = getattr(broker, "clock", None) or self.clock
+        clock = self.jobs.book.clock  # the one the heartbeats were stamped with
         dispatch = broker.scripts["dispatch"]
         queues = self.jobs.queue.layout.queues
         for name in (q for queue in queues for q in (queue, dq_name(queue))):
