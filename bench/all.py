@@ -23,17 +23,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    REPO,
-    LoadSampler,
-    Row,
-    loadavg,
-    machine,
-    print_rows,
-    quiet_warnings,
-    say,
-    verdict,
-)
+from bench import REPO
+from bench.cluster import quiet_warnings
+from bench.machine import LoadSampler, loadavg, machine
+from bench.report import Row, print_rows, say, verdict
 
 ORDER = ("pipeline", "convergence", "claim", "coalescing", "crash", "memory", "lecture")
 
@@ -323,7 +316,7 @@ def main(argv: list[str]) -> int:
             *[f"- **{name}** ({durations.get(name, 0) / 60:.1f} min): {METHOD[name]}"
               for name in chosen if name in durations],
             "",
-            "Workarounds in the harness (bench/common.py), until the code they work around "
+            "Workarounds in the harness (bench/cluster.py), until the code they work around "
             "has them: the latency proxy's handler gets TCP_NODELAY (without it every proxied "
             "request waited ~40 ms for a delayed ACK, so +10 ms measured as +55 ms).",
         ]

@@ -42,27 +42,18 @@ from pathlib import Path
 from typing import Any
 
 from bench import traffic as tr
-from bench.common import (
-    CpuMeter,
-    LoadSampler,
-    PoolCounter,
-    Row,
-    Stack,
-    create_appdef,
-    create_session,
+from bench.cluster import (
     direct_kube,
-    dur_summary,
-    fmt_s,
     latency_proxy,
     new_namespace,
-    print_rows,
     private_cluster,
     quiet_warnings,
-    say,
-    set_min_instances,
-    verdict,
 )
 from bench.convergence import SequentialDriver
+from bench.machine import CpuMeter, LoadSampler
+from bench.report import Row, dur_summary, fmt_s, print_rows, say, verdict
+from bench.stack import Stack
+from bench.world import PoolCounter, create_appdef, create_session, set_min_instances
 from warmpool.invariants import check
 from warmpool.kube.api import Kube, connect
 from warmpool.kube.reflector import Reflector, Watched

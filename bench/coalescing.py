@@ -32,24 +32,17 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from bench.common import (
-    LoadSampler,
-    PoolCounter,
-    Row,
-    Stack,
-    create_appdef,
+from bench.cluster import (
     direct_kube,
-    dur_summary,
-    fmt_s,
     latency_proxy,
     new_namespace,
-    pct,
-    print_rows,
     private_cluster,
     quiet_warnings,
-    say,
-    verdict,
 )
+from bench.machine import LoadSampler
+from bench.report import Row, dur_summary, fmt_s, pct, print_rows, say, verdict
+from bench.stack import Stack
+from bench.world import PoolCounter, create_appdef
 from warmpool.keys import InstanceKey
 from warmpool.kube.api import Kube
 from warmpool.kube.reflector import Reflector, Watched

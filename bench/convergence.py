@@ -34,25 +34,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import traffic as tr
-from bench.common import (
-    LoadSampler,
-    PoolCounter,
-    Row,
-    Stack,
-    cpu_seconds,
-    create_appdef,
+from bench.cluster import (
     direct_kube,
-    dur_summary,
-    fmt_s,
     latency_proxy,
     new_namespace,
-    print_rows,
     private_cluster,
     quiet_warnings,
-    say,
-    set_min_instances,
-    verdict,
 )
+from bench.machine import LoadSampler, cpu_seconds
+from bench.report import Row, dur_summary, fmt_s, print_rows, say, verdict
+from bench.stack import Stack
+from bench.world import PoolCounter, create_appdef, set_min_instances
 from warmpool.controller.sequential import run_until_quiet
 from warmpool.kube.api import Kube, connect
 from warmpool.queue.embedded import resolve_redis_url

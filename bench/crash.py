@@ -27,22 +27,16 @@ import time
 from dataclasses import dataclass, field
 
 from bench import default_worker
-from bench.common import (
-    PoolCounter,
-    Row,
-    Stack,
-    create_appdef,
-    create_session,
+from bench.cluster import (
     direct_kube,
-    fmt_s,
     latency_proxy,
     new_namespace,
-    print_rows,
     private_cluster,
     quiet_warnings,
-    say,
-    verdict,
 )
+from bench.report import Row, fmt_s, print_rows, say, verdict
+from bench.stack import Stack
+from bench.world import PoolCounter, create_appdef, create_session
 from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
 from warmpool.keys import SessionKey

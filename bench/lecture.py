@@ -32,21 +32,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bench.claim_latency import APPDEF, Churn, ChurnResult
-from bench.common import (
-    LoadSampler,
-    PoolCounter,
-    Row,
-    Stack,
-    create_appdef,
+from bench.cluster import (
     direct_kube,
-    fmt_s,
     latency_proxy,
     new_namespace,
-    print_rows,
     private_cluster,
     quiet_warnings,
-    say,
 )
+from bench.machine import LoadSampler
+from bench.report import Row, fmt_s, print_rows, say
+from bench.stack import Stack
+from bench.world import PoolCounter, create_appdef
 from warmpool.invariants import check
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v

@@ -18,23 +18,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from bench.common import (
+from bench.cluster import (
     PROXY_TEMPLATE,
-    PoolCounter,
-    Row,
-    Stack,
-    create_appdef,
-    create_session,
     direct_kube,
-    hwm_mb,
     latency_proxy,
     new_namespace,
-    print_rows,
     private_cluster,
     quiet_warnings,
-    say,
-    verdict,
 )
+from bench.machine import hwm_mb
+from bench.report import Row, print_rows, say, verdict
+from bench.stack import Stack
+from bench.world import PoolCounter, create_appdef, create_session
 from warmpool.keys import PoolKey
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from bench.common import say
+from bench.report import say
 
 
 def py_spy() -> str | None:

@@ -27,7 +27,7 @@ from pathlib import Path
 import redis
 from dramatiq.message import Message
 
-from bench.common import cpu_seconds
+from bench.machine import cpu_seconds
 from bench.profiling import Profiler, summarize
 from warmpool.queue.embedded import resolve_redis_url
 from warmpool.queue.keyed import KeyedQueue

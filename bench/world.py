@@ -1,0 +1,147 @@
+"""What a benchmark puts in the cluster and how it watches the result: AppDefinitions and
+Sessions made through the API, and a watch-fed count of the pool objects (counting costs no
+request, however often it is asked)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.report import say
+from warmpool.kube.api import Kube
+from warmpool.kube.observe import POOL_SELECTOR
+from warmpool.kube.reflector import Reflector, Watched
+from warmpool.pool import naming
+from warmpool.pool import vocabulary as v
+from warmpool.pool.builders import PoolSettings
+from warmpool.pool.model import MAX_INSTANCES_CEILING
+from warmpool.testing.gateway import ensure_shared_route
+
+POOL_KINDS = (("v1", "Service"), ("apps/v1", "Deployment"), ("v1", "ConfigMap"))
+PARTS_PER_INSTANCE = 5
+
+
+def create_appdef(kube: Kube, ns: str, name: str, min_instances: int) -> dict[str, Any]:
+    """The AppDefinition of the tests' world (tests/pool_world.py's create_appdef), and the
+    shared route it names."""
+    ensure_shared_route(kube, ns, "theia-cloud-demo-ws-ingress",
+                        hostnames=(PoolSettings().instances_host,))
+    return kube.create({
+        "apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"name": f"{name}-app", "image": "theiacloud/theia-cloud-demo:1.0", "uid": 101,
+                 "port": 3000, "ingressname": "theia-cloud-demo-ws-ingress",
+                 # At the controller's default ceiling (warmpool.pool.model): above it the
+                 # AppDefinition would be invalid and left as it is.
+                 "minInstances": min_instances, "maxInstances": MAX_INSTANCES_CEILING,
+                 "requestsCpu": "100m", "requestsMemory": "64Mi", "limitsCpu": "1",
+                 "limitsMemory": "512Mi"},
+    })
+
+
+def set_min_instances(kube: Kube, ns: str, name: str, n: int) -> int:
+    """Patch spec.minInstances; returns the AppDefinition's new metadata.generation."""
+    obj = kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, name,
+                           {"spec": {"minInstances": n}})
+    return int(obj["metadata"]["generation"])
+
+
+def create_session(kube: Kube, ns: str, name: str, user: str, appdef: str) -> dict[str, Any]:
+    return kube.create({
+        "apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"name": name, "appDefinition": appdef, "user": user, "workspace": "ws"},
+    })
+
+
+# ---- watching what the cluster holds --------------------------------------------------------
+
+
+def _gen_stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "resourceVersion": meta.get("resourceVersion")},
+            "gen": (meta.get("labels") or {}).get(v.LABEL_GENERATION),
+            "id": naming.instance_id_from_name(meta.get("name") or ""),
+            "claimed": any(r.get("kind") == v.SESSION_KIND
+                           for r in meta.get("ownerReferences") or ())}
+
+
+class PoolCounter:
+    """Pool objects of a namespace (the three kinds, by the pool label), kept by watches on the
+    direct connection: counting costs no request, however often it is asked."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self._stop = threading.Event()
+        self.reflectors = [
+            Reflector(kube, Watched(kind, api, POOL_SELECTOR), namespace,
+                      lambda *_: None, summarize=_gen_stub, timeout_range=(240.0, 300.0))
+            for api, kind in POOL_KINDS
+        ]
+
+    def start(self) -> PoolCounter:
+        for r in self.reflectors:
+            r.start(self._stop)
+        for r in self.reflectors:
+            r.synced.wait(60)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def counts(self, generation: int) -> tuple[int, int]:
+        """(all pool objects, those labelled with `generation`)."""
+        total = at_gen = 0
+        want = str(generation)
+        for r in self.reflectors:
+            for stub in r.items():
+                total += 1
+                at_gen += stub.get("gen") == want
+        return total, at_gen
+
+    def converged(self, instances: int, generation: int) -> bool:
+        total, at_gen = self.counts(generation)
+        return total == at_gen == PARTS_PER_INSTANCE * instances
+
+    def converged_free(self, instances: int, generation: int) -> bool:
+        """Converged as far as free instances go (claimed ones keep their objects and their
+        generation until released): every unclaimed id <= `instances` has its five objects
+        at `generation`, and no unclaimed id above it has any."""
+        parts: dict[int, int] = {}
+        claimed: set[int] = set()
+        stubs = [s for r in self.reflectors for s in r.items()]
+        for s in stubs:
+            if s.get("id") is not None and s.get("claimed"):
+                claimed.add(s["id"])
+        want = str(generation)
+        for s in stubs:
+            k = s.get("id")
+            if k is None or k in claimed:
+                continue
+            if k > instances or s.get("gen") != want:
+                return False
+            parts[k] = parts.get(k, 0) + 1
+        return all(parts.get(k, 0) == PARTS_PER_INSTANCE
+                   for k in range(1, instances + 1) if k not in claimed)
+
+    def wait(self, instances: int, generation: int, timeout: float,
+             idle: Callable[[], bool] | None = None) -> float | None:
+        """Seconds until `instances` full instances exist at `generation` and nothing else;
+        None on timeout. With `idle`, the wait goes on until it is also true (not counted)."""
+        start = time.monotonic()
+        reached: float | None = None
+        last_say = start
+        while time.monotonic() - start < timeout:
+            if reached is None and self.converged(instances, generation):
+                reached = time.monotonic() - start
+            if reached is not None and (idle is None or idle()):
+                return reached
+            if time.monotonic() - last_say > 30:
+                last_say = time.monotonic()
+                total, at_gen = self.counts(generation)
+                say(f"  ... {time.monotonic() - start:.0f}s: {total} pool objects, {at_gen} at "
+                    f"generation {generation}, want {PARTS_PER_INSTANCE * instances}")
+            time.sleep(0.1)
+        return reached
