@@ -23,6 +23,8 @@ Project keys (prefix `warmpool:` by default):
   worker:<id>  str  `host:pid` of a dramatiq worker, with its heartbeat (see `middleware`)
   pool:state, pool:waiting, metrics:contended:<k>  the metrics' pool state (written by the
                    jobs, read by the collectors: see `metrics.poolstate`)
+  runlog:starts, runlog:ends  lists: "<time> <key>" per job start / end, written only by
+                   workers that import `workers.runlog` (benchmarks, `warmpool.harness`)
 
 dramatiq keys (namespace `dramatiq`): `<ns>:<queue>` (list of message ids), `<queue>.msgs`,
 `<queue>.XQ` / `.XQ.msgs` (dead letters), `__acks__.<worker>.<queue>`, `__heartbeats__`; the
@@ -137,6 +139,15 @@ class Layout:
 
     def contended(self, key: str) -> str:
         return self.contended_prefix + key
+
+    # the run log's lists (workers.runlog): not the queue's either, under its prefix
+    @property
+    def runs_started(self) -> str:
+        return self._p("runlog:starts")
+
+    @property
+    def runs_ended(self) -> str:
+        return self._p("runlog:ends")
 
     # dramatiq's layout (see dramatiq/brokers/redis/dispatch.lua)
     def _d(self, name: str) -> str:
