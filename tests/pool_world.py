@@ -1,31 +1,21 @@
-"""Test-side verbs on the real API server: make AppDefinitions and Sessions, read instances.
+"""Test-side reads on the real API server (Sessions, instances, snapshots) and `converge`.
 
-These are what a person or Theia Cloud's service does to the cluster; the controller's own
-code is deliberately not used here, so a test cannot pass because both sides share a bug.
+The writes a person or Theia Cloud's service makes (AppDefinitions, Sessions, the shared
+route) are `warmpool.testing.world`, shared with the chaos runner and the benchmarks. The
+controller's own code is deliberately not used here, so a test cannot pass because both sides
+share a bug.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from tests.waiting import wait_for
 from warmpool.invariants import check
 from warmpool.kube.api import Kube
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
-from warmpool.testing.gateway import GATEWAY, ensure_shared_route
-
-USERS = [f"user{i}@example.com" for i in range(100)]
-
-
-SHARED_ROUTE = "theia-cloud-demo-ws-ingress"
-HOST = "instances.theia-cloud.local"
-
-
-def create_shared_route(kube: Kube, ns: str, name: str = SHARED_ROUTE, *,
-                        hostnames: tuple[str, ...] = (HOST,)) -> dict[str, Any]:
-    """The route Helm creates for an installation (session-lifecycle §1, "The shared route"):
-    parentRefs and hostnames, no rules (the API server adds its default rule). Idempotent."""
-    return ensure_shared_route(kube, ns, name, hostnames=hostnames, gateway=GATEWAY)
 
 
 def session_routes(kube: Kube, ns: str) -> dict[str, dict[str, Any]]:
@@ -33,40 +23,6 @@ def session_routes(kube: Kube, ns: str) -> dict[str, dict[str, Any]]:
     items, _ = kube.list(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns,
                          label_selector=f"{v.LABEL_COMPONENT}=session,{v.LABEL_PART_OF}=theia-cloud")
     return {o["metadata"]["name"]: o for o in items}
-
-
-def create_appdef(kube: Kube, ns: str, name: str = "java", *, min_instances: int = 2,
-                  max_instances: int = 10, spec_name: str | None = None,
-                  image: str = "theiacloud/theia-cloud-demo:1.0",
-                  shared_route: bool = True) -> dict[str, Any]:
-    """An AppDefinition (and, unless `shared_route` is False, the shared route it names)."""
-    if shared_route:
-        create_shared_route(kube, ns)
-    return kube.create({
-        "apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"name": spec_name or f"{name}-app", "image": image, "uid": 101, "port": 3000,
-                 "ingressname": SHARED_ROUTE, "minInstances": min_instances,
-                 "maxInstances": max_instances, "requestsCpu": "100m", "requestsMemory": "64Mi",
-                 "limitsCpu": "1", "limitsMemory": "512Mi", "someFutureField": {"kept": True}},
-    })
-
-
-def patch_appdef_spec(kube: Kube, ns: str, name: str, **spec: Any) -> dict[str, Any]:
-    return kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, name, {"spec": spec})
-
-
-def create_session(kube: Kube, ns: str, name: str, user: str, appdef: str = "java"
-                   ) -> dict[str, Any]:
-    return kube.create({
-        "apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"name": name, "appDefinition": appdef, "user": user, "workspace": "ws"},
-    })
-
-
-def delete_session(kube: Kube, ns: str, name: str) -> None:
-    kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
 
 
 def session(kube: Kube, ns: str, name: str) -> dict[str, Any]:
@@ -95,6 +51,11 @@ def instance_objects(kube: Kube, ns: str, appdef: str, k: int) -> dict[str, dict
     return out
 
 
+def instance_count(kube: Kube, ns: str, k: int, appdef: str = "java") -> int:
+    """How many pool objects instance k has (5 when whole with routes, 0 when gone)."""
+    return len(instance_objects(kube, ns, appdef, k))
+
+
 def emails(kube: Kube, ns: str, appdef: str, k: int) -> str | None:
     for key, obj in instance_objects(kube, ns, appdef, k).items():
         labels = obj["metadata"].get("labels") or {}
@@ -105,6 +66,28 @@ def emails(kube: Kube, ns: str, appdef: str, k: int) -> str | None:
 
 def owner_kinds(obj: dict[str, Any]) -> list[str]:
     return sorted(r["kind"] for r in obj["metadata"].get("ownerReferences") or [])
+
+
+def converge(kube: Kube, ns: str, expect: Callable[[], object] | None = None,
+             what: str = "the pool", timeout: float = 120, *, interval: float = 0.2) -> None:
+    """Wait until `expect()` holds (if given) and then every invariant holds, quiet ones too
+    (`warmpool.invariants.check`): the controller has finished what the test started.
+
+    `expect` is asked first, so a test can also record there what it sees on each poll (the
+    always-invariants, say). The failure names `what`, whether `expect` held, and the
+    violations left."""
+    state: dict[str, object] = {}
+
+    def done() -> bool:
+        state["expect"] = expect() if expect is not None else True
+        return bool(state["expect"]) and not check(kube, ns)
+
+    def why() -> str:
+        held = "held" if state.get("expect") else f"not met (last: {state.get('expect')!r})"
+        return (f"{what} (expectation {held}); violations: "
+                + "\n".join(map(str, check(kube, ns))))
+
+    wait_for(done, timeout=timeout, interval=interval, message=why)
 
 
 def assert_invariants(kube: Kube, ns: str, quiet: bool = True) -> None:

@@ -68,7 +68,6 @@ from kubernetes.client import ApiClient
 
 from scheduler.process import SchedulerProcess
 from tests.integration.sentinel_cluster import SentinelCluster, sentinel_cluster
-from tests.pool_world import USERS, create_appdef, create_session
 from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
 from warmpool.kube import observe
@@ -85,6 +84,7 @@ from warmpool.queue.redis_conn import connect as redis_connect
 from warmpool.queue.settings import QueueSettings
 from warmpool.testing.apiproxy import ApiProxy
 from warmpool.testing.apiproxy import Faults as ProxyFaults
+from warmpool.testing.world import USERS, create_appdef, create_session
 from workers.process import WorkerPool
 
 ROOT = Path(__file__).resolve().parents[2]

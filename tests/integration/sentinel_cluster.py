@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -20,14 +19,9 @@ from pathlib import Path
 import redis
 
 from tests.waiting import wait_for
+from warmpool.cluster.local import free_port
 
 SERVICE = "warmpool"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(condition: Callable[[], object], timeout: float, what: str) -> object:
@@ -186,7 +180,7 @@ def _binary() -> str:
 
 def _start(binary: str, directory: Path, name: str, lines: list[str], *, sentinel: bool
            ) -> Node:
-    port = _free_port()
+    port = free_port()
     workdir = directory / name
     workdir.mkdir()
     conf = workdir / ("sentinel.conf" if sentinel else "valkey.conf")

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.pool_world import create_session, delete_session, session
+from tests.pool_world import session
 from tests.waiting import wait_for
 from warmpool.controller.availability import ProbeRunner, SessionWrites, fetch_status
 from warmpool.kube.api import Kube
@@ -34,6 +34,7 @@ from warmpool.pool.availability import (
     Schedule,
     session_url,
 )
+from warmpool.testing.world import create_session, delete_session
 
 
 @dataclass

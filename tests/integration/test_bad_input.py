@@ -34,7 +34,7 @@ from kubernetes.client import AppsV1Api, CoreV1Api
 from kubernetes.client.rest import ApiException
 
 from scheduler.process import SchedulerProcess
-from tests.pool_world import USERS, create_appdef, emails, instance_objects, snapshot
+from tests.pool_world import emails, instance_objects, snapshot
 from tests.redis_server import delete_prefix, isolated_settings, resolve_redis_url
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
@@ -48,6 +48,7 @@ from warmpool.pool.parts import Part
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.redis_conn import connect as redis_connect
 from warmpool.queue.settings import QueueSettings
+from warmpool.testing.world import USERS, create_appdef
 from workers import runlog
 from workers.process import WorkerPool
 

@@ -5,20 +5,12 @@ maxInstances, and a burst instance is retired on release like any instance above
 
 from __future__ import annotations
 
-from tests.pool_world import (
-    USERS,
-    assert_invariants,
-    create_appdef,
-    create_session,
-    delete_session,
-    held_instance,
-    instance_objects,
-    session,
-)
+from tests.pool_world import assert_invariants, held_instance, instance_objects, session
 from tests.waiting import wait_for
 from warmpool.controller.sequential import run_until_quiet
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
+from warmpool.testing.world import USERS, create_appdef, create_session, delete_session
 
 SETTINGS = PoolSettings(url_probe=False)  # burst is on by default
 

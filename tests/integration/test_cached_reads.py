@@ -13,14 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.pool_world import (
-    USERS,
-    assert_invariants,
-    create_appdef,
-    create_session,
-    instance_objects,
-    patch_appdef_spec,
-)
+from tests.pool_world import assert_invariants, instance_objects
 from tests.waiting import wait_for
 from warmpool.controller.guard import LocalLeases
 from warmpool.controller.reconcile import claim_session, reconcile_instance
@@ -34,6 +27,7 @@ from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.model import parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS, Part
+from warmpool.testing.world import USERS, create_appdef, create_session, patch_appdef_spec
 
 
 class CountingKube(Kube):

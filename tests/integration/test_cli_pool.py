@@ -19,23 +19,15 @@ import yaml
 
 from tests import redis_server
 from tests.cli_run import assert_one_line_error, clean_env, run, run_json
-from tests.pool_world import (
-    USERS,
-    create_appdef,
-    create_session,
-    held_instance,
-    patch_appdef_spec,
-    session,
-)
+from tests.pool_world import converge, held_instance, session
 from tests.redis_server import isolated
 from tests.waiting import wait_for
-from warmpool.invariants import check
 from warmpool.keys import PoolKey, SessionKey
-from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.redis_conn import connect
 from warmpool.queue.settings import QueueSettings
+from warmpool.testing.world import USERS, create_appdef, create_session, patch_appdef_spec
 from workers.process import WorkerPool
 
 redis_url = redis_server.redis_url
@@ -73,11 +65,6 @@ def workers(settings: QueueSettings, cluster) -> Iterator[WorkerPool]:
 def queue(settings: QueueSettings) -> KeyedQueue:
     assert settings.redis_url
     return KeyedQueue(connect(settings.redis_url), settings)
-
-
-def converge(kube: Kube, ns: str, timeout: float = 120) -> None:
-    wait_for(lambda: not check(kube, ns), timeout=timeout, interval=0.1,
-             message=lambda: "\n".join(map(str, check(kube, ns))))
 
 
 def test_status_of_converged_pools_with_holders_waiting_outdated_and_errors(

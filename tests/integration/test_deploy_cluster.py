@@ -21,14 +21,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,15 +37,12 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.pool_world import (
-    USERS,
-    create_appdef,
-    create_session,
-    delete_session,
+    converge,
     emails,
     held_instance,
+    instance_count,
     instance_objects,
     owner_kinds,
-    patch_appdef_spec,
     session,
     snapshot,
 )
@@ -57,11 +52,19 @@ from tests.redis_server import (  # noqa: F401  (fixtures, used through getfixtu
     redis_url,
 )
 from tests.waiting import wait_for
-from warmpool.cluster.local import ClusterInfo
+from warmpool.cluster.local import ClusterInfo, free_port
 from warmpool.invariants import check
 from warmpool.kube.api import Kube, KubeError
 from warmpool.pool import vocabulary as v
 from warmpool.queue import Layout, QueueSettings
+from warmpool.queue.inspect import Inspector
+from warmpool.testing.world import (
+    USERS,
+    create_appdef,
+    create_session,
+    delete_session,
+    patch_appdef_spec,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -406,12 +409,6 @@ def build_image_site(tmp_path: Path) -> Path:
     return site
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Role:
     """One container of the rendered manifests, run here as a process: its args (health on
     loopback, free ports), its env with fieldRef/secretKeyRef/configMapRef resolved from the
@@ -498,14 +495,18 @@ class Role:
             return None
 
 
-def converge(kube: Kube, ns: str, expect: Callable[[], Any], what: str,
-             timeout: float = 120) -> None:
-    wait_for(lambda: bool(expect()) and check(kube, ns) == [], timeout=timeout, interval=0.3,
-             message=lambda: f"{what}: violations {[str(x) for x in check(kube, ns)]}")
+def lease_mark(client: redis.Redis, settings: QueueSettings) -> int:
+    """The queue's fence counter now: every lease taken later has a higher fence."""
+    return int(client.get(Layout.of(settings).fence) or 0)
 
 
-def instance_count(kube: Kube, ns: str, k: int) -> int:
-    return len(instance_objects(kube, ns, "java", k))
+def ran_and_quiet_since(client: redis.Redis, settings: QueueSettings, since: int) -> bool:
+    """A worker took a lease after `lease_mark()` returned `since`, and the queue is idle now:
+    the work a change made after the mark caused has run. For workers started as the manifests
+    start them (no `workers.runlog` to ask), so a test judges "nothing changed" only once the
+    workers have looked, not after a sleep that slow workers would outlast."""
+    s = Inspector(client, settings).stats()
+    return lease_mark(client, settings) > since and not (s.waiting or s.running or s.delayed)
 
 
 def http_status(url: str) -> int:
@@ -628,8 +629,10 @@ def test_s1_end_to_end_as_the_serviceaccount_with_the_manifests_commands(
         assert status["operatorStatus"] == v.STATUS_HANDLED
     untouched = {k: snapshot(kube, ns, "java", k) for k in (1, 2)}
 
+    since = lease_mark(client, settings)
     patch_appdef_spec(kube, ns, "java", minInstances=2)
-    time.sleep(3)  # let the scale-down reach the workers before judging "quiet"
+    wait_for(lambda: ran_and_quiet_since(client, settings, since), timeout=90, interval=0.3,
+             message="a worker run after the patch, then a quiet queue")
     converge(kube, ns, lambda: True, what="minInstances lowered below claimed ids")
     for name, k in held.items():
         objects = instance_objects(kube, ns, "java", k)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 import redis
 
 from tests.waiting import wait_for
+from warmpool.cluster.local import free_port
 from warmpool.queue import Layout
 from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.redis_conn import connect
@@ -41,12 +41,6 @@ def make_ca(d: Path, name: str) -> tuple[Path, Path]:
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
             f"/CN={name}", "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"))
     return d / "ca.crt", d / "ca.key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class TlsRedis:

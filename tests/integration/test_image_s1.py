@@ -43,22 +43,19 @@ from tests.integration.test_deploy_cluster import (
     LOG_TIMESTAMP,
     apply_rbac,
     dump,
-    free_port,
-    instance_count,
     kubectl,
+    lease_mark,
+    ran_and_quiet_since,
     render,
     sa_kubeconfig,
 )
 from tests.pool_world import (
-    USERS,
-    create_appdef,
-    create_session,
-    delete_session,
+    converge,
     emails,
     held_instance,
+    instance_count,
     instance_objects,
     owner_kinds,
-    patch_appdef_spec,
     session,
     snapshot,
 )
@@ -69,12 +66,19 @@ from tests.redis_server import (  # noqa: F401  (fixtures, used through getfixtu
 )
 from tests.unit.test_deploy_manifests import parse_cli
 from tests.waiting import wait_for
-from warmpool.cluster.local import ClusterInfo
+from warmpool.cluster.local import ClusterInfo, free_port
 from warmpool.invariants import check
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.queue import Layout, QueueSettings
 from warmpool.queue.inspect import Inspector
+from warmpool.testing.world import (
+    USERS,
+    create_appdef,
+    create_session,
+    delete_session,
+    patch_appdef_spec,
+)
 
 pytestmark = [pytest.mark.image, pytest.mark.redis]
 
@@ -254,11 +258,6 @@ def containers() -> Iterator[list[Container]]:
         c.remove()
 
 
-def converge(kube: Kube, ns: str, expect: Any, what: str, timeout: float = 150) -> None:
-    wait_for(lambda: bool(expect()) and check(kube, ns) == [], timeout=timeout, interval=0.5,
-             message=lambda: f"{what}: violations {[str(x) for x in check(kube, ns)]}")
-
-
 def test_s1_from_the_image_scheduler_and_two_workers_as_containers(
     image: str, cluster: ClusterInfo, namespace: str, tmp_path: Path, kube: Kube,
     core_v1: k8s.CoreV1Api, request: pytest.FixtureRequest, containers: list[Container],
@@ -335,15 +334,9 @@ def test_s1_from_the_image_scheduler_and_two_workers_as_containers(
 
     # minInstances lowered below the claimed ids. What proves the workers have seen it: a
     # lease taken after the patch (the fence counter moved on) and then a quiet queue.
-    layout = Layout.of(settings)
-    fence_before = int(client.get(layout.fence) or 0)
+    since = lease_mark(client, settings)
     patch_appdef_spec(kube, ns, "java", minInstances=2)
-
-    def scale_down_run() -> bool:
-        s = inspector.stats()
-        return (int(client.get(layout.fence) or 0) > fence_before
-                and s.waiting == 0 and s.running == 0 and s.delayed == 0)
-    wait_for(scale_down_run, timeout=90, interval=0.3,
+    wait_for(lambda: ran_and_quiet_since(client, settings, since), timeout=90, interval=0.3,
              message="a worker run after the patch, then a quiet queue")
     converge(kube, ns, lambda: True, what="minInstances lowered below claimed ids")
     for name, k in held.items():
@@ -387,6 +380,6 @@ def test_s1_from_the_image_scheduler_and_two_workers_as_containers(
         assert refused == [], f"{c.name} was refused (the Role lacks a verb)"
         tracebacks = [line for line in c.log().splitlines() if "Traceback" in line]
         assert tracebacks == [], f"{c.name}:\n{c.log()[-6000:]}"
-    raw_errors: dict[bytes, bytes] = client.hgetall(layout.errors)  # type: ignore[assignment]
+    raw_errors: dict[bytes, bytes] = client.hgetall(Layout.of(settings).errors)  # type: ignore[assignment]
     errors = {k.decode(): val.decode(errors="replace") for k, val in raw_errors.items()}
     assert not [k for k, text in errors.items() if FORBIDDEN.search(text)], errors

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.pool_world import (
-    SHARED_ROUTE,
-    USERS,
-    assert_invariants,
-    create_appdef,
-    create_session,
-    delete_session,
-    held_instance,
-    session,
-)
+from tests.pool_world import assert_invariants, held_instance, session
 from warmpool.controller.sequential import run_until_quiet
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
+from warmpool.testing.world import (
+    SHARED_ROUTE,
+    USERS,
+    create_appdef,
+    create_session,
+    delete_session,
+)
 
 HOST = "ws.theia.example.org"
 SETTINGS = PoolSettings(routes="ingress", instances_host=HOST, url_probe=False)

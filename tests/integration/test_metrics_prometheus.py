@@ -12,7 +12,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -25,14 +24,14 @@ import yaml
 
 from metrics.exposition import MetricsServer, host_registry
 from scheduler.process import SchedulerProcess
-from tests.pool_world import USERS, create_appdef, create_session, delete_session
 from tests.redis_server import queue_settings, redis_client, redis_url  # noqa: F401
 from tests.waiting import wait_for
-from warmpool.cluster.local import ClusterInfo
+from warmpool.cluster.local import ClusterInfo, free_port
 from warmpool.invariants import check
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.queue import QueueSettings
+from warmpool.testing.world import USERS, create_appdef, create_session, delete_session
 from workers.process import WorkerPool
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.redis]
@@ -49,12 +48,6 @@ def require(tool: str) -> str:
                     "`prometheus` package (as root: apt-get update && apt-get install -y "
                     "prometheus; .ci/run installs it when missing)", pytrace=False)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, timeout: float = 5) -> tuple[int, str]:

@@ -16,18 +16,8 @@ import pytest
 import redis
 
 from tests import redis_server
-from tests.pool_world import (
-    USERS,
-    create_appdef,
-    create_session,
-    delete_session,
-    held_instance,
-    instance_objects,
-    patch_appdef_spec,
-    session,
-)
+from tests.pool_world import converge, held_instance, instance_objects, session
 from tests.redis_server import isolated
-from tests.waiting import wait_for
 from warmpool.invariants import check
 from warmpool.keys import InstanceKey, PoolKey, SessionKey
 from warmpool.kube.api import Kube
@@ -36,6 +26,13 @@ from warmpool.pool import vocabulary as v
 from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.redis_conn import connect
 from warmpool.queue.settings import QueueSettings
+from warmpool.testing.world import (
+    USERS,
+    create_appdef,
+    create_session,
+    delete_session,
+    patch_appdef_spec,
+)
 from workers.process import WorkerPool
 
 redis_url = redis_server.redis_url
@@ -73,13 +70,17 @@ class Watchdog:
     def __init__(self, kube: Kube, ns: str) -> None:
         self.kube, self.ns, self.seen = kube, ns, set()
 
-    def quiet(self) -> bool:
+    def record(self) -> bool:
+        """Note the always-invariants' violations now; always true (a `converge` expectation)."""
         self.seen |= {str(x) for x in check(self.kube, self.ns, quiet=False)}
-        return not check(self.kube, self.ns, quiet=True)
+        return True
+
+    def quiet(self) -> bool:
+        return self.record() and not check(self.kube, self.ns, quiet=True)
 
     def converge(self, timeout: float = 90) -> None:
-        wait_for(self.quiet, timeout=timeout, interval=0.1,
-                 message=lambda: "\n".join(map(str, check(self.kube, self.ns))))
+        """`converge`, watching the always-invariants on every poll; none may have broken."""
+        converge(self.kube, self.ns, self.record, timeout=timeout, interval=0.1)
         assert not self.seen, "violated while running:\n" + "\n".join(sorted(self.seen))
 
 

@@ -10,16 +10,11 @@ from __future__ import annotations
 import pytest
 
 from tests.pool_world import (
-    USERS,
     assert_invariants,
-    create_appdef,
-    create_session,
-    delete_session,
     emails,
     held_instance,
     instance_objects,
     owner_kinds,
-    patch_appdef_spec,
     session,
     snapshot,
 )
@@ -28,6 +23,13 @@ from warmpool.controller.sequential import run_until_quiet
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.model import parse_session
+from warmpool.testing.world import (
+    USERS,
+    create_appdef,
+    create_session,
+    delete_session,
+    patch_appdef_spec,
+)
 
 
 def _claim_all(kube, ns, count, appdef="java"):

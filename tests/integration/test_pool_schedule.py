@@ -13,15 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from scheduler.app import Scheduler, SchedulerConfig
-from tests.pool_world import (
-    USERS,
-    create_appdef,
-    create_session,
-    delete_session,
-    held_instance,
-    instance_objects,
-    snapshot,
-)
+from tests.pool_world import held_instance, instance_objects, snapshot
 from tests.producers import Recorder
 from tests.waiting import wait_for
 from warmpool.controller.sequential import run_until_quiet
@@ -29,6 +21,7 @@ from warmpool.invariants import check
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
+from warmpool.testing.world import USERS, create_appdef, create_session, delete_session
 
 SETTINGS = PoolSettings(url_probe=False)  # burst on, as by default
 # "Now" of these tests: Monday 2 March 2026, 10:00:00 UTC. The window opens 30 s later, with

@@ -40,14 +40,7 @@ from tests.chaos.runner import PinnedKube, claim_problems, snapshot
 from tests.integration.sentinel_cluster import SentinelCluster, sentinel_cluster
 from tests.integration.test_pool_concurrency import Watchdog, _uids
 from tests.integration.test_scheduler_processes import Stack, instance_count
-from tests.pool_world import (
-    USERS,
-    create_appdef,
-    create_session,
-    held_instance,
-    patch_appdef_spec,
-    session,
-)
+from tests.pool_world import held_instance, session
 from tests.redis_server import isolated_settings
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
@@ -56,6 +49,7 @@ from warmpool.kube.api import connect as kube_connect
 from warmpool.pool import vocabulary as v
 from warmpool.queue.redis_conn import connect
 from warmpool.testing.apiproxy import ApiProxy
+from warmpool.testing.world import USERS, create_appdef, create_session, patch_appdef_spec
 from workers.process import WorkerPool
 
 pytestmark = pytest.mark.redis

@@ -30,7 +30,7 @@ import redis
 
 from tests import redis_server
 from tests.integration.test_pool_concurrency import Watchdog, _uids
-from tests.pool_world import USERS, create_appdef, create_session, held_instance, session
+from tests.pool_world import held_instance, session
 from tests.redis_server import isolated
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
@@ -44,6 +44,7 @@ from warmpool.queue.lease import fence_of, holder_of
 from warmpool.queue.settings import QueueSettings
 from warmpool.testing.apiproxy import ApiProxy
 from warmpool.testing.tcpproxy import TcpProxy
+from warmpool.testing.world import USERS, create_appdef, create_session
 from workers.process import WorkerPool
 
 pytestmark = pytest.mark.redis

@@ -15,7 +15,6 @@ a window never spans midnight, whenever the test runs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,21 +23,14 @@ from typing import Any
 import pytest
 
 from scheduler.process import SchedulerProcess
-from tests.pool_world import (
-    USERS,
-    assert_invariants,
-    create_appdef,
-    create_session,
-    held_instance,
-    instance_objects,
-    snapshot,
-)
+from tests.pool_world import assert_invariants, held_instance, instance_objects, snapshot
 from tests.redis_server import delete_prefix, isolated_settings, resolve_redis_url
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.queue.redis_conn import connect as redis_connect
+from warmpool.testing.world import USERS, create_appdef, create_session
 from warmpool.testing.zones import noon_zone
 from workers.process import WorkerPool
 
@@ -139,10 +131,14 @@ def test_the_scheduler_grows_the_pool_at_the_lead_and_shrinks_it_at_the_end(
         "message": "ok"}, timeout=30,
         message=lambda: f"the schedule's status in its window: {schedule_status(kube, ns)}")
 
-    # Until the window's end nothing is retired (observed up to a second before it).
-    while datetime.now(UTC) < end - timedelta(seconds=1):
+    # Until the window's end nothing is retired: every poll up to a second before it sees the
+    # whole pool (the end is the awaited condition; each poll is an observation, not a sleep).
+    def whole_until_the_end() -> bool:
         assert existing(kube, ns) == list(range(1, SIZE + 1)), "retired before the end"
-        time.sleep(0.5)
+        return datetime.now(UTC) >= end - timedelta(seconds=1)
+    wait_for(whole_until_the_end, interval=0.5,
+             timeout=max(1.0, (end - datetime.now(UTC)).total_seconds()),
+             message="the window's end, the pool whole")
 
     # After the end: back to minInstances; the claimed instance kept as it was.
     wait_for(lambda: existing(kube, ns) == [1, 2], timeout=60,

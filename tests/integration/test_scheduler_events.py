@@ -18,7 +18,6 @@ import redis
 
 from scheduler.app import Scheduler, SchedulerConfig
 from scheduler.leader import LeaderConfig
-from tests.pool_world import USERS, create_appdef, create_session, delete_session
 from tests.producers import Recorder
 from tests.redis_server import (  # noqa: F401  (fixtures, used through getfixturevalue)
     queue_settings,
@@ -30,6 +29,7 @@ from warmpool.cluster.local import ClusterInfo
 from warmpool.kube.api import Kube, connect
 from warmpool.pool import vocabulary as v
 from warmpool.queue import KeyedQueue, Layout, QueueSettings
+from warmpool.testing.world import USERS, create_appdef, create_session, delete_session
 
 pytestmark = pytest.mark.redis
 

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +24,12 @@ import redis
 from scheduler.leader import DEFAULT_LEASE_NAME, LEASE_API_VERSION, LEASE_KIND
 from scheduler.process import SchedulerProcess
 from tests.pool_world import (
-    USERS,
-    create_appdef,
-    create_session,
-    delete_session,
+    converge,
     emails,
     held_instance,
+    instance_count,
     instance_objects,
     owner_kinds,
-    patch_appdef_spec,
     session,
 )
 from tests.redis_server import (  # noqa: F401  (fixtures, used through getfixturevalue)
@@ -45,6 +42,13 @@ from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
 from warmpool.kube.api import Kube
 from warmpool.queue import Layout, QueueSettings
+from warmpool.testing.world import (
+    USERS,
+    create_appdef,
+    create_session,
+    delete_session,
+    patch_appdef_spec,
+)
 from workers.process import WorkerPool
 
 pytestmark = pytest.mark.redis
@@ -130,19 +134,6 @@ def stack(request: pytest.FixtureRequest, cluster: ClusterInfo, namespace: str,
             assert not s.alive()
         for pool in st.pools:
             assert all(p is None or not p.is_alive() for p in pool.procs)
-
-
-def converge(kube: Kube, ns: str, expect: Callable[[], Any], timeout: float = 120,
-             what: str = "") -> None:
-    """Wait until `expect()` holds and the invariants hold (quiet)."""
-    def done() -> bool:
-        return bool(expect()) and check(kube, ns) == []
-    wait_for(done, timeout=timeout, interval=0.3,
-             message=lambda: f"{what}: violations {[str(x) for x in check(kube, ns)]}")
-
-
-def instance_count(kube: Kube, ns: str, k: int) -> int:
-    return len(instance_objects(kube, ns, "java", k))
 
 
 # --- end to end ----------------------------------------------------------------------------

@@ -14,19 +14,10 @@ from typing import Any
 import pytest
 
 from tests.pool_world import (
-    GATEWAY,
-    HOST,
-    SHARED_ROUTE,
-    USERS,
     assert_invariants,
-    create_appdef,
-    create_session,
-    create_shared_route,
-    delete_session,
     held_instance,
     instance_objects,
     owner_kinds,
-    patch_appdef_spec,
     session,
     session_routes,
 )
@@ -35,6 +26,17 @@ from warmpool.controller.sequential import run_until_quiet
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
+from warmpool.testing.gateway import GATEWAY
+from warmpool.testing.world import (
+    HOST,
+    SHARED_ROUTE,
+    USERS,
+    create_appdef,
+    create_session,
+    create_shared_route,
+    delete_session,
+    patch_appdef_spec,
+)
 
 
 def _route_of(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:

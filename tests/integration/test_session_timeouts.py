@@ -19,7 +19,6 @@ import pytest
 from kubernetes.client import ApiClient
 
 from scheduler.app import Scheduler, SchedulerConfig
-from tests.pool_world import create_session
 from tests.producers import Recorder
 from tests.waiting import wait_for
 from warmpool.controller.timeouts import (
@@ -33,6 +32,7 @@ from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import Session, parse_session
 from warmpool.pool.timeouts import REASON_INACTIVE, REASON_TIMED_OUT, epoch_seconds
+from warmpool.testing.world import create_session
 
 MIN = 60.0
 USER = "jane@example.com"
