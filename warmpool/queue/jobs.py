@@ -26,11 +26,11 @@ from warmpool.queue.lease import Lease, LeaseBook, fence_of, holder_of
 from warmpool.queue.observer import QueueObserver
 from warmpool.queue.routing import Router, actor_for_key
 from warmpool.queue.scripts import (
-    OWN,
-    STALE,
     UNTRIGGERED,
     Busy,
     Done,
+    Outcome,
+    Skip,
     Started,
     merge_trigger,
 )
@@ -182,9 +182,9 @@ class Jobs:
 
     def begin(
         self, key: str, message_id: str = "", ack: tuple[str, str] = ("", "")
-    ) -> JobContext | str:
-        """Take `key` for a delivered message: a JobContext, or "busy" / "stale" / "own" to
-        skip. `ack` = (dramatiq acks key or "", redis message id of the delivery); a skipped
+    ) -> JobContext | Skip:
+        """Take `key` for a delivered message: a JobContext, or why to skip it (`Skip`).
+        `ack` = (dramatiq acks key or "", redis message id of the delivery); a skipped
         delivery is acked (when an acks key is given) in the same step."""
         token = self.book.new_token()
         sent_at = time.monotonic()
@@ -194,7 +194,7 @@ class Jobs:
             # triggers went with the lost reply: run untriggered, i.e. fully).
             r = Started(r.holder, fence_of(r.holder), None, 0)
         if not isinstance(r, Started):
-            reason = "busy" if isinstance(r, Busy) else OWN if r == OWN else STALE
+            reason = Skip.BUSY if isinstance(r, Busy) else r
             self.observer.on_skip(key, reason)
             return reason
         lease = self.book.track(Lease(key, r.value, r.fence, self.book.valid_until(sent_at)))
@@ -278,7 +278,7 @@ class Jobs:
         own = {lease.key: writes} if writes else None
         done = self.scripts.done(lease.key, lease.value, "release", writes=own)
         self._requeue(lease.key, done)
-        if done.outcome == "lost":
+        if done.outcome is Outcome.LOST:
             self.observer.on_lease_lost(lease.key)
         return done
 
@@ -301,9 +301,9 @@ class Jobs:
     def _report(self, key: str, done: Done, seconds: float, error: BaseException | None) -> None:
         obs = self.observer
         obs.on_done(key, done.outcome, seconds)
-        if done.outcome == "retry" and done.delay_ms is not None:
+        if done.outcome is Outcome.RETRY and done.delay_ms is not None:
             obs.on_retry(key, done.delay_ms / 1000, done.failures)
-        elif done.outcome == "dead":
+        elif done.outcome is Outcome.DEAD:
             obs.on_dead_letter(key, repr(error))
-        elif done.outcome == "lost":
+        elif done.outcome is Outcome.LOST:
             obs.on_lease_lost(key)

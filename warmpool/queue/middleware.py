@@ -24,6 +24,7 @@ from dramatiq.worker import Worker
 
 from warmpool.queue.jobs import Jobs, _pop_current, _set_current
 from warmpool.queue.maintenance import Maintenance
+from warmpool.queue.scripts import Skip
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class KeyedMiddleware(Middleware):
             # dirty and the audit (or crash recovery, if the start did apply) reruns it.
             log.error("could not start %s: %s", key, e)
             raise SkipMessage(f"{key}: redis error") from e
-        if isinstance(result, str):
+        if isinstance(result, Skip):
             if ack[0]:
                 mark_acked(message)
             raise SkipMessage(f"{key}: {result}")

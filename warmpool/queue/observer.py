@@ -15,11 +15,12 @@ class QueueObserver(Protocol):
         """A job took the key's lease; queue_seconds since its first add (None if unknown)."""
 
     def on_skip(self, key: str, reason: str) -> None:
-        """A delivered message did not run: busy (another holder) | stale (already done) |
-        own (every trigger was a version the key's own last run wrote)."""
+        """A delivered message did not run: a `scripts.Skip` (a str), busy (another holder) |
+        stale (already done) | own (every trigger was a version the key's own last run
+        wrote)."""
 
     def on_done(self, key: str, result: str, work_seconds: float) -> None:
-        """result: success | retry | dead | lost | released."""
+        """result: a `scripts.Outcome` (a str), success | retry | dead | lost | released."""
 
     def on_retry(self, key: str, delay_seconds: float, failures: int) -> None: ...
 

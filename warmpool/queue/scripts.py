@@ -39,6 +39,7 @@ cheap "which keys?" step followed by a script that re-checks each key atomically
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -174,17 +175,31 @@ class Busy:
     holder: str
 
 
+class Outcome(enum.StrEnum):
+    """How `done` left a key (the script's reply, spelled as `done.lua` spells it)."""
+
+    SUCCESS = "success"  # the run succeeded: failures and error cleared
+    RETRY = "retry"  # the run failed: it runs again after `Done.delay_ms`
+    DEAD = "dead"  # the run failed `max_failures` times in a row: dead-lettered
+    RELEASED = "released"  # a lease given back without accounting (secondary, abandoned)
+    LOST = "lost"  # the lease was no longer the caller's: nothing was touched
+
+
+class Skip(enum.StrEnum):
+    """Why a delivered message did not run (`start.lua`'s replies, and "busy")."""
+
+    BUSY = "busy"  # another holder runs the key now: it runs again after that holder
+    STALE = "stale"  # the key is not waiting: an earlier delivery already ran it
+    OWN = "own"  # every trigger is a version the key's own runs wrote: nothing to see
+
+
 @dataclass(frozen=True, slots=True)
 class Done:
-    outcome: str  # success | retry | dead | released | lost
+    outcome: Outcome
     rerun: bool
     delay_ms: int | None
     failures: int
     message_needed: bool = False  # re-added with no message on its way: call `requeue`
-
-
-STALE = "stale"
-OWN = "own"
 
 
 class Scripts:
@@ -248,13 +263,13 @@ class Scripts:
 
     def start(
         self, key: str, token: str, ttl_ms: int, ack: tuple[str, str] = ("", "")
-    ) -> Started | Busy | str:
+    ) -> Started | Busy | Skip:
         """`ack`: (dramatiq acks key or "", redis message id) of the delivery: acked here if
-        it is skipped. A str is the reason of a skip: STALE or OWN."""
+        it is skipped. A `Skip` is the reason of a skip with no holder: STALE or OWN."""
         r = self._call("start", key, token, ttl_ms, *ack)
         if not isinstance(r, list):
-            return _s(r)  # stale | own
-        if _s(r[0]) == "busy":
+            return Skip(_s(r))  # stale | own
+        if _s(r[0]) == Skip.BUSY:
             return Busy(_s(r[1]))
         value = _s(r[1])
         queued = int(r[2])
@@ -264,7 +279,7 @@ class Scripts:
 
     def acquire(self, key: str, token: str, ttl_ms: int) -> tuple[str, int] | Busy:
         r = self._call("acquire", key, token, ttl_ms)
-        if _s(r[0]) == "busy":
+        if _s(r[0]) == Skip.BUSY:
             return Busy(_s(r[1]))
         return _s(r[1]), int(r[2])
 
@@ -301,10 +316,11 @@ class Scripts:
             own += (target, *flat_triggers(fields))
         r = self._call("done", key, value, mode, *ack, *own, *extra)
         if not isinstance(r, list):
-            return Done(_s(r), False, None, 0)
+            return Done(Outcome(_s(r)), False, None, 0)
         delay = int(r[2])
         return Done(
-            _s(r[0]), bool(int(r[1])), None if delay < 0 else delay, int(r[3]), bool(int(r[4]))
+            Outcome(_s(r[0])), bool(int(r[1])), None if delay < 0 else delay, int(r[3]),
+            bool(int(r[4])),
         )
 
     def requeue(self, triples: Sequence[tuple[str, str, bytes]]) -> list[str]:
