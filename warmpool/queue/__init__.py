@@ -13,11 +13,10 @@ Workers: `build_broker(settings)` + keyed actors (see `workers.runtime`); handle
 """
 
 from warmpool.queue.broker import build_broker, keyed_middleware
-from warmpool.queue.deadletters import DeadLetter
 from warmpool.queue.embedded import EmbeddedRedis, embedded_redis, resolve_redis_url
 from warmpool.queue.inspect import Inspector, KeyState, QueueStats, WorkerInfo
 from warmpool.queue.jobs import JobContext, Jobs, current_job
-from warmpool.queue.keyed import AddResult, KeyedQueue
+from warmpool.queue.keyed import AddResult, DeadLetter, KeyedQueue
 from warmpool.queue.layout import Layout
 from warmpool.queue.lease import Lease, LeaseLost
 from warmpool.queue.observer import NullObserver, QueueObserver, get_observer, set_observer

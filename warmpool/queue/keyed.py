@@ -11,21 +11,30 @@ An add may carry *triggers*, `field -> value`, naming the object versions the jo
 An add without triggers (a resync, a manual add) stands for "run, whatever the versions" and
 is recorded as the field `*`. The job gets the merged map (`JobContext.triggers`), and a run
 whose every trigger is a version the key's own last run wrote is skipped (see `jobs`).
+
+Dead letters are this queue's too: keys that failed `max_failures` times in a row, kept in
+dramatiq's own dead-letter queue (`<queue>.XQ`, both dramatiq queues'), one per key, with the
+last error under `traceback` (where dramatiq's Retries middleware puts it, so its tools show
+it). `list_dead`, `retry_dead` and `purge_dead` are the one way to read and act on them;
+dramatiq's maintenance drops them after 7 days, like any other dead message.
 """
 
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import redis
+from dramatiq.message import Message
 
-from warmpool.queue import deadletters
-from warmpool.queue.deadletters import DeadLetter
 from warmpool.queue.layout import Layout
 from warmpool.queue.messages import MessageFactory
 from warmpool.queue.observer import QueueObserver, get_observer
 from warmpool.queue.redis_conn import connect
+from warmpool.queue.replies import raw, scored, text
 from warmpool.queue.routing import Router, actor_for_key
 from warmpool.queue.scripts import Scripts
 from warmpool.queue.settings import QueueSettings
@@ -40,6 +49,20 @@ class AddResult(enum.StrEnum):
     DEDUPLICATED = "deduplicated"  # already waiting (or already due earlier): nothing to do
     RERUN = "rerun"  # running now: it runs exactly once more when the holder is done
     DELAYED = "delayed"  # scheduled (or moved earlier) in the delayed set
+
+
+#: What `retry_dead` answers when there is no such dead letter (the `redrive` script's word).
+MISSING: Literal["missing"] = "missing"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    message_id: str  # the redis message id, the member of `.XQ`
+    actor: str
+    key: str | None  # None for a plain (not keyed) dramatiq message
+    error: str
+    dead_at: float  # unix seconds, on the Redis server's clock
+    failures: int | None
 
 
 class KeyedQueue:
@@ -123,14 +146,75 @@ class KeyedQueue:
         self.observer.on_add(key, result)
         return result
 
-    def list_dead(self, limit: int = 1000) -> list[DeadLetter]:
-        return deadletters.list_dead(self.client, self.layout, self.messages, limit)
+    def _key_of(self, msg: Message[Any]) -> str | None:
+        """The work key of a keyed message, or None for a plain dramatiq message."""
+        if len(msg.args) != 1 or not isinstance(msg.args[0], str):
+            return None
+        try:
+            return msg.args[0] if self.messages.router(msg.args[0]) == msg.actor_name else None
+        except (ValueError, KeyError):
+            return None
 
-    def retry_dead(self, key_or_id: str) -> str:
-        """Run a dead-lettered key (or dead message id) again, failures reset."""
-        return deadletters.retry_dead(
-            self.client, self.layout, self.scripts, self.messages, key_or_id
-        )
+    def list_dead(self, limit: int = 1000) -> list[DeadLetter]:
+        """The dead letters, oldest first (at most `limit`)."""
+        lo = self.layout
+        entries = scored(self.client.zrange(lo.xq, 0, limit - 1, withscores=True))
+        if not entries:
+            return []
+        bodies = self.client.hmget(lo.xq_messages, [rid for rid, _ in entries])
+        out = []
+        for (rid, score), body in zip(entries, bodies, strict=True):
+            if body is None:
+                continue
+            msg = Message.decode(raw(body))
+            out.append(DeadLetter(
+                message_id=rid.decode(),
+                actor=msg.actor_name,
+                key=self._key_of(msg),
+                error=str(msg.options.get("traceback", "")),
+                dead_at=score / 1000,
+                failures=msg.options.get("retries"),
+            ))
+        return out
+
+    def retry_dead(self, key_or_id: str) -> AddResult | Literal["missing"]:
+        """Run a dead letter again, by work key or by dead message id: `MISSING` if there is
+        no such dead letter, else the add result (ENQUEUED for a plain message). The key
+        starts over with no failures."""
+        lo = self.layout
+        rid = key_or_id
+        if self.client.zscore(lo.xq, rid) is None:
+            found = self.client.hget(lo.dead, key_or_id)
+            if found is None:
+                return MISSING
+            rid = text(found)
+        body = self.client.hget(lo.xq_messages, rid)
+        if body is None:
+            return MISSING
+        msg = Message.decode(raw(body))
+        key = self._key_of(msg)
+        if key is not None:
+            result = self.scripts.redrive(rid, key, *self.messages.body(key))
+        else:
+            new_rid = str(uuid.uuid4())
+            options = {k: v for k, v in msg.options.items() if k not in ("traceback", "retries")}
+            fresh: Message[Any] = Message(
+                queue_name=msg.queue_name,
+                actor_name=msg.actor_name,
+                args=msg.args,
+                kwargs=msg.kwargs,
+                options={**options, "redis_message_id": new_rid},
+                message_id=msg.message_id,
+                message_timestamp=msg.message_timestamp,
+            )
+            result = self.scripts.redrive(rid, None, new_rid, fresh.encode())
+        return MISSING if result == MISSING else AddResult(result)
 
     def purge_dead(self) -> int:
-        return deadletters.purge_dead(self.client, self.layout)
+        """Drop every dead letter of the queue; returns how many there were."""
+        lo = self.layout
+        with self.client.pipeline() as pipe:
+            pipe.zcard(lo.xq)
+            pipe.delete(lo.xq, lo.xq_messages, lo.dead)
+            count, _ = pipe.execute()
+        return int(count)
