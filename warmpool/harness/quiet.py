@@ -1,0 +1,160 @@
+"""`wait_quiet(since=mark)`: "the work caused by the change made after `mark` has run".
+
+Built on the run log the workers keep when they import `workers.runlog` (the harness's
+default worker module): every job's start and end appended to two Redis lists
+(`Layout.runs_started`, `Layout.runs_ended`), and on the queue's own view of what is waiting,
+running or delayed (`Inspector.stats()`).
+
+What `quiet` (and so `wait_quiet`) guarantees once it returns:
+
+- for each named key: a run of it that *started after the mark* has *ended* (returned or
+  raised). A run already under way at the mark does not count, nor does its end: the mark
+  records which keys were running then. (A key's runs never overlap while its lease holds, so
+  its i-th end belongs to its i-th start; a holder frozen past its lease, as the chaos runner's
+  `worker_stop` does, can break that pairing for that key.)
+- with no keys: at least one run has ended since the mark.
+- and, read twice in a row with no run ending in between: nothing waiting (`dirty`), running
+  (a lease held) or delayed (a retry or requeue_after) in the queue.
+
+What it does NOT guarantee:
+
+- that the change's watch events have reached the scheduler and become keys: with no keys,
+  an idle queue right after an unrelated run ends passes. Name the keys the change must cause
+  (the Session's `session/<ns>/<name>`, an instance's `instance/<ns>/<appdef>/<k>`) when it
+  matters.
+- that the cluster converged (that is the caller's check: invariants, a wait on objects);
+  only that the queue has no more work for now. Dead letters are not "pending".
+- anything about the future: a delayed follow-up scheduled after the check, a resync, or an
+  event still in a watch stream may add work later.
+- anything across a Redis that lost its data after the mark (flush, restart without
+  persistence, failover): the run log is gone with it; `quiet` says so and the wait times out.
+- anything if the workers do not log their runs (no `workers.runlog`): the keys never appear.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import redis
+
+from warmpool.queue.inspect import Inspector, QueueStats
+from warmpool.queue.layout import Layout
+from warmpool.queue.replies import text
+from warmpool.queue.settings import QueueSettings
+
+
+class NotQuiet(AssertionError):
+    """`wait_quiet` timed out: the message says which keys had not run and what the queue held."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A moment in the run log: its lengths then, and the keys whose run was under way."""
+
+    starts: int
+    ends: int
+    running: frozenset[str]
+
+
+def _key_of(raw: bytes | str) -> str:
+    return text(raw).partition(" ")[2]
+
+
+def mark(client: redis.Redis, settings: QueueSettings) -> Mark:
+    """Now, in the run log (both lists read in one MULTI, so at one moment)."""
+    layout = Layout.of(settings)
+    with client.pipeline(transaction=True) as p:
+        p.lrange(layout.runs_started, 0, -1)
+        p.lrange(layout.runs_ended, 0, -1)
+        starts, ends = p.execute()
+    open_runs = Counter(_key_of(r) for r in starts)
+    open_runs.subtract(_key_of(r) for r in ends)
+    return Mark(len(starts), len(ends), frozenset(k for k, n in open_runs.items() if n > 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """What `quiet` found still outstanding (empty: quiet)."""
+
+    keys_not_run: tuple[str, ...] = ()
+    no_run_yet: bool = False  # no keys named, and no run has ended since the mark
+    queue: QueueStats | None = None  # the stats when the queue was not idle
+    log_lost: bool = False  # the run log is shorter than at the mark: Redis lost its data
+    busy: bool = False  # idle twice, but a run ended between the two reads
+
+    def __bool__(self) -> bool:
+        return bool(self.keys_not_run or self.no_run_yet or self.queue is not None
+                    or self.log_lost or self.busy)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.log_lost:
+            parts.append("the run log is shorter than at the mark (Redis lost its data?)")
+        if self.keys_not_run:
+            parts.append(f"keys with no run started after the mark and ended: "
+                         f"{list(self.keys_not_run)}")
+        if self.no_run_yet:
+            parts.append("no run has ended since the mark")
+        if self.queue is not None:
+            q = self.queue
+            parts.append(f"queue not idle: {q.waiting} waiting, {q.running} running, "
+                         f"{q.delayed} delayed ({q.messages} messages, {q.dead} dead, "
+                         f"{q.workers_alive} workers alive)")
+        if self.busy:
+            parts.append("runs still ending")
+        return "; ".join(parts) or "quiet"
+
+
+def _idle(stats: QueueStats) -> bool:
+    return stats.waiting == 0 and stats.running == 0 and stats.delayed == 0
+
+
+def quiet(client: redis.Redis, settings: QueueSettings, since: Mark,
+          keys: Iterable[str] = ()) -> Pending:
+    """One look: what is still pending of the work since `since` (falsy when none is)."""
+    layout = Layout.of(settings)
+    wanted = list(dict.fromkeys(keys))
+    with client.pipeline(transaction=True) as p:
+        p.lrange(layout.runs_started, since.starts, -1)
+        p.lrange(layout.runs_ended, since.ends, -1)
+        p.llen(layout.runs_ended)
+        starts, ends, n_ends = p.execute()
+    if int(n_ends) < since.ends:
+        return Pending(tuple(wanted), not wanted, None, log_lost=True)
+    started = Counter(_key_of(r) for r in starts)
+    ended = Counter(_key_of(r) for r in ends)
+    # A key running at the mark ends once more before a run started after it can end.
+    not_run = tuple(k for k in wanted
+                    if started[k] < 1 or ended[k] - (k in since.running) < 1)
+    no_run = not wanted and not ends
+    inspector = Inspector(client, settings)
+    stats = inspector.stats()
+    if _idle(stats):
+        # Read again: the three counts are read one after the other, not at one moment, so a
+        # key moving between them (delayed -> waiting) could be missed once, not twice; and
+        # a run that ended in between may have added work the first read did not see.
+        again = inspector.stats()
+        if not _idle(again):
+            return Pending(not_run, no_run, again)
+        busy = int(client.llen(layout.runs_ended)) != int(n_ends)
+        return Pending(not_run, no_run, None, busy=busy)
+    return Pending(not_run, no_run, stats)
+
+
+def wait_quiet(client: redis.Redis, settings: QueueSettings, since: Mark,
+               keys: Iterable[str] = (), timeout: float = 60.0,
+               interval: float = 0.05) -> None:
+    """Poll `quiet` until nothing is pending (see the module docstring for exactly what that
+    means); on timeout raise `NotQuiet` saying what still was."""
+    wanted = tuple(keys)
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = quiet(client, settings, since, wanted)
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise NotQuiet(f"not quiet after {timeout:.1f} s: {pending}")
+        time.sleep(interval)  # polling Redis, not a wait for an effect
