@@ -1,9 +1,10 @@
 """Collectors that compute their series at scrape time.
 
 - `ClusterCollector`: what all hosts share, read from Redis: the queue (depth, delayed,
-  running, dead letters, oldest wait, live worker processes) and the pool (instances by
-  state, waiting Sessions). Every process that exports it exports the same numbers, so it is
-  exported by the scheduler's endpoint only (see metrics/README.md).
+  running, dead letters, oldest wait, live worker processes: the `Inspector`'s census, by
+  kind) and the pool (instances by state, waiting Sessions). Every process that exports it
+  exports the same numbers, so it is exported by the scheduler's endpoint only (see
+  metrics/README.md).
 - `SchedulerCollector`: a `scheduler.app.Scheduler`'s own counters and state, and the keys
   its producer added (`AddCounter`).
 - `WorkerPoolCollector`: the worker parent's view of its children.
@@ -39,7 +40,7 @@ from metrics.labels import (
     reason_label,
 )
 from metrics.poolstate import PoolSnapshot, PoolState
-from warmpool.queue.layout import Layout
+from warmpool.queue.inspect import Inspector, longest_wait
 from warmpool.queue.observer import NullObserver
 from warmpool.queue.settings import QueueSettings
 
@@ -86,10 +87,6 @@ class WorkerPoolView(Protocol):
     def restarts(self) -> int: ...
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _by_kind(keys: Iterable[str]) -> dict[str, int]:
     counts = dict.fromkeys(KINDS, 0)
     for key in keys:
@@ -101,49 +98,28 @@ def _by_kind(keys: Iterable[str]) -> dict[str, int]:
 
 @dataclass
 class QueueSnapshot:
-    depth: dict[str, int] = field(default_factory=dict)
+    depth: dict[str, int] = field(default_factory=dict)  # ready keys
     delayed: dict[str, int] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)
     dead: dict[str, int] = field(default_factory=dict)
-    oldest_waiting: dict[str, float] = field(default_factory=dict)
+    oldest_waiting: dict[str, float] = field(default_factory=dict)  # 0.0: none waiting
     workers: int = 0
 
 
 def read_queue(client: redis.Redis, settings: QueueSettings) -> QueueSnapshot:
-    """One pipelined read of the queue's keys. O(keys waiting + running + delayed + dead)."""
-    lo = Layout.of(settings)
-    with client.pipeline(transaction=False) as p:
-        p.time()
-        p.smembers(lo.dirty)
-        p.zrange(lo.inflight, 0, -1)
-        p.zrange(lo.delayed, 0, -1)
-        p.hgetall(lo.dead)
-        p.zrange(lo.xq, 0, -1)
-        p.hgetall(lo.added_at)
-        (sec, usec), dirty, inflight, delayed, dead, xq, added_at = p.execute()
-    now = int(sec) * 1000 + int(usec) // 1000
-    alive = client.zcount(lo.heartbeats, now - int(settings.heartbeat_timeout * 1000), "+inf")
-    running = {_text(k) for k in inflight}
-    waiting = {_text(k) for k in dirty} - running
-    in_xq = {_text(r) for r in xq}
-    dead_keys = [_text(k) for k, rid in dead.items() if _text(rid) in in_xq]
-    oldest = dict.fromkeys(KINDS, 0.0)
-    for raw_key, raw_ms in added_at.items():
-        key = _text(raw_key)
-        kind = kind_of(key)
-        if key in waiting and kind in oldest:
-            try:
-                age = max(0.0, (now - int(raw_ms)) / 1000)
-            except ValueError:
-                continue
-            oldest[kind] = max(oldest[kind], age)
+    """The queue's keys by kind, as the `Inspector` defines their states (one pipelined
+    read, O(keys waiting + running + delayed + dead))."""
+    census = Inspector(client, settings).census()
+    waits: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for key, seconds in census.waited.items():
+        waits.get(kind_of(key), []).append(seconds)
     return QueueSnapshot(
-        depth=_by_kind(waiting),
-        delayed=_by_kind(_text(k) for k in delayed),
-        running=_by_kind(running),
-        dead=_by_kind(dead_keys),
-        oldest_waiting=oldest,
-        workers=int(alive),
+        depth=_by_kind(census.ready),
+        delayed=_by_kind(census.delayed),
+        running=_by_kind(census.running),
+        dead=_by_kind(census.dead),
+        oldest_waiting={kind: longest_wait(w) or 0.0 for kind, w in waits.items()},
+        workers=census.workers_alive,
     )
 
 

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from metrics.collectors import ClusterCollector, read_queue
 from metrics.poolstate import PoolState, Stale
 from warmpool.queue.jobs import JobContext, Jobs
+from warmpool.queue.layout import Layout
 from warmpool.queue.settings import QueueSettings
 
 I1 = "instance/ns1/java/1"
@@ -190,14 +191,29 @@ def test_cluster_collector_exports_queue_and_pool(
 
 
 def test_read_queue_agrees_with_the_inspector(client: redis.Redis, settings: QueueSettings) -> None:
+    """The exported depth is the CLI's "ready" (waiting, not running), and the oldest wait
+    counts a key re-added while it runs, as the CLI's does: one definition, the Inspector's."""
     from warmpool.queue.inspect import Inspector
 
     jobs = Jobs(client, settings, router=route)
     jobs.queue.add_many([I1, I2, S1])
     snap = read_queue(client, settings)
     stats = Inspector(client, settings).stats()
-    assert sum(snap.depth.values()) == stats.waiting == 3
+    assert sum(snap.depth.values()) == stats.waiting == stats.ready == 3
     assert sum(snap.dead.values()) == stats.dead == 0
+
+    ctx = deliver(jobs)
+    assert isinstance(ctx, JobContext) and ctx.key == I1
+    client.hset(Layout.of(settings).added_at, I2, Inspector(client, settings).now_ms() - 60_000)
+    jobs.queue.add(I1)  # a rerun: waiting, but not ready
+    snap = read_queue(client, settings)
+    stats = Inspector(client, settings).stats()
+    assert (stats.waiting, stats.rerun, stats.ready, stats.running) == (3, 1, 2, 1)
+    assert sum(snap.depth.values()) == stats.ready
+    assert sum(snap.running.values()) == stats.running
+    assert stats.oldest_wait_seconds is not None
+    assert max(snap.oldest_waiting.values()) == pytest.approx(stats.oldest_wait_seconds, abs=1)
+    assert snap.oldest_waiting["instance"] >= 59
 
 
 class Broken(fakeredis.FakeRedis):

@@ -118,6 +118,43 @@ def test_inspector_stats_and_workers(jobs: Jobs) -> None:
     assert w.worker_id == "w1" and not w.alive
 
 
+def test_census_lists_what_stats_counts(jobs: Jobs) -> None:
+    """One definition of each state: the census (the metrics' breakdown by kind) holds the
+    keys the stats (the CLI's counts) count, a rerun key waiting and running at once."""
+    insp = Inspector(jobs.client, jobs.settings)
+    for k in ("a", "b", "c"):
+        jobs.queue.add(k)
+    ctx = _deliver(jobs)
+    jobs.queue.add(ctx.key)  # re-added while it runs: a rerun
+    jobs.queue.add_after("d", 60)
+    stats, census = insp.stats(), insp.census()
+    assert census.rerun == {ctx.key} and census.ready == {"a", "b", "c"} - {ctx.key}
+    assert (stats.waiting, stats.rerun, stats.ready) == (
+        len(census.waiting), len(census.rerun), len(census.ready)) == (3, 1, 2)
+    assert (stats.running, stats.delayed) == (len(census.running), len(census.delayed)) == (1, 1)
+    assert set(census.waited) == census.waiting  # a rerun key waits too
+    assert stats.oldest_wait_seconds is not None
+    assert abs(max(census.waited.values()) - stats.oldest_wait_seconds) < 1
+    assert insp.reruns() == [(ctx.key, ctx.lease.holder)]
+    assert [k for k, _ in insp.pending()] == sorted(census.ready)
+
+
+def test_a_dead_key_shows_its_letter(jobs: Jobs) -> None:
+    s = jobs.settings.replace(max_failures=1)
+    jobs = Jobs(jobs.client, s, router=lambda k: "job")
+    insp = Inspector(jobs.client, s)
+    jobs.queue.add("a")
+    jobs.finish(_deliver(jobs), RuntimeError("for good"))
+    st = insp.key("a")
+    (letter,) = jobs.queue.list_dead()
+    assert (st.state, st.dead, st.dead_letter_id) == ("dead", True, letter.message_id)
+    # dead-lettering moves the count and the error into the letter: shown from there
+    assert st.failures == 1 and "for good" in (st.last_error or "")
+    assert insp.stats().dead == len(insp.census().dead) == 1
+    jobs.queue.purge_dead()
+    assert insp.key("a").dead_letter_id is None
+
+
 def test_handler_registry() -> None:
     from workers import runtime
 

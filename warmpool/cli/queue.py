@@ -3,16 +3,14 @@
 Read-only except `dead-letters retry|purge`. Everything is read from the one Redis all hosts
 share (the key layout is in warmpool/queue/README.md), so these show every worker on every
 host. Ages are measured against the Redis server's clock where the queue stamps times with it.
-The `*_view` functions return the JSON documents; the commands render them.
+Nothing here reads Redis itself: the `*_view` functions turn what `warmpool.queue.inspect`'s
+`Inspector` (and `KeyedQueue`, for dead letters) return into the JSON documents, and the
+commands render those.
 """
 
 from __future__ import annotations
 
-import re
 import sys
-import time
-from collections.abc import Iterator
-from itertools import islice
 from typing import Any
 
 import click
@@ -32,84 +30,20 @@ from warmpool.cli.output import (
     table,
 )
 from warmpool.keys import parse_key
-from warmpool.queue.inspect import Inspector
-from warmpool.queue.layout import Layout
-from warmpool.queue.lease import fence_of, holder_of
-from warmpool.queue.replies import members, raw, text
+from warmpool.queue.inspect import SCAN_CAP, Inspector
+from warmpool.queue.keyed import MISSING, KeyedQueue
 from warmpool.queue.settings import QueueSettings
 
-SCAN_CAP = 10_000  # keys read from one set or pattern; the counts stay exact beyond it
-
-
-def _glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
-
-
-def _server_ms(client: redis.Redis) -> int:
-    sec, usec = client.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-def _scan(client: redis.Redis, pattern: str, cap: int = SCAN_CAP) -> Iterator[str]:
-    for key in islice(client.scan_iter(match=pattern, count=1000), cap):
-        yield key.decode()
-
-
-def _process_of(holder: str) -> str:
-    """host:pid of a lease holder token host:pid:thread:nonce.n."""
-    parts = holder.split(":")
-    return ":".join(parts[:2]) if len(parts) >= 2 else holder
-
-
-# --- views (JSON documents) -----------------------------------------------------------------
-
-def _pending(client: redis.Redis, lo: Layout, running: set[str], limit: int, now: int
-             ) -> list[dict[str, Any]]:
-    """Up to `limit` waiting keys in the order they will run: the order of their messages in
-    dramatiq's lists (the claims queue's first: workers take claims ahead of bulk work), then
-    (fetched by a worker but not started, or being repaired) by age."""
-    from dramatiq.message import Message
-
-    bodies = []
-    for queue in lo.queues:
-        ids = client.lrange(lo.messages_list_of(queue), 0, 4 * limit - 1)
-        bodies += client.hmget(lo.messages_of(queue), ids) if ids else []
-    in_list = []
-    for body in bodies:
-        if body is None:
-            continue
-        args = Message.decode(raw(body)).args
-        if len(args) == 1 and isinstance(args[0], str):
-            in_list.append(args[0])
-    flags = client.smismember(lo.dirty, in_list) if in_list else []
-    ordered = list(dict.fromkeys(k for k, dirty in zip(in_list, flags, strict=True)
-                                 if dirty and k not in running))[:limit]
-    if len(ordered) < limit:  # waiting keys whose message is not in the list right now
-        seen = set(ordered) | running
-        rest = [m.decode() for m in islice(client.sscan_iter(lo.dirty, count=1000), SCAN_CAP)]
-        rest = [k for k in rest if k not in seen]
-        added = client.hmget(lo.added_at, rest) if rest else []
-        by_age = sorted(zip(rest, added, strict=True), key=lambda ka: int(ka[1] or now))
-        ordered += [k for k, _ in by_age[: limit - len(ordered)]]
-    added = client.hmget(lo.added_at, ordered) if ordered else []
-    return [{"key": k, "waiting_seconds": rounded((now - int(a)) / 1000) if a else None}
-            for k, a in zip(ordered, added, strict=True)]
+# --- views (JSON documents): what the Inspector and the queue return, formatted -------------
 
 
 def overview_view(client: redis.Redis, settings: QueueSettings, limit: int) -> dict[str, Any]:
     insp = Inspector(client, settings)
-    lo = insp.layout
     stats = insp.stats()
-    now = _server_ms(client)
-    running = [k.decode() for k in members(client.zrange(lo.inflight, 0, -1))]
-    flags = client.smismember(lo.dirty, running) if running else []
-    rerun = [k for k, dirty in zip(running, flags, strict=True) if dirty]
-    holders = client.mget([lo.lease(k) for k in rerun]) if rerun else []
-    pending = _pending(client, lo, set(running), limit, now)
     row = {
         "name": settings.queue_name,
-        "ready": max(0, stats.waiting - len(rerun)),
-        "rerun": len(rerun),
+        "ready": stats.ready,
+        "rerun": stats.rerun,
         "delayed": stats.delayed,
         "in_flight": stats.running,
         "dead": stats.dead,
@@ -123,9 +57,8 @@ def overview_view(client: redis.Redis, settings: QueueSettings, limit: int) -> d
         "namespace": settings.namespace,
         "queues": [row],
         "workers_alive": stats.workers_alive,
-        "pending": pending,
-        "rerun": [{"key": k, "holder": holder_of(text(h)) if h else None}
-                  for k, h in zip(rerun, holders, strict=True)][:limit],
+        "pending": [{"key": k, "waiting_seconds": rounded(s)} for k, s in insp.pending(limit)],
+        "rerun": [{"key": k, "holder": h} for k, h in insp.reruns(limit)],
         "delayed": [{"key": k, "due_in_seconds": rounded(s)}
                     for k, s in insp.delayed(limit)],
     }
@@ -133,29 +66,17 @@ def overview_view(client: redis.Redis, settings: QueueSettings, limit: int) -> d
 
 def key_view(client: redis.Redis, settings: QueueSettings, key: str) -> dict[str, Any]:
     st = Inspector(client, settings).key(key)
-    lo = Layout.of(settings)
-    raw_id = client.hget(lo.dead, key) if st.dead else None
-    dead_id = text(raw_id) if raw_id else None
-    failures, error = st.failures, st.last_error
-    if dead_id is not None:  # dead-lettering moves the count and the error into the letter
-        body = client.hget(lo.xq_messages, dead_id)
-        if body is not None:
-            from dramatiq.message import Message
-
-            options = Message.decode(raw(body)).options
-            failures = max(failures, int(options.get("retries") or 0))
-            error = error or options.get("traceback")
     return {
         "key": st.key,
         "state": st.state,
         "waiting": st.waiting,
         "running": st.running,
-        "rerun": st.running and st.waiting,
+        "rerun": st.rerun,
         "delayed_seconds": rounded(st.delayed_seconds),
         "dead": st.dead,
-        "dead_letter_id": dead_id,
-        "failures": failures,
-        "last_error": redact(error) if error else None,
+        "dead_letter_id": st.dead_letter_id,
+        "failures": st.failures,
+        "last_error": redact(st.last_error) if st.last_error else None,
         "holder": st.holder,
         "fence": st.fence,
         "lease_ttl_seconds": rounded(st.lease_ttl_seconds),
@@ -164,55 +85,28 @@ def key_view(client: redis.Redis, settings: QueueSettings, key: str) -> dict[str
 
 
 def locks_view(client: redis.Redis, settings: QueueSettings) -> dict[str, Any]:
-    lo = Layout.of(settings)
-    names = [(n, "lease") for n in _scan(client, _glob_escape(lo.lease_prefix) + "*")]
-    names += [(n, "maintenance")
-              for n in _scan(client, _glob_escape(lo.maintenance_lock("")) + "*")]
-    with client.pipeline(transaction=False) as p:
-        for name, _ in names:
-            p.get(name)
-            p.pttl(name)
-        replies = p.execute()
-    out = []
-    for i, (name, kind) in enumerate(names):
-        raw, pttl = replies[2 * i], replies[2 * i + 1]
-        if raw is None:  # released between the scan and the read
-            continue
-        value = raw.decode()
-        lease = kind == "lease"
-        out.append({
-            "key": name[len(lo.lease_prefix):] if lease else name[len(lo.maintenance_lock("")):],
-            "kind": kind,
-            "holder": holder_of(value) if lease else value,
-            "fence": fence_of(value) if lease and "|" in value else None,
-            "ttl_seconds": rounded(pttl / 1000) if pttl is not None and pttl >= 0 else None,
-        })
-    out.sort(key=lambda lk: (lk["kind"] != "lease", lk["key"]))
-    return {"locks": out}
+    return {"locks": [{"key": lk.key, "kind": lk.kind, "holder": lk.holder, "fence": lk.fence,
+                       "ttl_seconds": rounded(lk.ttl_seconds)}
+                      for lk in Inspector(client, settings).locks()]}
 
 
 def workers_view(client: redis.Redis, settings: QueueSettings) -> dict[str, Any]:
+    insp = Inspector(client, settings)
     workers = [{"id": w.worker_id, "process": w.process,
                 "heartbeat_age_seconds": rounded(w.last_seen_seconds),
                 "alive": w.alive, "in_flight": w.unacked}
-               for w in Inspector(client, settings).workers()]
+               for w in insp.workers()]
     workers.sort(key=lambda w: (not w["alive"], w["id"]))
-    per_process: dict[str, list[str]] = {}
-    for lock in locks_view(client, settings)["locks"]:
-        if lock["kind"] == "lease":
-            per_process.setdefault(_process_of(lock["holder"]), []).append(lock["key"])
     return {
         "heartbeat_timeout_seconds": settings.heartbeat_timeout,
         "workers": workers,
-        "lease_holders": [{"process": proc, "leases": len(keys), "keys": sorted(keys)}
-                          for proc, keys in sorted(per_process.items())],
+        "lease_holders": [{"process": proc, "leases": len(keys), "keys": keys}
+                          for proc, keys in insp.lease_holders().items()],
     }
 
 
 def dead_view(client: redis.Redis, settings: QueueSettings, limit: int) -> dict[str, Any]:
-    from warmpool.queue.keyed import KeyedQueue
-
-    now = time.time()
+    now = Inspector(client, settings).now_ms() / 1000  # dead letters are stamped with it
     letters = KeyedQueue(client, settings).list_dead(limit)
     return {"dead_letters": [
         {"id": d.message_id, "key": d.key, "actor": d.actor, "failures": d.failures,
@@ -444,8 +338,6 @@ def dead_retry(key: str | None, retry_all: bool, redis_config: RedisConfig,
     if (key is None) == (not retry_all):
         raise BadValue("give either KEY or --all (see 'warmpool dead-letters list')")
     client, settings, _ = redis_config.connect()
-    from warmpool.queue.keyed import KeyedQueue
-
     q = KeyedQueue(client, settings)
     if retry_all:
         results = [{"key": d.key, "id": d.message_id, "result": q.retry_dead(d.message_id)}
@@ -453,7 +345,7 @@ def dead_retry(key: str | None, retry_all: bool, redis_config: RedisConfig,
     else:
         assert key is not None
         result = q.retry_dead(key)
-        if result == "missing":
+        if result == MISSING:
             raise NotFound(f"no dead letter for {key!r}; 'warmpool dead-letters list' shows "
                            "them")
         results = [{"key": key, "id": None, "result": result}]
@@ -478,15 +370,12 @@ def dead_purge(yes: bool, redis_config: RedisConfig, as_json: bool) -> None:
     JSON (--json): {"purged": N}
     """
     client, settings, _ = redis_config.connect()
-    from warmpool.queue.keyed import KeyedQueue
-
-    q = KeyedQueue(client, settings)
-    count = client.zcard(q.layout.xq)
+    count = Inspector(client, settings).stats().dead
     if count and not yes:
         if not sys.stdin.isatty():
             raise BadValue(f"refusing to drop {count} dead letters without --yes")
         click.confirm(f"Drop {count} dead letters for good?", abort=True)
-    purged = q.purge_dead() if count else 0
+    purged = KeyedQueue(client, settings).purge_dead() if count else 0
     if as_json:
         emit_json({"purged": purged})
     else:

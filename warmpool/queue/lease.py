@@ -84,6 +84,13 @@ def fence_of(value: str) -> int:
     return int(value.split("|", 1)[0])
 
 
+def process_of(holder: str) -> str:
+    """The process ("host:pid") of a holder token ("host:pid:thread:nonce.n"), as a
+    worker names itself (`Layout.worker`): how a lease is matched to its worker."""
+    parts = holder.split(":")
+    return ":".join(parts[:2]) if len(parts) >= 2 else holder
+
+
 class LeaseBook:
     """The leases this process holds; renews them all every `settings.renew_period`."""
 
