@@ -48,8 +48,12 @@ def declare(broker: RedisBroker, tag: str) -> dramatiq.Actor:
             assert guard is not None
             guard.lift_fence(int(os.environ.get("BENCH_FENCE_FLOOR", "0")))
         kube = Kube(connect(os.environ["KUBECONFIG"]))
-        claim_session(LiveReader(kube), kube, SessionKey(namespace, session), leases,
-                      PoolSettings())
+        result = claim_session(LiveReader(kube), kube, SessionKey(namespace, session), leases,
+                               PoolSettings())
+        if result.requeue:
+            # Plain dramatiq has no "run again later" but a failure: its Retries middleware
+            # runs the message again after its backoff.
+            raise RuntimeError(f"claim of {session} deferred: {result.message}")
 
     # = dramatiq.actor(bench_claim, ...), in the spelling its typed overloads take
     return dramatiq.actor(actor_name=ACTOR, queue_name=QUEUE, broker=broker)(bench_claim)

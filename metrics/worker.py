@@ -1,6 +1,7 @@
 """The series of worker processes, and what feeds them: a `QueueObserver` for the queue's
-events, `JobMetrics` around each handler, and the pool-state records the handlers leave in
-Redis for the scheduler's collectors.
+events, and `JobMetrics`, the one hook the run loop (`workers.handlers.run`) hands every job's
+`Result` to: it counts and times the job, and leaves the pool-state records in Redis that the
+scheduler's collectors export.
 
 Worker processes run in prometheus-client's multiprocess mode: each process writes its
 values to files in ``PROMETHEUS_MULTIPROC_DIR`` and the worker parent aggregates them per
@@ -39,19 +40,20 @@ from metrics.labels import (
     KINDS,
     LEASE_WAIT_BUCKETS,
     REFUSED_KINDS,
+    REQUEUE,
     RESULTS,
     SKIP_RESULTS,
     SUCCESS,
     kind_of,
 )
 from metrics.poolstate import PoolState, Stale
-from warmpool.pool.actions import ResetPods
+from warmpool.controller.result import Outcome, Result, Start
+from warmpool.keys import Key, PoolKey, parse_key
+from warmpool.pool.decide import Plan, State
 from warmpool.queue.lease import LeaseLost
 from warmpool.queue.observer import NullObserver, set_observer
 
 if TYPE_CHECKING:
-    from warmpool.controller.reconcile import ClaimResult, InstanceResult
-    from warmpool.keys import Key, PoolKey
     from warmpool.queue.jobs import JobContext, Jobs
 
 log = logging.getLogger(__name__)
@@ -298,25 +300,48 @@ def install() -> WorkerObserver:
     return observer
 
 
-# --- handler runs ----------------------------------------------------------------------------
+# --- job runs: the run loop's one hook ------------------------------------------------------
 
 class JobMetrics:
-    """Times one handler run and counts its result (see `RECONCILE`'s help). Inside, the
-    handler may set `attempts` (observe-decide-execute rounds it needed) or call
-    `requeue()` when it deferred itself."""
+    """The one metrics hook of the run loop, around every job: times it and counts its
+    result (see `RECONCILE`'s help); `record(result)` leaves what the job's `Result` says
+    about the pool in Redis for the collectors (the instance's state, a Session waiting or
+    not, the waiting Sessions a resync no longer lists), while the job still holds its
+    leases, and counts releases, claim latency and refused inputs."""
 
-    def __init__(self, kind: str, clock: Callable[[], float] = time.monotonic) -> None:
-        self.kind = kind
+    def __init__(self, ctx: JobContext, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ctx = ctx
+        self.kind = kind_of(ctx.key)
         self.clock = clock
-        self.attempts = 1
-        self.result: str | None = None
-
-    def requeue(self) -> None:
-        self.result = "requeue"
+        self.result: Result | None = None
+        self._resync_ms: int | None = None
 
     def __enter__(self) -> JobMetrics:
         self.started = self.clock()
+        if self.kind == "pool":  # before the resync reads: see `resync_done`
+            self._resync_ms = resync_started(self.ctx)
         return self
+
+    def record(self, result: Result) -> None:
+        self.result = result
+        ctx = self.ctx
+        if result.outcome is Outcome.BEHIND:
+            CACHE_BEHIND.labels(kind=self.kind).inc()
+            return
+        if result.outcome is Outcome.DEFERRED:
+            return
+        if result.plan is not None and result.instance is not None:
+            own = str(result.instance) == ctx.key
+            instance_done(ctx, result.instance.appdef, result.plan,
+                          key=None if own else str(result.instance),
+                          fence=None if own else result.fence)
+        if self.kind == "session":
+            claim_done(ctx, result)
+        elif self.kind == "pool":
+            key = parse_key(ctx.key)
+            assert isinstance(key, PoolKey)
+            resync_done(ctx, key, [k for k, _ in result.follow_ups], self._resync_ms,
+                        refused=result.outcome is Outcome.REFUSED)
 
     def __exit__(
         self,
@@ -325,7 +350,7 @@ class JobMetrics:
         tb: TracebackType | None,
     ) -> None:
         RECONCILE_DURATION.labels(kind=self.kind).observe(max(0.0, self.clock() - self.started))
-        RECONCILE.labels(kind=self.kind, result=classify(exc, self.result, self.attempts)).inc()
+        RECONCILE.labels(kind=self.kind, result=classify(exc, self.result)).inc()
         if exc is not None and isinstance(exc, _conflicts()[1]):
             FENCE_REGRESSIONS.labels(kind=self.kind).inc()
 
@@ -340,13 +365,15 @@ def _conflicts() -> tuple[type[Exception], type[Exception]]:
     return Conflict, FenceRegression
 
 
-def classify(exc: BaseException | None, result: str | None = None, attempts: int = 1) -> str:
+def classify(exc: BaseException | None, result: Result | None = None) -> str:
     """success | requeue | conflict | error, as `RECONCILE`'s help defines them."""
-    if exc is None:
-        return result or (CONFLICT if attempts > 1 else SUCCESS)
-    if isinstance(exc, _conflicts()):
-        return CONFLICT
-    return ERROR
+    if exc is not None:
+        return CONFLICT if isinstance(exc, _conflicts()) else ERROR
+    if result is None:
+        return SUCCESS
+    if result.outcome in (Outcome.DEFERRED, Outcome.BEHIND):
+        return REQUEUE
+    return CONFLICT if result.attempts > 1 else SUCCESS
 
 
 # --- pool state, recorded by the handlers ----------------------------------------------------
@@ -364,14 +391,14 @@ def pool_state(jobs: Jobs) -> PoolState:
         return state
 
 
-def instance_done(ctx: JobContext, appdef: str, result: InstanceResult,
+def instance_done(ctx: JobContext, appdef: str, plan: Plan,
                   key: str | None = None, fence: int | None = None) -> None:
-    """After an instance reconcile: record the instance's state, count a release.
+    """After an instance reconcile: record the instance's state, count a release (the plan
+    says it cleared a holder's traces, or the instance was recorded claimed and is not now).
 
     `key`/`fence`: an instance a claim job reconciled under that instance's lease (taken and
     given back within the job): the record is fence-ordered, so a later holder's wins."""
-    plan = result.plan
-    if plan.state == "invalid":
+    if plan.state is State.INVALID:
         return  # the AppDefinition is refused; the instance is left as it is
     try:
         ctx.ensure_held()  # a holder that lost its lease leaves the record to the new one
@@ -382,18 +409,16 @@ def instance_done(ctx: JobContext, appdef: str, result: InstanceResult,
     except redis.RedisError as exc:
         log.warning("recording the state of %s failed: %s", ctx.key, exc)
         return
-    if plan.state != "claimed" and (
-        previous == "claimed" or any(isinstance(a, ResetPods) for a in plan.actions)
-    ):
+    if plan.state is not State.CLAIMED and (previous == State.CLAIMED or plan.released):
         RELEASES.labels(appdefinition=appdef).inc()
 
 
-def claim_done(ctx: JobContext, result: ClaimResult, now: datetime | None = None) -> None:
+def claim_done(ctx: JobContext, result: Result, now: datetime | None = None) -> None:
     """After a claim: a waiting Session is recorded, any other outcome clears it; a claim's
     latency is observed; a refused Session counted."""
     state = pool_state(ctx.jobs)
     try:
-        if result.outcome == "waiting" and result.appdef:
+        if result.outcome is Outcome.WAITING and result.appdef:
             if state.waiting(ctx.key, result.appdef):
                 CLAIMS_WAITED.labels(appdefinition=result.appdef,
                                      limit=_wait_limit(result.message)).inc()
@@ -401,12 +426,12 @@ def claim_done(ctx: JobContext, result: ClaimResult, now: datetime | None = None
             state.not_waiting(ctx.key)
     except redis.RedisError as exc:
         log.warning("recording the claim of %s failed: %s", ctx.key, exc)
-    if result.outcome == "claimed" and result.appdef:
+    if result.outcome is Outcome.CLAIMED and result.appdef:
         seconds = seconds_since(result.session_created, now)
         if seconds is not None:
             CLAIM_DURATION.labels(appdefinition=result.appdef,
-                                  start=result.start or "warm").observe(seconds)
-    elif result.outcome == "error":
+                                  start=result.start or Start.WARM).observe(seconds)
+    elif result.outcome is Outcome.REFUSED:
         REFUSED.labels(kind="session").inc()
 
 
@@ -441,11 +466,6 @@ def resync_done(ctx: JobContext, key: PoolKey, keys: list[Key], started_ms: int 
         pool_state(ctx.jobs).prune_waiting(key.namespace, key.appdef, keep, started_ms)
     except redis.RedisError as exc:
         log.warning("pruning waiting Sessions of %s failed: %s", key, exc)
-
-
-def cache_behind(ctx: JobContext) -> None:
-    """The job's cache lagged behind its triggers: it was handed back to run again."""
-    CACHE_BEHIND.labels(kind=kind_of(ctx.key)).inc()
 
 
 def lease_busy(ctx: JobContext, key: str) -> None:

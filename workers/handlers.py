@@ -17,20 +17,17 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from dramatiq.brokers.redis import RedisBroker
 
 from metrics import worker as job_metrics
 from warmpool.controller.availability import ProbeRunner, SessionWrites, ssl_context
-from warmpool.controller.reconcile import (
-    Deferred,
-    Writes,
-    claim_session,
-    reconcile_instance,
-    resync_pool,
-)
+from warmpool.controller.reconcile import claim_session, reconcile_instance, resync_pool
+from warmpool.controller.result import Outcome, Result
 from warmpool.keys import InstanceKey, PoolKey, SessionKey, parse_key
 from warmpool.kube import kinds
 from warmpool.kube.api import Kube, connect
@@ -40,7 +37,6 @@ from warmpool.kube.reader import CachedReader, LiveReader, Reader
 from warmpool.pool import naming
 from warmpool.pool.availability import ProbeSettings, ProbeTarget
 from warmpool.pool.builders import PoolSettings
-from warmpool.pool.model import Invalid
 from warmpool.queue.jobs import JobContext
 from warmpool.queue.settings import QueueSettings
 from workers.runtime import on_broker, register, registered
@@ -63,7 +59,6 @@ DEFER_BASE, DEFER_CAP = 0.005, 0.5
 _kube: Kube | None = None
 _cache: ClusterCache | None = None
 _lock = threading.Lock()
-_defers: dict[str, int] = {}
 
 
 def kube() -> Kube:
@@ -102,7 +97,7 @@ def _start_cache(broker: RedisBroker, settings: QueueSettings) -> None:
     """Fill the cache before the worker takes jobs (its readiness waits for this); only in a
     worker that runs these handlers (a test may register others after importing this)."""
     handler = registered().get("instance")  # unwrapped: a benchmark's wrapper counts too
-    if handler is None or inspect.unwrap(handler) is not reconcile:
+    if handler is None or inspect.unwrap(handler) is not run:
         return
     c = cache()
     if not c.wait_synced(SYNC_WAIT):
@@ -177,8 +172,8 @@ def _still_holds(target: ProbeTarget) -> bool:
 
 
 def _ready_reader(ctx: JobContext, namespace: str) -> Reader | None:
-    """The reader to decide from once it has seen the key's triggers; else None, and the key
-    is handed back (with its triggers) to run again shortly."""
+    """The reader to decide from once it has seen the key's triggers; else None (the job's
+    outcome is then `BEHIND`, and the key runs again shortly with its triggers)."""
     reader = reader_for(namespace)
     if isinstance(reader, CachedReader) and reader.cache.wait_fresh(
             namespace, ctx.triggers, FRESHNESS_WAIT):
@@ -187,14 +182,7 @@ def _ready_reader(ctx: JobContext, namespace: str) -> Reader | None:
         return reader
     log.info("%s: the cache has not seen %s yet; running it again shortly", ctx.key,
              sorted(ctx.triggers))
-    job_metrics.cache_behind(ctx)
-    ctx.defer(0.1)
     return None
-
-
-def _note(ctx: JobContext, written: Writes, key: str | None = None) -> None:
-    for field, value in written:
-        ctx.note_write(field, value, key=None if key in (None, ctx.key) else key)
 
 
 class JobLeases:
@@ -217,74 +205,97 @@ class JobLeases:
                 self.ctx.release(lease)
 
 
-def reconcile(ctx: JobContext) -> None:
+# --- the jobs, by key kind, and the one loop that runs them --------------------------------
+
+K = TypeVar("K", InstanceKey, SessionKey, PoolKey)
+
+
+@dataclass(frozen=True)
+class Job(Generic[K]):
+    """A key kind's job: the key type it takes and the controller function it calls."""
+
+    key_type: type[K]
+    call: Callable[[JobContext, K, Reader], Result]
+
+
+def _reconcile(ctx: JobContext, key: InstanceKey, reader: Reader) -> Result:
+    return reconcile_instance(reader, kube(), key, ctx.lease, pool_settings(), prober=prober())
+
+
+def _claim(ctx: JobContext, key: SessionKey, reader: Reader) -> Result:
+    return claim_session(reader, kube(), key, JobLeases(ctx), pool_settings(), prober=prober())
+
+
+def _resync(ctx: JobContext, key: PoolKey, reader: Reader) -> Result:
+    return resync_pool(reader, kube(), key, pool_settings())
+
+
+#: The table of jobs (controller-runtime: one reconciler per kind, one handler loop).
+JOBS: dict[str, Job[Any]] = {
+    "instance": Job(InstanceKey, _reconcile),
+    "session": Job(SessionKey, _claim),
+    "pool": Job(PoolKey, _resync),
+}
+
+#: A job whose cache is behind runs again after this many seconds.
+BEHIND_RETRY = 0.1
+
+
+class Backoff:
+    """client-go's per-item exponential rate limiter, per process: a key that keeps
+    deferring (a lease it needs is busy) runs again after `base`, doubling each time to
+    `cap`; a run that does not defer forgets it. A key runs on one thread at a time, so no
+    two threads touch one key's count."""
+
+    def __init__(self, base: float, cap: float) -> None:
+        self.base, self.cap = base, cap
+        self._failures: dict[str, int] = {}
+
+    def when(self, key: str) -> float:
+        n = self._failures.get(key, 0)
+        self._failures[key] = n + 1
+        return min(self.cap, self.base * 2 ** n)
+
+    def forget(self, key: str) -> None:
+        self._failures.pop(key, None)
+
+
+_backoff = Backoff(DEFER_BASE, DEFER_CAP)
+
+
+def run(ctx: JobContext) -> None:
+    """Run the job of `ctx.key` and do what its `Result` asks, the same for every job.
+
+    In order: wait for the cache to see the key's triggers (else `BEHIND`); call the job;
+    record its guarded writes with the keys they were made under, so the watch events of
+    those writes do not run the keys again; put the key back if it asks (never by parking
+    this thread); hand the result to the one metrics hook (the pool's records are written
+    there, under the leases still held); add the follow-up keys.
+    """
     key = parse_key(ctx.key)
-    assert isinstance(key, InstanceKey)
-    with job_metrics.JobMetrics("instance") as m:
+    job = JOBS[key.kind]
+    if not isinstance(key, job.key_type):
+        raise TypeError(f"{ctx.key}: not a {job.key_type.__name__}")
+    with job_metrics.JobMetrics(ctx) as metrics:
         reader = _ready_reader(ctx, key.namespace)
-        if reader is None:
-            m.requeue()
-            return
-        result = reconcile_instance(reader, kube(), key, ctx.lease, pool_settings(),
-                                    prober=prober())
-        _note(ctx, result.written)
-        m.attempts = result.attempts
-        job_metrics.instance_done(ctx, key.appdef, result)  # under the lease: the pool gauges
-        if result.follow_ups:
-            ctx.jobs.queue.add_many((str(k), triggers) for k, triggers in result.follow_ups)
+        result = (job.call(ctx, key, reader) if reader is not None
+                  else Result(Outcome.BEHIND, requeue_after=BEHIND_RETRY))
+        for under, writes in result.written.items():
+            for field, value in writes:
+                ctx.note_write(field, value, key=None if under == ctx.key else under)
+        if result.requeue:
+            log.debug("%s deferred: %s", ctx.key, result.message)
+            ctx.defer(max(result.requeue_after or 0.0, _backoff.when(ctx.key)))
+        else:
+            _backoff.forget(ctx.key)
+            if result.requeue_after is not None:
+                ctx.defer(result.requeue_after)
+        metrics.record(result)
+    if result.follow_ups:
+        ctx.jobs.queue.add_many((str(k), triggers) if triggers is not None else str(k)
+                                for k, triggers in result.follow_ups)
 
 
-def claim(ctx: JobContext) -> None:
-    key = parse_key(ctx.key)
-    assert isinstance(key, SessionKey)
-    with job_metrics.JobMetrics("session") as m:
-        reader = _ready_reader(ctx, key.namespace)
-        if reader is None:
-            m.requeue()
-            return
-        try:
-            result = claim_session(reader, kube(), key, JobLeases(ctx), pool_settings(),
-                                   prober=prober())
-        except Deferred as exc:
-            # An instance this claim needs is leased by another job: try again in
-            # milliseconds (5 ms doubling, capped), never by parking this thread.
-            n = _defers.get(ctx.key, 0)
-            _defers[ctx.key] = n + 1
-            log.debug("claim %s deferred (%d): %s", key, n + 1, exc)
-            m.requeue()
-            ctx.defer(min(DEFER_CAP, max(exc.after, DEFER_BASE * 2 ** n)))
-            return
-        _defers.pop(ctx.key, None)
-        for ikey, written in result.written.items():
-            _note(ctx, written, ikey)
-        if result.instance is not None and result.instance_id is not None:
-            # The instance's own job would have recorded its state; its run is skipped now
-            # (the claim's writes are the claim's own), so the claim records it.
-            job_metrics.instance_done(
-                ctx, result.appdef, result.instance,
-                key=str(InstanceKey(key.namespace, result.appdef, result.instance_id)),
-                fence=result.instance_fence)
-        job_metrics.claim_done(ctx, result)
-        if result.follow_ups:
-            ctx.jobs.queue.add_many((str(k), triggers) for k, triggers in result.follow_ups)
-
-
-def resync(ctx: JobContext) -> None:
-    key = parse_key(ctx.key)
-    assert isinstance(key, PoolKey)
-    with job_metrics.JobMetrics("pool"):
-        reader = _ready_reader(ctx, key.namespace)
-        if reader is None:
-            return
-        started = job_metrics.resync_started(ctx)
-        keys = resync_pool(reader, kube(), key, pool_settings())
-        # An empty resync may be a refused AppDefinition: its Sessions still wait for it.
-        refused = not keys and isinstance(reader.appdef(key.namespace, key.appdef), Invalid)
-        job_metrics.resync_done(ctx, key, keys, started, refused=refused)
-        ctx.jobs.queue.add_many(str(k) for k in keys)
-
-
-register("instance", reconcile)
-register("session", claim)
-register("pool", resync)
+for _kind in JOBS:
+    register(_kind, run)
 on_broker(_start_cache)

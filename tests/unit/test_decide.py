@@ -44,14 +44,15 @@ def test_empty_slot_within_pool_creates_five_free_objects() -> None:
 
 def test_converged_free_instance_needs_nothing() -> None:
     a = appdef(min_instances=2)
-    assert plan(instance(a, 2), a).actions == []
+    p = plan(instance(a, 2), a)
+    assert p.actions == [] and not p.released
 
 
 def test_claimed_instance_above_min_is_kept_whole_the_defect() -> None:
     a = appdef(min_instances=2)
     s = session(instance=5, status="HANDLED")
     p = plan(instance(a, 5, holder=s), a, [s])
-    assert p.state == "claimed"
+    assert p.state == "claimed" and not p.released
     assert p.actions == []  # nothing deleted, nothing stripped
 
 
@@ -220,7 +221,7 @@ def test_release_clears_allow_list_first_resets_pod_and_unlabels_external_servic
     a = appdef(min_instances=2)
     gone = session(instance=1, deleting=True)
     p = plan(instance(a, 1, holder=gone), a, [gone])
-    assert p.state == "free"
+    assert p.state == "free" and p.released  # the metrics count releases from the plan
     kinds = [type(x) for x in p.actions]
     assert kinds[0] is Patch and p.actions[0].part is Part.EMAIL_CONFIGMAP
     assert p.actions[0].patch["data"] == {"authenticated-emails-list": ""}
@@ -273,7 +274,7 @@ def test_released_instance_above_min_is_deleted() -> None:
     a = appdef(min_instances=1)
     gone = session(instance=4, deleting=True)
     p = plan(instance(a, 4, holder=gone), a, [gone])
-    assert p.state == "retired" and len(of(p.actions, Delete)) == 5
+    assert p.state == "retired" and len(of(p.actions, Delete)) == 5 and p.released
 
 
 def test_appdefinition_deleted_keeps_claimed_instance_and_deletes_it_on_release() -> None:

@@ -5,26 +5,23 @@ default registry, as deltas (the series are process-wide)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 
-import fakeredis
 import pytest
-import redis
-from dramatiq.message import Message
 from prometheus_client import REGISTRY
 
 from metrics import worker as wm
 from metrics.labels import kind_of, reason_label
 from metrics.poolstate import PoolState
-from warmpool.controller.reconcile import ClaimResult, InstanceResult
-from warmpool.keys import PoolKey, SessionKey
+from warmpool.controller.result import Outcome, Result, Start
+from warmpool.keys import InstanceKey, PoolKey, SessionKey
 from warmpool.kube.api import Conflict
 from warmpool.kube.executor import FenceRegression
-from warmpool.pool.actions import ResetPods
-from warmpool.pool.decide import Plan
+from warmpool.pool.decide import Plan, State
 from warmpool.queue.jobs import JobContext, Jobs
-from warmpool.queue.settings import QueueSettings
+
+StartJob = Callable[[str], JobContext]
 
 
 def val(name: str, **labels: str) -> float:
@@ -146,36 +143,41 @@ def test_skips_by_reason() -> None:
                                      {"kind": "pool", "result": "weird"}) is None
 
 
-@pytest.mark.parametrize(("exc", "attempts", "requeue", "result"), [
-    (None, 1, False, "success"),
-    (None, 3, False, "conflict"),
-    (None, 1, True, "requeue"),
-    (Conflict("409"), 1, False, "conflict"),
-    (FenceRegression("newer fence"), 1, False, "conflict"),
-    (RuntimeError("boom"), 1, False, "error"),
+@pytest.mark.parametrize(("exc", "outcome", "attempts", "result"), [
+    (None, Outcome.RECONCILED, 1, "success"),
+    (None, Outcome.RECONCILED, 3, "conflict"),
+    (None, Outcome.DEFERRED, 1, "requeue"),
+    (None, Outcome.BEHIND, 1, "requeue"),
+    (Conflict("409"), None, 1, "conflict"),
+    (FenceRegression("newer fence"), None, 1, "conflict"),
+    (RuntimeError("boom"), None, 1, "error"),
 ])
-def test_job_results(exc: Exception | None, attempts: int, requeue: bool, result: str) -> None:
+def test_job_results(started_job: StartJob, exc: Exception | None, outcome: Outcome | None,
+                     attempts: int, result: str) -> None:
+    ctx = started_job("instance/ns1/java/9")
     before = val("warmpool_reconcile_total", kind="instance", result=result)
     fences = val("warmpool_fence_regressions_total", kind="instance")
     durations = val("warmpool_reconcile_duration_seconds_count", kind="instance")
+    behind = val("warmpool_cache_behind_total", kind="instance")
 
-    def run() -> None:
-        with wm.JobMetrics("instance") as m:
-            m.attempts = attempts
-            if requeue:
-                m.requeue()
+    def go() -> None:
+        with wm.JobMetrics(ctx) as m:
+            if outcome is not None:
+                m.record(Result(outcome, attempts=attempts))
             if exc is not None:
                 raise exc
 
     if exc is None:
-        run()
+        go()
     else:
         with pytest.raises(type(exc)):
-            run()
+            go()
     assert val("warmpool_reconcile_total", kind="instance", result=result) == before + 1
     assert val("warmpool_reconcile_duration_seconds_count", kind="instance") == durations + 1
     assert val("warmpool_fence_regressions_total", kind="instance") == fences + (
         1 if isinstance(exc, FenceRegression) else 0)
+    assert val("warmpool_cache_behind_total", kind="instance") == behind + (
+        1 if outcome is Outcome.BEHIND else 0)
 
 
 def test_every_known_label_value_starts_at_zero() -> None:
@@ -193,106 +195,72 @@ def test_every_known_label_value_starts_at_zero() -> None:
 # --- what the handlers record --------------------------------------------------------------------
 
 
-@pytest.fixture
-def client() -> redis.Redis:
-    return fakeredis.FakeRedis()
-
-
-@pytest.fixture
-def jobs(client: redis.Redis) -> Jobs:
-    settings = QueueSettings(redis_url="redis://unused", prefix="h:warmpool:",
-                             namespace="h:dramatiq")
-    return Jobs(client, settings, router=lambda key: "job")
-
-
-@pytest.fixture
-def run(jobs: Jobs) -> Iterator:  # type: ignore[type-arg]
-    """run(key) -> a JobContext holding key's lease (finished at teardown)."""
-    held: list[JobContext] = []
-
-    def start(key: str) -> JobContext:
-        jobs.queue.add(key)
-        lo = jobs.queue.layout
-        queue = lo.queue_of(key)  # claims have their own dramatiq queue
-        rid = jobs.client.lpop(lo.messages_list_of(queue))
-        msg = Message.decode(jobs.client.hget(lo.messages_of(queue), rid))
-        ctx = jobs.begin(msg.args[0], msg.message_id, ("", rid.decode()))
-        assert isinstance(ctx, JobContext)
-        held.append(ctx)
-        return ctx
-
-    yield start
-    for ctx in held:
-        if not ctx.lease.released:
-            jobs.finish(ctx)
-
-
 def state_of(jobs: Jobs, key: str) -> str | None:
     raw = jobs.client.hget(jobs.settings.prefix + "pool:state", key)
     return raw.decode() if raw is not None else None
 
 
-def result_of(state: str, *actions: object) -> InstanceResult:
-    return InstanceResult(Plan(state, None, list(actions)), writes=1, attempts=1)  # type: ignore[arg-type]
+def result_of(state: State, released: bool = False) -> Plan:
+    return Plan(state, None, [], released)
 
 
-def test_instance_states_and_releases(jobs: Jobs, run) -> None:  # type: ignore[no-untyped-def]
+def test_instance_states_and_releases(jobs: Jobs, started_job: StartJob) -> None:
     key = "instance/ns1/java/1"
     releases = val("warmpool_releases_total", appdefinition="java")
-    ctx = run(key)
-    wm.instance_done(ctx, "java", result_of("free"))
+    ctx = started_job(key)
+    wm.instance_done(ctx, "java", result_of(State.FREE))
     assert state_of(jobs, key) == f"java|free|{ctx.fence}"
     jobs.finish(ctx)
-    ctx = run(key)
-    wm.instance_done(ctx, "java", result_of("claimed"))
+    ctx = started_job(key)
+    wm.instance_done(ctx, "java", result_of(State.CLAIMED))
     jobs.finish(ctx)
     assert val("warmpool_releases_total", appdefinition="java") == releases
-    ctx = run(key)
-    wm.instance_done(ctx, "java", result_of("free"))  # was claimed: a release
+    ctx = started_job(key)
+    wm.instance_done(ctx, "java", result_of(State.FREE))  # was claimed: a release
     jobs.finish(ctx)
     assert val("warmpool_releases_total", appdefinition="java") == releases + 1
-    ctx = run(key)
-    wm.instance_done(ctx, "java", result_of("free", ResetPods("java-1")))  # traces cleared
+    ctx = started_job(key)
+    wm.instance_done(ctx, "java", result_of(State.FREE, released=True))  # traces cleared
     jobs.finish(ctx)
     assert val("warmpool_releases_total", appdefinition="java") == releases + 2
-    ctx = run(key)
-    wm.instance_done(ctx, "java", result_of("free"))  # free again: nothing released
+    ctx = started_job(key)
+    wm.instance_done(ctx, "java", result_of(State.FREE))  # free again: nothing released
     jobs.finish(ctx)
     assert val("warmpool_releases_total", appdefinition="java") == releases + 2
-    ctx = run(key)
-    wm.instance_done(ctx, "java", result_of("retired"))
+    ctx = started_job(key)
+    wm.instance_done(ctx, "java", result_of(State.RETIRED))
     assert state_of(jobs, key) is None
 
 
-def test_a_holder_that_lost_its_lease_records_nothing(jobs: Jobs, run) -> None:  # type: ignore[no-untyped-def]
+def test_a_holder_that_lost_its_lease_records_nothing(jobs: Jobs, started_job: StartJob) -> None:
     key = "instance/ns1/java/2"
-    ctx = run(key)
+    ctx = started_job(key)
     ctx.lease.lost = True
-    wm.instance_done(ctx, "java", result_of("claimed"))
+    wm.instance_done(ctx, "java", result_of(State.CLAIMED))
     assert state_of(jobs, key) is None
     # A newer holder's record is never overwritten by an older fence.
     PoolState(jobs.client, jobs.settings).record_instance(key, "java", "free", ctx.fence + 100)
-    ctx2 = run("instance/ns1/java/3")
+    ctx2 = started_job("instance/ns1/java/3")
     ctx2.key = key  # an older fence than the stored one
-    wm.instance_done(ctx2, "java", result_of("claimed"))
+    wm.instance_done(ctx2, "java", result_of(State.CLAIMED))
     assert state_of(jobs, key) == f"java|free|{ctx.fence + 100}"
 
 
-def test_invalid_appdefinition_leaves_the_record(jobs: Jobs, run) -> None:  # type: ignore[no-untyped-def]
+def test_invalid_appdefinition_leaves_the_record(jobs: Jobs, started_job: StartJob) -> None:
     key = "instance/ns1/java/4"
-    ctx = run(key)
-    wm.instance_done(ctx, "java", result_of("invalid"))
+    ctx = started_job(key)
+    wm.instance_done(ctx, "java", result_of(State.INVALID))
     assert state_of(jobs, key) is None
 
 
-def test_claims_waiting_latency_and_refusals(jobs: Jobs, run) -> None:  # type: ignore[no-untyped-def]
+def test_claims_waiting_latency_and_refusals(jobs: Jobs, started_job: StartJob) -> None:
     key = "session/ns1/alice-session"
     waiting_key = jobs.settings.prefix + "pool:waiting"
     waited = val("warmpool_claims_waited_total", appdefinition="java", limit="maxInstances")
     at_max = "Waiting for a free instance of java: all 5 instances it may have (maxInstances)"
     for _ in range(2):  # a Session that waits on is counted once, when it begins
-        ctx = run(key)
-        wm.claim_done(ctx, ClaimResult("waiting", appdef="java", message=at_max))
+        ctx = started_job(key)
+        wm.claim_done(ctx, Result(Outcome.WAITING, appdef="java", message=at_max))
         jobs.finish(ctx)
     assert jobs.client.hget(waiting_key, key).decode().startswith("java|")
     assert val("warmpool_claims_waited_total", appdefinition="java",
@@ -301,10 +269,11 @@ def test_claims_waiting_latency_and_refusals(jobs: Jobs, run) -> None:  # type: 
     for start in ("warm", "cold"):
         count = val("warmpool_claim_duration_seconds_count", appdefinition="java", start=start)
         total = val("warmpool_claim_duration_seconds_sum", appdefinition="java", start=start)
-        ctx = run(key)
+        ctx = started_job(key)
         now = datetime(2024, 5, 1, 12, 0, 42, tzinfo=UTC)
-        wm.claim_done(ctx, ClaimResult("claimed", 3, session_created="2024-05-01T12:00:00Z",
-                                       appdef="java", start=start), now=now)
+        wm.claim_done(ctx, Result(Outcome.CLAIMED, instance=InstanceKey("ns1", "java", 3),
+                                  session_created="2024-05-01T12:00:00Z", appdef="java",
+                                  start=Start(start)), now=now)
         jobs.finish(ctx)
         assert jobs.client.hget(waiting_key, key) is None
         assert val("warmpool_claim_duration_seconds_count", appdefinition="java",
@@ -313,18 +282,18 @@ def test_claims_waiting_latency_and_refusals(jobs: Jobs, run) -> None:  # type: 
                    start=start) == total + 42
 
     refused = val("warmpool_refused_inputs_total", kind="session")
-    ctx = run("session/ns1/bad")
-    wm.claim_done(ctx, ClaimResult("error", message="not an e-mail address", appdef="java"))
+    ctx = started_job("session/ns1/bad")
+    wm.claim_done(ctx, Result(Outcome.REFUSED, message="not an e-mail address", appdef="java"))
     assert val("warmpool_refused_inputs_total", kind="session") == refused + 1
 
 
 def test_resync_prunes_deleted_waiters_but_not_for_a_refused_appdefinition(
-    jobs: Jobs, run  # type: ignore[no-untyped-def]
+    jobs: Jobs, started_job: StartJob
 ) -> None:
     waiting_key = jobs.settings.prefix + "pool:waiting"
     jobs.client.hset(waiting_key, mapping={"session/ns1/gone": "java|1",
                                            "session/ns1/still": "java|1"})
-    ctx = run("pool/ns1/java")
+    ctx = started_job("pool/ns1/java")
     started = wm.resync_started(ctx)
     refused = val("warmpool_refused_inputs_total", kind="appdefinition")
     wm.resync_done(ctx, PoolKey("ns1", "java"), [], started, refused=True)
@@ -334,8 +303,8 @@ def test_resync_prunes_deleted_waiters_but_not_for_a_refused_appdefinition(
     assert {k.decode() for k in jobs.client.hkeys(waiting_key)} == {"session/ns1/still"}
 
 
-def test_lease_acquire_wait(jobs: Jobs, run) -> None:  # type: ignore[no-untyped-def]
-    ctx = run("session/ns1/s1")
+def test_lease_acquire_wait(jobs: Jobs, started_job: StartJob) -> None:
+    ctx = started_job("session/ns1/s1")
     count = val("warmpool_lease_acquire_wait_seconds_count", kind="instance")
     wm.lease_taken(ctx, "instance/ns1/java/1")  # never busy: nothing to observe
     assert val("warmpool_lease_acquire_wait_seconds_count", kind="instance") == count

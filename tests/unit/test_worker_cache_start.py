@@ -5,7 +5,6 @@ and is handed back until it has listed, and each of those hand-backs counts as a
 from __future__ import annotations
 
 import functools
-import importlib
 from types import ModuleType
 from typing import Any
 
@@ -13,14 +12,6 @@ import pytest
 
 from warmpool.queue.jobs import JobContext
 from workers import runtime
-
-
-@pytest.fixture
-def handlers() -> ModuleType:
-    # Imported under `using`: the import registers the real handlers, which would otherwise
-    # stay registered for every later test of the session.
-    with runtime.using({}):
-        return importlib.import_module("workers.handlers")
 
 
 class FakeCache:
@@ -45,8 +36,8 @@ def test_the_cache_is_filled_before_jobs_when_the_pool_handlers_run(
 ) -> None:
     fake = FakeCache()
     monkeypatch.setattr(handlers, "cache", lambda: fake)
-    fn = _wrapped(handlers.reconcile) if wrap else handlers.reconcile
-    with runtime.using({"instance": fn, "session": handlers.claim}):
+    fn = _wrapped(handlers.run) if wrap else handlers.run
+    with runtime.using({"instance": fn, "session": handlers.run}):
         handlers._start_cache(None, None)  # type: ignore[arg-type]
     assert fake.waited == [handlers.SYNC_WAIT]
 

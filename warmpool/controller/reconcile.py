@@ -1,11 +1,12 @@
 """The three jobs of the pool, as a controller-runtime style reconciler would write them.
 
-Each is observe → decide (pure, ``warmpool.pool``) → execute. Reads go through a `Reader`:
-a worker's watch-fed cache, or the API server itself (the sequential driver, tools). Either
-may be behind; every write is guarded so that a decision on a stale read is refused, and
-after a refusal (409) the next attempt reads the instance straight from the API server. The
-jobs are called by the queue's workers under the lease of their key, and by tests directly;
-they never decide which key runs where or when.
+Each is observe → decide (pure, ``warmpool.pool``) → execute, and returns one `Result`
+(`warmpool.controller.result`): its outcome, the keys to run next, whether to run again.
+Reads go through a `Reader`: a worker's watch-fed cache, or the API server itself (the
+sequential driver, tools). Either may be behind; every write is guarded so that a decision
+on a stale read is refused, and after a refusal (409) the next attempt reads the instance
+straight from the API server. The jobs are called by the queue's workers under the lease of
+their key, and by tests directly; they never decide which key runs where or when.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import contextlib
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from warmpool.controller.guard import Leases, Unguarded
+from warmpool.controller.result import FollowUp, Outcome, Result, Start, Writes
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Conflict, Kube, KubeError
 from warmpool.kube.executor import Executor, Prober, RouteWriteFailed, check_fence
@@ -48,7 +49,7 @@ from warmpool.pool.claim import (
     pool_facts,
     waiting_sessions,
 )
-from warmpool.pool.decide import Plan, decide_instance, unguarded_deletes
+from warmpool.pool.decide import Plan, State, decide_instance, unguarded_deletes
 from warmpool.pool.ingress import INGRESS_MISSING
 from warmpool.pool.instances import HolderIndex, InstanceView, holders, is_session_ref, refs
 from warmpool.pool.model import AppDefinition, Invalid, Session
@@ -58,29 +59,6 @@ from warmpool.pool.routes import ROUTE_FAILED, ROUTE_MISSING
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
-
-#: (field, version) pairs of guarded writes, as the queue's own-write tokens spell them.
-Writes = list[tuple[str, str]]
-#: A follow-up key and the versions its job must see before it decides.
-FollowUp = tuple[Key, dict[str, str]]
-
-
-class Deferred(Exception):
-    """The job could not take a lease it needs: run it again in `after` seconds."""
-
-    def __init__(self, reason: str, after: float = 0.005) -> None:
-        super().__init__(reason)
-        self.after = after
-
-
-@dataclass
-class InstanceResult:
-    plan: Plan
-    writes: int
-    attempts: int
-    # Claims to offer capacity to: the oldest waiting Sessions, as many as are free now.
-    follow_ups: list[FollowUp] = field(default_factory=list)
-    written: Writes = field(default_factory=list)
 
 
 def _known_holders(
@@ -110,11 +88,20 @@ def _known_holders(
 def reconcile_instance(
     reader: Reader, kube: Kube, key: InstanceKey, guard: Guard, settings: PoolSettings,
     *, prober: Prober | None = None,
-) -> InstanceResult:
+) -> Result:
     """Converge instance `key` to its desired state (pool-spec §4), including a release.
     `prober`: the process's URL probe, handed the holder's URL to watch (session-lifecycle
-    §2); None: no probe is started from here (tools, the sequential driver)."""
+    §2); None: no probe is started from here (tools, the sequential driver).
+
+    The result's follow-ups are the claims to offer capacity to: the oldest waiting
+    Sessions, as many as are free now."""
     ns = key.namespace
+
+    def result(plan: Plan, attempts: int, writes: int, follow_ups: list[FollowUp] | None = None,
+               outcome: Outcome = Outcome.RECONCILED) -> Result:
+        return Result(outcome, follow_ups or [], written={str(key): written}, plan=plan,
+                      instance=key, attempts=attempts, writes=writes)
+
     written: Writes = []
     fresh = False
     # Pods this job has reset already. A plan decided again after a conflict (with the garbage
@@ -127,7 +114,7 @@ def reconcile_instance(
         appdef = reader.appdef(ns, key.appdef, fresh=appdef_confirmed)
         if isinstance(appdef, Invalid):
             # Bad input never deletes anything: leave the instance exactly as it is.
-            return InstanceResult(Plan("invalid", None), 0, attempt, written=written)
+            return result(Plan(State.INVALID, None), attempt, 0, outcome=Outcome.REFUSED)
         sessions = reader.sessions(ns, key.appdef)
         view = reader.instance(ns, key.appdef, appdef, key.id, sessions, fresh=fresh)
         if fresh:
@@ -176,7 +163,7 @@ def reconcile_instance(
             _route_failed(kube, plan, exc)
             if not _permanent(exc.status):
                 raise  # the job fails and its key is retried with backoff
-            return InstanceResult(plan, len(executor.written), attempt, written=written)
+            return result(plan, attempt, len(executor.written))
         except Conflict as exc:
             log.info("instance %s: conflict (%s), reading it again", key, exc)
             written += executor.written
@@ -185,12 +172,12 @@ def reconcile_instance(
             continue
         written += executor.written
         follow_ups: list[FollowUp] = []
-        if appdef is not None and (plan.state in ("free", "outdated")
-                                   or (settings.burst and plan.state == "retired")):
+        if appdef is not None and (plan.state in (State.FREE, State.OUTDATED)
+                                   or (settings.burst and plan.state is State.RETIRED)):
             # A retirement leaves room for a burst: someone waiting at maxInstances may go.
             follow_ups = _wake_waiting(reader, ns, appdef, sessions, dict(written),
                                        settings.burst)
-        return InstanceResult(plan, writes, attempt, follow_ups, written)
+        return result(plan, attempt, writes, follow_ups)
     raise Conflict(f"instance {key}: still conflicting after {MAX_ATTEMPTS} attempts")
 
 
@@ -255,30 +242,6 @@ def _wake_waiting(
     waiting = waiting_sessions(facts, index)
     room = capacity(appdef, facts, burst)
     return [(SessionKey(namespace, s.name), triggers) for s in waiting[:room]]
-
-
-@dataclass
-class ClaimResult:
-    outcome: str  # "claimed" | "held" | "waiting" | "error" | "skipped" | "released" | "gone"
-    instance_id: int | None = None
-    message: str = ""
-    # The Session's metadata.creationTimestamp, for "Session created -> HANDLED" latency.
-    session_created: str = ""
-    appdef: str = ""
-    # Guarded writes by the key they were made under (the instance keys whose leases the
-    # claim took, and the claim's own key).
-    written: dict[str, Writes] = field(default_factory=dict)
-    # The next waiting Sessions to wake: a claim that got an instance hands on to them while
-    # the pool still has free ones (a release wakes only as many as it sees free, and one it
-    # wakes may already be claiming elsewhere: without the hand-on a free instance can sit
-    # idle while younger Sessions wait).
-    follow_ups: list[FollowUp] = field(default_factory=list)
-    # The reconcile of the instance claimed (or held), and the fence of its lease: for the
-    # pool's metrics, which an instance job would otherwise record.
-    instance: InstanceResult | None = None
-    instance_fence: int = 0
-    # "warm": a prewarmed instance was claimed; "cold": one made for the claim (burst).
-    start: str = ""
 
 
 def _set_status(
@@ -418,7 +381,7 @@ def _burst_write(
 def _release(
     reader: Reader, kube: Kube, key: SessionKey, session: Session | None, leases: Leases,
     settings: PoolSettings, prober: Prober | None,
-) -> ClaimResult:
+) -> Result:
     """A Session deleted (or being deleted): release what it holds, from its own key.
 
     The release is a reconcile of each instance its uid still holds, under that instance's
@@ -434,30 +397,30 @@ def _release(
     ns = key.namespace
     uid = session.uid if session is not None else reader.gone_session_uid(ns, key.session)
     if not uid:
-        return ClaimResult("gone")
-    out = ClaimResult("released")
+        return Result(Outcome.GONE)
+    out = Result(Outcome.RELEASED)
     for appdef_name, k in reader.holdings(ns, uid):
         ikey = InstanceKey(ns, appdef_name, k)
         with leases.try_lease(str(ikey)) as g:
             if g is None:
-                raise Deferred(f"instance {k} is busy")
+                return Result.deferred(f"instance {k} is busy")
             result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
-            out.instance_id, out.appdef, out.instance, out.instance_fence = (
-                k, appdef_name, result, g.fence)
+            out.plan, out.instance, out.fence, out.appdef = (
+                result.plan, ikey, g.fence, appdef_name)
         # The Session's deletion is accounted for on the instance too: this run began after
         # the cache had seen it (the claim job's trigger), so the instance key the scheduler
         # queued for the same deletion need not run again for it.
         cause = ((f"{v.SESSION_KIND}/{key.session}#gone", uid) if session is None
                  else (f"{v.SESSION_KIND}/{key.session}", session.resource_version))
-        out.written[str(ikey)] = [*result.written, cause]
+        out.written[str(ikey)] = [*result.written_under(ikey), cause]
         out.follow_ups += result.follow_ups
-    return out if out.instance is not None else ClaimResult("gone")
+    return out if out.instance is not None else Result(Outcome.GONE)
 
 
 def claim_session(
     reader: Reader, kube: Kube, key: SessionKey, leases: Leases, settings: PoolSettings,
     *, hand_on: bool = True, prober: Prober | None = None,
-) -> ClaimResult:
+) -> Result:
     """Give Session `key` the lowest free instance, or say why it waits or fails.
 
     Reads come from `reader` (for a worker, its cache: no request); the requests a claim
@@ -519,7 +482,7 @@ def claim_session(
                 continue
         match decision:
             case ClaimSkip(reason=reason):
-                return ClaimResult("skipped", message=reason)
+                return Result(Outcome.SKIPPED, message=reason)
             case ClaimError(message=message, code=code):
                 if session.status != v.STATUS_ERROR:
                     _set_status(kube, session, v.STATUS_ERROR, message, code)
@@ -529,7 +492,7 @@ def claim_session(
                         regarding={"kind": v.SESSION_KIND, "name": session.name,
                                    "apiVersion": v.SESSION_API_VERSION})])
                 _drop_route(reader, kube, session, settings)
-                return ClaimResult("error", message=message, appdef=session.appdef)
+                return Result(Outcome.REFUSED, message=message, appdef=session.appdef)
             case ClaimWait(message=message):
                 if message in (ROUTE_MISSING, INGRESS_MISSING) and session.message != message:
                     assert isinstance(appdef, AppDefinition)
@@ -542,33 +505,36 @@ def claim_session(
                                    "apiVersion": v.APPDEF_API_VERSION})])
                 _set_status(kube, session, v.STATUS_HANDLING, message)
                 _drop_route(reader, kube, session, settings)
-                return ClaimResult("waiting", message=message, appdef=session.appdef)
+                return Result(Outcome.WAITING, message=message, appdef=session.appdef)
             case ClaimHeld(instance_id=k):
                 ikey = InstanceKey(ns, session.appdef, k)
                 with leases.try_lease(str(ikey)) as g:
                     if g is None:
-                        raise Deferred(f"instance {k} is busy")
+                        return Result.deferred(f"instance {k} is busy")
                     result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
                     fence = g.fence
-                return ClaimResult("held", k, session_created=session.created,
-                                   appdef=session.appdef, written={str(ikey): result.written},
-                                   instance=result, instance_fence=fence)
+                return Result(Outcome.HELD, written=result.written, plan=result.plan,
+                              instance=ikey, fence=fence, attempts=result.attempts,
+                              writes=result.writes, appdef=session.appdef,
+                              session_created=session.created)
             case ClaimBurst(instance_id=k):
                 assert isinstance(appdef, AppDefinition)
                 ikey = InstanceKey(ns, appdef.name, k)
                 with leases.try_lease(str(ikey)) as g:
                     if g is None:
-                        raise Deferred(f"instance {k} is busy")
+                        return Result.deferred(f"instance {k} is busy")
                     made: Writes = []
                     if not _burst_write(reader, kube, appdef, k, session, sessions, g,
                                         settings, made):
                         continue  # made or used meanwhile: decide again on what is there
                     result = reconcile_instance(reader, kube, ikey, g, settings,
                                                 prober=prober)
-                    return ClaimResult("claimed", k, session_created=session.created,
-                                       appdef=session.appdef,
-                                       written={str(ikey): [*made, *result.written]},
-                                       instance=result, instance_fence=g.fence, start="cold")
+                    return Result(Outcome.CLAIMED,
+                                  written={str(ikey): [*made, *result.written_under(ikey)]},
+                                  plan=result.plan, instance=ikey, fence=g.fence,
+                                  attempts=result.attempts, writes=result.writes,
+                                  appdef=session.appdef, session_created=session.created,
+                                  start=Start.COLD)
             case ClaimTry(candidates=candidates):
                 assert isinstance(appdef, AppDefinition)
                 busy = False
@@ -578,7 +544,7 @@ def claim_session(
                         if g is None and i == 0:
                             # Our target is being reconciled (or claimed): wait for it rather
                             # than take a higher id than ours.
-                            raise Deferred(f"instance {k} is busy")
+                            return Result.deferred(f"instance {k} is busy")
                         if g is None:
                             busy = True
                             continue
@@ -587,33 +553,35 @@ def claim_session(
                                            written):
                             result = reconcile_instance(reader, kube, ikey, g, settings,
                                                         prober=prober)
-                            written += result.written
+                            written += result.written_under(ikey)
                             rest = [s for s in reader.sessions(ns, appdef.name)
                                     if s.uid != session.uid]
-                            return ClaimResult(
-                                "claimed", k, session_created=session.created,
-                                appdef=session.appdef, written={str(ikey): written},
-                                follow_ups=_wake_waiting(reader, ns, appdef, rest,
-                                                         dict(written), settings.burst)
-                                if hand_on else [],
-                                instance=result, instance_fence=g.fence, start="warm")
+                            return Result(
+                                Outcome.CLAIMED,
+                                _wake_waiting(reader, ns, appdef, rest, dict(written),
+                                              settings.burst) if hand_on else [],
+                                written={str(ikey): written}, plan=result.plan, instance=ikey,
+                                fence=g.fence, attempts=result.attempts, writes=result.writes,
+                                appdef=session.appdef, session_created=session.created,
+                                start=Start.WARM)
                         # Refused or taken: decide again from the top rather than try the
                         # next id. The read behind this decision was stale for k; it may be
                         # for this Session too (a deciding write of a previous attempt whose
                         # answer was lost), and the fresh read of k is now in the cache.
                         break
                 if busy:
-                    raise Deferred("every free instance was busy")
+                    return Result.deferred("every free instance was busy")
                 # The candidate was taken under our feet: look again.
-    raise Deferred("the pool kept changing under the claim", after=0.2)
+    return Result.deferred("the pool kept changing under the claim", after=0.2)
 
 
 def resync_pool(
     reader: Reader, kube: Kube, key: PoolKey, settings: PoolSettings, *,
     every_instance: bool = False,
-) -> list[Key]:
-    """The keys of one pool that have work: each instance whose decision, on this read, has
-    actions (or that references a Session the read does not know), each waiting claim.
+) -> Result:
+    """The keys of one pool that have work, as the result's follow-ups: each instance whose
+    decision, on this read, has actions (or that references a Session the read does not
+    know), each waiting claim. An invalid AppDefinition is reported and refused.
 
     A resync is the backstop for work whose key was lost (Redis lost it, a failover dropped
     the last writes): that work shows in the cache as an instance whose decision is not
@@ -630,7 +598,7 @@ def resync_pool(
             f"{appdef.message}",
             regarding={"kind": v.APPDEF_KIND, "name": key.appdef,
                        "apiVersion": v.APPDEF_API_VERSION})])
-        return []
+        return Result(Outcome.REFUSED, message=appdef.message)
     sessions = reader.sessions(key.namespace, key.appdef)
     if settings.routing and appdef is not None:
         _sweep_routes(reader, kube, appdef, sessions)
@@ -647,7 +615,8 @@ def resync_pool(
     facts = pool_facts(pool)
     keys += [SessionKey(key.namespace, s.name) for s in sessions
              if s.live and s.uid not in facts.referenced and s.status != v.STATUS_ERROR]
-    return keys
+    # No versions to wait for: a resync's keys reconcile fully.
+    return Result(Outcome.RESYNCED, [(k, None) for k in keys])
 
 
 def _sweep_routes(

@@ -11,18 +11,15 @@ import logging
 from collections import Counter, deque
 
 from warmpool.controller.guard import LocalLeases
-from warmpool.controller.reconcile import (
-    Deferred,
-    claim_session,
-    reconcile_instance,
-    resync_pool,
-)
+from warmpool.controller.reconcile import claim_session, reconcile_instance, resync_pool
+from warmpool.controller.result import Result
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Kube
 from warmpool.kube.executor import FenceRegression
 from warmpool.kube.reader import Clock, LiveReader, utc_now
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
+from warmpool.pool.parts import POOL_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +37,7 @@ def _fingerprint(
     kube: Kube, namespace: str, routes: bool = False
 ) -> frozenset[tuple[str, str, str]]:
     seen = set()
-    kinds = [("v1", "Service"), ("apps/v1", "Deployment"), ("v1", "ConfigMap"),
-             (v.SESSION_API_VERSION, v.SESSION_KIND)]
+    kinds = [*POOL_KINDS, (v.SESSION_API_VERSION, v.SESSION_KIND)]
     if routes:
         kinds.append((v.ROUTE_API_VERSION, v.ROUTE_KIND))
     for api_version, kind in kinds:
@@ -77,18 +73,23 @@ def run_until_quiet(
                 continue
             done.add(key)
             try:
+                result: Result
                 match key:
                     case PoolKey():
-                        queue.extend(resync_pool(reader, kube, key, settings, every_instance=True))
+                        result = resync_pool(reader, kube, key, settings, every_instance=True)
                     case InstanceKey():
                         with leases.try_lease(str(key)) as guard:
                             assert guard is not None
                             result = reconcile_instance(reader, kube, key, guard, settings)
-                            queue.extend(k for k, _ in result.follow_ups)
                     case SessionKey():
-                        claim_session(reader, kube, key, leases, settings, hand_on=False)
-            except Deferred as exc:  # single-threaded: nothing else can hold a lease
-                raise RuntimeError(f"{key} deferred in a sequential run: {exc}") from exc
+                        result = claim_session(reader, kube, key, leases, settings,
+                                               hand_on=False)
+                    case _:
+                        raise TypeError(f"no job for {key}")
+                if result.requeue or result.requeue_after is not None:
+                    # single-threaded: nothing else can hold a lease
+                    raise RuntimeError(f"{key} deferred in a sequential run: {result.message}")
+                queue.extend(k for k, _ in result.follow_ups)
             except FenceRegression:
                 # Written under a higher fence than ours (a worker's, or an earlier run's):
                 # the abort lifted the counter, so the key's next lease is above it.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 from warmpool.pool import builders, ingress, naming, routes
@@ -51,13 +52,33 @@ from warmpool.pool.model import AppDefinition, Session, session_error
 from warmpool.pool.parts import PARTS, Part
 
 
+class State(StrEnum):
+    """What an instance is converging to. The values are recorded in Redis for the pool's
+    gauges (`metrics.poolstate`) and are metric label values: never rename one."""
+
+    CLAIMED = "claimed"
+    FREE = "free"
+    #: Free, but one of its objects could not be replaced at the new generation.
+    OUTDATED = "outdated"
+    #: Above minInstances (or its AppDefinition gone): being deleted.
+    RETIRED = "retired"
+    #: Its AppDefinition is invalid: nothing is decided, the instance is left as it is.
+    INVALID = "invalid"
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The actions for one instance and the state it is converging to (for status and metrics)."""
+    """The actions for one instance and the state it is converging to (for status and metrics).
 
-    state: str  # "claimed" | "free" | "outdated" | "retired"
+    `released`: the instance still carried a holder's traces (a reference, a session label,
+    an e-mail) and no live holder, so this plan clears them: it ends (or finishes, after a
+    crash) a release. The metrics count releases from it, not from the actions.
+    """
+
+    state: State
     holder: Session | None
     actions: list[Action] = field(default_factory=list)
+    released: bool = False
 
 
 # --- small readers -------------------------------------------------------------------------
@@ -184,7 +205,7 @@ def _claimed(
                                             uid=holder.uid,
                                             first=holder.status == v.STATUS_NEW))
             actions.append(Report("ClaimNotCompleted", f"Session {holder.name}: {message}"))
-        return Plan("claimed", holder, actions)
+        return Plan(State.CLAIMED, holder, actions)
 
     email_written = False
     for part in PARTS:
@@ -276,7 +297,7 @@ def _claimed(
                                                 instance.id, url, appdef.name)))
     # An outdated generation is deliberately left alone while claimed: the session keeps
     # running, and the release refreshes the instance.
-    return Plan("claimed", holder, actions)
+    return Plan(State.CLAIMED, holder, actions)
 
 
 def _route(
@@ -390,7 +411,7 @@ def _free(
                 actions.append(_patch(part, obj, patch, "free (kept for its other owner)"))
         # An external Service kept for another owner is still what a claim writes: guard
         # the deletes of the rest with it, as a replacement does.
-        return Plan("retired", None, _claim_guard_first(instance, actions))
+        return Plan(State.RETIRED, None, _claim_guard_first(instance, actions), releasing)
 
     assert appdef is not None
     outdated = False
@@ -429,8 +450,8 @@ def _free(
             # resourceVersion, which a write after this would then find changed, every time.
             # Before the external Service is freed, which is what lets the next claim in.
             actions.append(ResetPods(naming.app_selector(appdef.spec_name, instance.id)))
-    return Plan("outdated" if outdated else "free", None,
-                _guard_reset(instance, _claim_guard_first(instance, actions)))
+    return Plan(State.OUTDATED if outdated else State.FREE, None,
+                _guard_reset(instance, _claim_guard_first(instance, actions)), releasing)
 
 
 def unguarded_deletes(instance: InstanceView, plan: Plan) -> bool:
