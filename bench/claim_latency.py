@@ -53,7 +53,7 @@ from bench.convergence import SequentialDriver
 from bench.machine import CpuMeter, LoadSampler
 from bench.report import Row, dur_summary, fmt_s, print_rows, say, verdict
 from bench.stack import Stack
-from bench.world import PoolCounter, create_appdef, create_session, set_min_instances
+from bench.world import PoolCounter, create_appdef, set_min_instances
 from warmpool.invariants import check
 from warmpool.kube.api import Kube, connect
 from warmpool.kube.reflector import Reflector, Watched
@@ -61,6 +61,7 @@ from warmpool.pool import vocabulary as v
 from warmpool.queue.embedded import resolve_redis_url
 from warmpool.queue.replies import text
 from warmpool.testing.apiproxy import ApiProxy, Traffic
+from warmpool.testing.world import create_session
 
 APPDEF = "java"
 GOAL_P99_CHURN = 0.5  # and 0 unserved: 20 Sessions/s during a 1,000 -> 100 scale-down

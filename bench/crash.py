@@ -36,7 +36,7 @@ from bench.cluster import (
 )
 from bench.report import Row, fmt_s, print_rows, say, verdict
 from bench.stack import Stack
-from bench.world import PoolCounter, create_appdef, create_session
+from bench.world import PoolCounter, create_appdef
 from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
 from warmpool.keys import SessionKey
@@ -49,6 +49,7 @@ from warmpool.queue.lease import holder_of
 from warmpool.queue.redis_conn import connect as redis_connect
 from warmpool.queue.replies import text
 from warmpool.testing.apiproxy import ApiProxy
+from warmpool.testing.world import create_session
 
 APPDEF = "java"
 POOL = 3

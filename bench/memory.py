@@ -29,12 +29,13 @@ from bench.cluster import (
 from bench.machine import hwm_mb
 from bench.report import Row, print_rows, say, verdict
 from bench.stack import Stack
-from bench.world import PoolCounter, create_appdef, create_session
+from bench.world import PoolCounter, create_appdef
 from warmpool.keys import PoolKey
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.queue.embedded import resolve_redis_url
 from warmpool.queue.keyed import KeyedQueue
+from warmpool.testing.world import create_session
 
 APPDEF = "java"
 GOAL_WORKER_MB = 120.0

@@ -1,6 +1,7 @@
-"""What a benchmark puts in the cluster and how it watches the result: AppDefinitions and
-Sessions made through the API, and a watch-fed count of the pool objects (counting costs no
-request, however often it is asked)."""
+"""What a benchmark puts in the cluster and how it watches the result: the test world's
+AppDefinitions (warmpool.testing.world; Sessions are that module's `create_session`) at the
+bench's scale, and a watch-fed count of the pool objects (counting costs no request, however
+often it is asked)."""
 
 from __future__ import annotations
 
@@ -15,45 +16,24 @@ from warmpool.kube.observe import POOL_SELECTOR
 from warmpool.kube.reflector import Reflector, Watched
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.builders import PoolSettings
 from warmpool.pool.model import MAX_INSTANCES_CEILING
-from warmpool.testing.gateway import ensure_shared_route
+from warmpool.testing import world
 
 POOL_KINDS = (("v1", "Service"), ("apps/v1", "Deployment"), ("v1", "ConfigMap"))
 PARTS_PER_INSTANCE = 5
 
 
 def create_appdef(kube: Kube, ns: str, name: str, min_instances: int) -> dict[str, Any]:
-    """The AppDefinition of the tests' world (tests/pool_world.py's create_appdef), and the
-    shared route it names."""
-    ensure_shared_route(kube, ns, "theia-cloud-demo-ws-ingress",
-                        hostnames=(PoolSettings().instances_host,))
-    return kube.create({
-        "apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"name": f"{name}-app", "image": "theiacloud/theia-cloud-demo:1.0", "uid": 101,
-                 "port": 3000, "ingressname": "theia-cloud-demo-ws-ingress",
-                 # At the controller's default ceiling (warmpool.pool.model): above it the
-                 # AppDefinition would be invalid and left as it is.
-                 "minInstances": min_instances, "maxInstances": MAX_INSTANCES_CEILING,
-                 "requestsCpu": "100m", "requestsMemory": "64Mi", "limitsCpu": "1",
-                 "limitsMemory": "512Mi"},
-    })
+    """The test world's AppDefinition (and the shared route it names) with maxInstances at
+    the controller's default ceiling (warmpool.pool.model): the most a pool may have (above
+    it the AppDefinition would be invalid and left as it is)."""
+    return world.create_appdef(kube, ns, name, min_instances=min_instances,
+                               max_instances=MAX_INSTANCES_CEILING)
 
 
 def set_min_instances(kube: Kube, ns: str, name: str, n: int) -> int:
     """Patch spec.minInstances; returns the AppDefinition's new metadata.generation."""
-    obj = kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, name,
-                           {"spec": {"minInstances": n}})
-    return int(obj["metadata"]["generation"])
-
-
-def create_session(kube: Kube, ns: str, name: str, user: str, appdef: str) -> dict[str, Any]:
-    return kube.create({
-        "apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"name": name, "appDefinition": appdef, "user": user, "workspace": "ws"},
-    })
+    return int(world.patch_appdef_spec(kube, ns, name, minInstances=n)["metadata"]["generation"])
 
 
 # ---- watching what the cluster holds --------------------------------------------------------
