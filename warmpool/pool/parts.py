@@ -46,3 +46,11 @@ class Part(Enum):
 #: The five objects of an instance, in release order.
 PARTS: tuple[Part, ...] = (Part.EMAIL_CONFIGMAP, Part.PROXY_CONFIGMAP, Part.DEPLOYMENT,
                            Part.INTERNAL_SERVICE, Part.EXTERNAL_SERVICE)
+
+#: The object kinds of the five, (apiVersion, kind), each once: what is listed and watched to
+#: see every pool object. Services first, ConfigMaps last (the five in reverse), the order
+#: every lister and watcher of them has always used.
+POOL_KINDS: tuple[tuple[str, str], ...] = tuple(
+    dict.fromkeys((p.api_version, p.kind) for p in reversed(PARTS)))
+#: Their kinds alone ("Service", "Deployment", "ConfigMap"): what a watch event names.
+POOL_KIND_NAMES: tuple[str, ...] = tuple(kind for _, kind in POOL_KINDS)
