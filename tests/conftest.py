@@ -12,6 +12,8 @@ Fixtures (use them by name as arguments):
 - `core_v1`, `apps_v1`, `custom_objects` (session): the API groups on `kube_api`.
 - `namespace` (function): a fresh, uniquely named namespace (its default ServiceAccount is
   ready, so pods can be created at once), deleted after the test.
+- `redis_url`, `redis_client`, `queue_settings`: a real Redis and a per-test key prefix
+  (tests/plugins/redis.py, registered below).
 
 Tests that use the cluster get the `cluster` marker automatically, so `-m "not cluster"` selects
 the rest; nothing is skipped: the fixtures build and start what is missing.
@@ -22,23 +24,21 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `from tests.waiting import wait_for` under plain `pytest` too
-    sys.path.insert(0, str(ROOT))
+from tests.waiting import wait_for
+from warmpool.cluster import local
 
-from kubernetes import client, config  # noqa: E402
-from kubernetes.client.rest import ApiException  # noqa: E402
-
-from tests.waiting import wait_for  # noqa: E402
-from warmpool.cluster import local  # noqa: E402
+# tests/ is a package (so is each folder under it): pytest puts the repository root on
+# sys.path, and `tests.<module>` imports work under plain `pytest` too.
+pytest_plugins = ["tests.plugins.redis"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,7 +17,6 @@ import pytest
 import redis
 import yaml
 
-from tests import redis_server
 from tests.cli_run import assert_one_line_error, clean_env, run, run_json
 from tests.pool_world import converge, held_instance, session
 from tests.redis_server import isolated
@@ -29,9 +28,6 @@ from warmpool.queue.redis_conn import connect
 from warmpool.queue.settings import QueueSettings
 from warmpool.testing.world import USERS, create_appdef, create_session, patch_appdef_spec
 from workers.process import WorkerPool
-
-redis_url = redis_server.redis_url
-redis_client = redis_server.redis_client
 
 BAD_USER = "ann@example.com,eve@example.org"  # two addresses: refused, never printed
 

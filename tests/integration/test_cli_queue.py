@@ -14,7 +14,6 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests import redis_server
 from tests.cli_run import assert_one_line_error, clean_env, run, run_json
 from tests.redis_server import isolated
 from tests.waiting import wait_for
@@ -25,9 +24,6 @@ from workers import probe
 from workers.process import WorkerPool
 
 pytestmark = pytest.mark.redis
-
-redis_url = redis_server.redis_url
-redis_client = redis_server.redis_client
 
 UNREACHABLE = "redis://127.0.0.1:1/0"
 

@@ -59,11 +59,6 @@ from tests.pool_world import (
     session,
     snapshot,
 )
-from tests.redis_server import (  # noqa: F401  (fixtures, used through getfixturevalue)
-    queue_settings,
-    redis_client,
-    redis_url,
-)
 from tests.unit.test_deploy_manifests import parse_cli
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo, free_port

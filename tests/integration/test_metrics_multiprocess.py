@@ -21,7 +21,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from metrics.exposition import MetricsServer, host_registry
-from tests.redis_server import delete_prefix, isolated, isolated_settings, redis_client, redis_url  # noqa: F401
+from tests.redis_server import isolated
 from tests.waiting import wait_for
 from warmpool.queue import Inspector, KeyedQueue, QueueSettings
 from workers import probe
@@ -57,7 +57,7 @@ def idle(samples: Samples) -> bool:
 
 
 @pytest.fixture
-def settings(redis_url: str, redis_client: redis.Redis) -> Iterator[QueueSettings]:  # noqa: F811
+def settings(redis_url: str, redis_client: redis.Redis) -> Iterator[QueueSettings]:
     # Short lease and heartbeat: a SIGKILLed worker's keys come back within seconds.
     with isolated(redis_url, redis_client, lease_ttl=2.0, heartbeat_timeout=2.0,
                   recovery_period=0.25, drain_timeout=5) as s:
@@ -86,7 +86,7 @@ def quiet(client: redis.Redis, settings: QueueSettings) -> bool:
 
 
 def test_sigkilled_and_restarted_worker_leaves_no_stale_or_negative_gauges(
-    settings: QueueSettings, redis_client: redis.Redis, tmp_path: Path  # noqa: F811
+    settings: QueueSettings, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     pool = WorkerPool(settings, processes=2, threads=2, modules=("workers.probe",),
                       env={"WARMPOOL_PROBE": "log"}, metrics_dir=tmp_path / "mp")
@@ -146,7 +146,7 @@ def test_sigkilled_and_restarted_worker_leaves_no_stale_or_negative_gauges(
 
 
 def test_worker_command_serves_the_host_and_reaps_a_crashed_child(
-    settings: QueueSettings, redis_client: redis.Redis, tmp_path: Path  # noqa: F811
+    settings: QueueSettings, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     """`warmpool worker`: the supervisor restarts a SIGKILLed child and its gauges go."""
     assert settings.redis_url

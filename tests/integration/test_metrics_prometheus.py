@@ -24,7 +24,6 @@ import yaml
 
 from metrics.exposition import MetricsServer, host_registry
 from scheduler.process import SchedulerProcess
-from tests.redis_server import queue_settings, redis_client, redis_url  # noqa: F401
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo, free_port
 from warmpool.invariants import check

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests import redis_server
 from tests.pool_world import converge, held_instance, instance_objects, session
 from tests.redis_server import isolated
 from warmpool.invariants import check
@@ -34,9 +33,6 @@ from warmpool.testing.world import (
     patch_appdef_spec,
 )
 from workers.process import WorkerPool
-
-redis_url = redis_server.redis_url
-redis_client = redis_server.redis_client
 
 
 @pytest.fixture

@@ -32,7 +32,6 @@ import dramatiq
 import pytest
 import redis
 
-from tests import redis_server
 from tests.redis_server import isolated
 from tests.waiting import wait_for
 from warmpool.queue.inspect import Inspector
@@ -45,8 +44,6 @@ from workers.process import WorkerPool
 
 pytestmark = pytest.mark.redis
 
-redis_url = redis_server.redis_url
-redis_client = redis_server.redis_client
 
 ROOT = Path(__file__).resolve().parents[2]
 SKEW = 30.0  # seconds: far beyond the heartbeat timeout

@@ -36,7 +36,8 @@ from pathlib import Path
 import pytest
 
 from scheduler.process import SchedulerProcess
-from tests.chaos.runner import PinnedKube, claim_problems, snapshot
+from tests.chaos.checks import claim_problems
+from tests.chaos.world import PinnedKube, snapshot
 from tests.integration.sentinel_cluster import SentinelCluster, sentinel_cluster
 from tests.integration.test_pool_concurrency import Watchdog, _uids
 from tests.integration.test_scheduler_processes import Stack, instance_count

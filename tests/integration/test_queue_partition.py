@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 import redis
 
-from tests import redis_server
 from tests.integration.test_pool_concurrency import Watchdog, _uids
 from tests.pool_world import held_instance, session
 from tests.redis_server import isolated
@@ -49,8 +48,6 @@ from workers.process import WorkerPool
 
 pytestmark = pytest.mark.redis
 
-redis_url = redis_server.redis_url
-redis_client = redis_server.redis_client
 
 CUT_OFF = "cut-off-worker"  # the API proxy's client name for worker A
 

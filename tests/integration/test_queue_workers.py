@@ -23,7 +23,6 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests import redis_server
 from tests.cli_run import ROOT
 from tests.redis_server import delete_prefix, isolated_settings
 from tests.waiting import wait_for
@@ -36,11 +35,6 @@ from workers.process import WorkerPool
 from workers.runtime import RunningWorker, start_worker
 
 pytestmark = pytest.mark.redis
-
-# fixtures (a real Redis; per-test key prefix)
-redis_url = redis_server.redis_url
-redis_client = redis_server.redis_client
-queue_settings = redis_server.queue_settings
 
 Record = tuple[str, str, float, float, int]
 
@@ -61,7 +55,7 @@ def runs_per_key(records: list[Record]) -> Counter[str]:
 def quiescent(client: redis.Redis, settings: QueueSettings) -> bool:
     """Nothing waiting, running, delayed or queued: no further run can happen."""
     s = Inspector(client, settings).stats()
-    return s.waiting == 0 and s.running == 0 and s.delayed == 0 and s.messages == 0
+    return s.idle and s.messages == 0
 
 
 def wait_quiescent(client: redis.Redis, settings: QueueSettings, timeout: float = 60) -> None:
@@ -179,13 +173,14 @@ def test_stop_drains_and_gives_back_prefetched_messages(
     running = start_worker(queue_settings, threads=2)
     wait_for(lambda: read_log(redis_client, queue_settings), timeout=30, interval=0.02)
     running.stop(timeout=30)
-    lo = Inspector(redis_client, queue_settings).layout
+    inspector = Inspector(redis_client, queue_settings)
     assert list(redis_client.scan_iter(match=f"{queue_settings.namespace}:__acks__.*")) == []
     done = set(runs_per_key(read_log(redis_client, queue_settings)))
-    waiting = {m.decode() for m in redis_client.smembers(lo.dirty)}
-    assert done | waiting == set(keys) and not done & waiting
-    assert redis_client.llen(lo.messages_list) == len(waiting)  # every waiting key has one
-    assert redis_client.zcard(lo.inflight) == 0
+    census = inspector.census()
+    assert done | census.waiting == set(keys) and not done & census.waiting
+    assert not census.running
+    # every waiting key has its message back on the list
+    assert redis_client.llen(inspector.layout.messages_list) == len(census.waiting)
     again = start_worker(queue_settings, threads=2)
     try:
         wait_quiescent(redis_client, queue_settings)

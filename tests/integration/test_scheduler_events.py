@@ -19,11 +19,6 @@ import redis
 from scheduler.app import Scheduler, SchedulerConfig
 from scheduler.leader import LeaderConfig
 from tests.producers import Recorder
-from tests.redis_server import (  # noqa: F401  (fixtures, used through getfixturevalue)
-    queue_settings,
-    redis_client,
-    redis_url,
-)
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
 from warmpool.kube.api import Kube, connect
@@ -324,7 +319,6 @@ def test_watch_resumed_from_a_compacted_revision_relists_and_loses_nothing(
     m = run.mark()
     create_session(kube, ns, "after", USERS[5])
     run.wait_added(m, f"session/{ns}/after")
-
 
 
 @pytest.mark.parametrize("mode", ["two-namespaces", "all-namespaces"])

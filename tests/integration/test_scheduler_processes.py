@@ -32,11 +32,6 @@ from tests.pool_world import (
     owner_kinds,
     session,
 )
-from tests.redis_server import (  # noqa: F401  (fixtures, used through getfixturevalue)
-    queue_settings,
-    redis_client,
-    redis_url,
-)
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check

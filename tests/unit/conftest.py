@@ -1,10 +1,7 @@
 """Shared fixtures of the unit tests."""
 
 import importlib
-
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -12,8 +9,6 @@ import fakeredis
 import pytest
 import redis
 from dramatiq.message import Message
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from warmpool.kube.cache import ClusterCache
 from warmpool.queue.jobs import JobContext, Jobs

@@ -3,8 +3,7 @@ spare id above the target; at maxInstances it waits, saying so."""
 
 from __future__ import annotations
 
-from pool_fixtures import appdef, instance, session
-
+from tests.unit.pool_fixtures import appdef, instance, session
 from warmpool.pool.claim import ClaimBurst, ClaimTry, ClaimWait, capacity, decide_claim, pool_facts
 from warmpool.pool.parts import Part
 

@@ -10,9 +10,8 @@ import time
 from collections import deque
 from typing import Any
 
-from pool_fixtures import appdef, instance, with_objects
-from pool_fixtures import session as model_session
-
+from tests.unit.pool_fixtures import appdef, instance, with_objects
+from tests.unit.pool_fixtures import session as model_session
 from tests.waiting import wait_for
 from warmpool.kube.cache import strip
 from warmpool.kube.reader import CachedReader

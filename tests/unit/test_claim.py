@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 
 import pytest
-from pool_fixtures import appdef, instance, session, with_objects
 
+from tests.unit.pool_fixtures import appdef, instance, session, with_objects
 from warmpool.pool import naming
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.claim import (

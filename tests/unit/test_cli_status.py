@@ -5,8 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pool_fixtures import observed
-
+from tests.unit.pool_fixtures import observed
 from warmpool.cli.status import pool_status
 from warmpool.pool import builders
 from warmpool.pool import vocabulary as v

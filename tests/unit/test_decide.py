@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from pool_fixtures import SETTINGS, appdef, instance, observed, session, with_objects
-
+from tests.unit.pool_fixtures import SETTINGS, appdef, instance, observed, session, with_objects
 from warmpool.pool import builders
 from warmpool.pool.actions import (
     AnnotateSession,

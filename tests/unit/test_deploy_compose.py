@@ -120,7 +120,7 @@ def test_services_of_the_stack(model: dict[str, Any]) -> None:
 
 
 def test_warmpool_commands_are_accepted_by_the_real_cli(model: dict[str, Any]) -> None:
-    from test_deploy_manifests import parse_cli
+    from tests.unit.test_deploy_manifests import parse_cli
 
     name, params = parse_cli(model["services"]["scheduler"]["command"])
     assert name == "scheduler" and params["health_host"] == "0.0.0.0"

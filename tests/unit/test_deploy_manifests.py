@@ -467,8 +467,7 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 def instance_pod_labels() -> dict[str, str]:
     """The labels of an instance's pod, as the controller builds its Deployment."""
-    from pool_fixtures import SETTINGS, appdef
-
+    from tests.unit.pool_fixtures import SETTINGS, appdef
     from warmpool.pool import builders
     from warmpool.pool.parts import Part
 
@@ -478,8 +477,7 @@ def instance_pod_labels() -> dict[str, str]:
 
 
 def proxy_port() -> int:
-    from pool_fixtures import SETTINGS, appdef
-
+    from tests.unit.pool_fixtures import SETTINGS, appdef
     from warmpool.pool import builders
     from warmpool.pool.parts import Part
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from pool_fixtures import appdef
-
+from tests.unit.pool_fixtures import appdef
 from warmpool.pool import ingress
 from warmpool.pool.builders import PoolSettings
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from pool_fixtures import appdef, instance, session
-
+from tests.unit.pool_fixtures import appdef, instance, session
 from warmpool.kube.observe import group_pool
 from warmpool.pool.parts import PARTS
 

@@ -4,8 +4,7 @@ know, is."""
 
 from __future__ import annotations
 
-from pool_fixtures import SETTINGS, appdef, instance, session
-
+from tests.unit.pool_fixtures import SETTINGS, appdef, instance, session
 from warmpool.controller.reconcile import _has_work
 from warmpool.keys import PoolKey
 from warmpool.pool.parts import Part

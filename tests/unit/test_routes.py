@@ -6,8 +6,7 @@ import dataclasses
 import json
 from typing import Any
 
-from pool_fixtures import appdef, instance, observed, session
-
+from tests.unit.pool_fixtures import appdef, instance, observed, session
 from warmpool.kube.executor import _waves
 from warmpool.pool import routes
 from warmpool.pool import vocabulary as v

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pool_fixtures import appdef
 
+from tests.unit.pool_fixtures import appdef
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import Invalid
 from warmpool.pool.schedule import (

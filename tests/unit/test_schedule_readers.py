@@ -7,8 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from test_readers_validate import NS, Listed, appdef_obj
-
+from tests.unit.test_readers_validate import NS, Listed, appdef_obj
 from warmpool.kube.cache import ClusterCache
 from warmpool.kube.reader import CachedReader, LiveReader
 from warmpool.pool import vocabulary as v

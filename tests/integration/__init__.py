@@ -1,0 +1,1 @@
+"""Integration tests: the real Redis and a real kube-apiserver+etcd (session fixtures)."""
