@@ -1,4 +1,4 @@
-"""Chaos tests: seeded operations and faults against the real system (see runner.py).
+"""Chaos tests: seeded operations and faults against the real system (see run.py).
 
 CI tier: `pytest -m chaos` (tests/chaos/test_chaos.py). Long tier, on demand:
 `python -m tests.chaos --seeds 1,2,3 --ops 10000` (writes docs/reliability.md figures) or

@@ -21,8 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.chaos.config import ROOT, ChaosConfig
+from tests.chaos.faults import fault_kinds
 from tests.chaos.report import figures, write_figures
-from tests.chaos.runner import ROOT, ChaosConfig, ChaosResult, fault_kinds, run_chaos
+from tests.chaos.run import ChaosResult, run_chaos
 from warmpool.cluster import local
 
 EXIT_ENVIRONMENT = 3  # the control plane died under the run: run the same command again
@@ -46,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "redis_failover [default: 0, one Redis server]")
     p.add_argument("--kinds", default=None,
                    help="comma-separated fault kinds to inject [default: every kind that "
-                   "fits the Redis: see FAULT_KINDS in tests/chaos/runner.py]")
+                   "fits the Redis: see FAULT_KINDS in tests/chaos/faults.py]")
     p.add_argument("--report", type=Path, default=ROOT / "docs" / "reliability.md",
                    help="where to write the figures ('-': nowhere)")
     p.add_argument("--workdir", type=Path, default=None)

@@ -8,7 +8,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from tests.chaos.runner import ChaosResult
+from tests.chaos.run import ChaosResult
 
 BEGIN = "<!-- chaos-figures:begin -->"
 END = "<!-- chaos-figures:end -->"

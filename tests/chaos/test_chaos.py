@@ -1,4 +1,4 @@
-"""The chaos tiers (see runner.py for what a run does and checks).
+"""The chaos tiers (see run.py for what a run does and checks).
 
 CI tier (`-m chaos`): three seeds of 90 operations and about a dozen faults each, every fault
 kind in every seed (`watch_lag` included: one worker's watch events 3-8 s late for 10-20 s;
@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.config import ROOT, ChaosConfig
 from tests.chaos.conftest import option
 from tests.chaos.report import figures, write_figures
-from tests.chaos.runner import ROOT, ChaosConfig, run_chaos
+from tests.chaos.run import run_chaos
 from warmpool.cluster.local import ClusterInfo
 
 CI_SEEDS = (1, 2, 3)

@@ -7,13 +7,8 @@ import random
 
 import pytest
 
-from tests.chaos.runner import (
-    SENTINEL_KINDS,
-    SINGLE_REDIS_KINDS,
-    ChaosConfig,
-    fault_kinds,
-    plan_faults,
-)
+from tests.chaos.config import ChaosConfig
+from tests.chaos.faults import SENTINEL_KINDS, SINGLE_REDIS_KINDS, fault_kinds, plan_faults
 
 
 def planned(cfg: ChaosConfig) -> set[str]:
