@@ -1,6 +1,7 @@
 """`warmpool demo`: the seed's defect, replayed against the real system, with a verdict.
 
-It starts everything on this machine (control plane, embedded Redis, scheduler, workers), then
+It starts everything on this machine (control plane, then `warmpool.harness`: a Redis of its
+own, a scheduler, the `warmpool worker` command), then
 acts as a person and Theia Cloud would: an AppDefinition, Sessions claiming instances, the admin
 lowering minInstances below claimed ids (what made the Java operator delete live allow-lists),
 Sessions ending. The controller is never called directly; the demo only writes to the API server
@@ -21,6 +22,8 @@ from rich.live import Live
 from rich.table import Table
 
 from warmpool import invariants
+from warmpool.cluster import local
+from warmpool.harness import System, SystemOptions
 from warmpool.kube.api import Kube, KubeError, connect
 from warmpool.kube.observe import group_pool, list_pool_objects, list_session_routes
 from warmpool.pool import vocabulary as v
@@ -29,7 +32,6 @@ from warmpool.pool.instances import holders
 from warmpool.pool.model import parse_session
 from warmpool.pool.parts import Part
 from warmpool.pool.routes import route_name
-from warmpool.stack import LocalStack
 from warmpool.testing.gateway import ensure_shared_route
 
 NAMESPACE = "warmpool-demo"
@@ -95,35 +97,53 @@ def demo(keep: bool, workers: int, threads: int, timeout: float) -> None:
     urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     console = Console(width=min(Console().width, 80))
     state = Path(os.environ.get("WARMPOOL_STATE", Path.home() / ".local/state/warmpool")) / "demo"
-    stack = LocalStack(state, NAMESPACE, workers=workers, threads=threads)
+    redis_url = os.environ.get("WARMPOOL_REDIS_URL")
     timeline = Timeline()
     ok = False
+    cluster: local.ClusterInfo | None = None
+    system: System | None = None
+    running = False
     try:
         console.print("[bold]warmpool demo[/]: starting the local control plane …")
-        stack.start_cluster()
+        if not local.binaries_present():
+            local.build(progress=True)
+        cluster = local.up(state / "cluster")
         timeline.add("control plane up")
-        stack.start_redis()
-        timeline.add("Redis " + ("from WARMPOOL_REDIS_URL" if os.environ.get(
-            "WARMPOOL_REDIS_URL") else "embedded"))
-        assert stack.cluster is not None
-        kube = Kube(connect(str(stack.cluster.kubeconfig)))
+        kube = Kube(connect(str(cluster.kubeconfig)))
         _fresh_namespace(kube)
-        stack.start_workers()
-        stack.start_scheduler()
+        system = System(cluster, SystemOptions(
+            namespaces=[NAMESPACE], workers=workers, threads=threads,
+            # One `warmpool worker` supervisor, as deployed: it serves the workers' metrics
+            # and, with --keep, outlives the demo.
+            worker_command=True,
+            # WARMPOOL_REDIS_URL's server, else one of our own; the queue's default keys
+            # either way, so `warmpool queue` and friends read it as they are.
+            redis=redis_url or "private", tag=None,
+            workdir=state, log_dir=state / "logs",
+            # No gateway in the local stack routes to an instance: the URL comes with
+            # HANDLED (session-lifecycle §2, the probe switched off).
+            env={"WARMPOOL_URL_PROBE": os.environ.get("WARMPOOL_URL_PROBE", "off"),
+                 "WARMPOOL_NAMESPACE": NAMESPACE}))
+        system.start()
+        running = True
+        timeline.add("Redis " + ("from WARMPOOL_REDIS_URL" if redis_url else "embedded"))
         timeline.add(f"scheduler + {workers} worker processes x {threads} threads")
-        ok = _scenario(kube, stack, timeline, console, timeout)
+        ok = _scenario(kube, system, timeline, console, timeout)
     finally:
-        if keep and stack.cluster is not None:
+        if keep and cluster is not None and system is not None and running:
             metrics = "".join(f"\n  {name} metrics: {url}"
-                              for name, url in stack.metrics_urls().items())
-            pids = " ".join(map(str, stack.detach()))
-            console.print(f"left running.\n  export KUBECONFIG={stack.cluster.kubeconfig}\n"
-                          f"  export WARMPOOL_REDIS_URL={stack.redis_url}{metrics}\n"
-                          f"  logs: {state / 'logs'}\n"
+                              for name, url in system.metrics_urls().items())
+            pids = " ".join(map(str, system.detach()))
+            console.print(f"left running.\n  export KUBECONFIG={cluster.kubeconfig}\n"
+                          f"  export WARMPOOL_REDIS_URL={system.redis.url}{metrics}\n"
+                          f"  logs: {system.log_dir}\n"
                           f"to stop: kill {pids}; warmpool cluster down --state-dir "
                           f"{state / 'cluster'}")
         else:
-            stack.stop()
+            if system is not None:
+                system.stop()
+            if cluster is not None:
+                local.down(state / "cluster")
     raise SystemExit(0 if ok else 1)
 
 
@@ -149,7 +169,7 @@ def _wait(predicate: Callable[[], bool], timeout: float, tick: Callable[[], None
     return False
 
 
-def _scenario(kube: Kube, stack: LocalStack, timeline: Timeline, console: Console,
+def _scenario(kube: Kube, system: System, timeline: Timeline, console: Console,
               timeout: float) -> bool:
     def quiet() -> bool:
         return not invariants.check(kube, NAMESPACE, quiet=True)
@@ -157,14 +177,18 @@ def _scenario(kube: Kube, stack: LocalStack, timeline: Timeline, console: Consol
     with Live(console=console, refresh_per_second=4) as live:
         def tick() -> None:
             live.update(Group(pool_table(kube), timeline.table()))
-            if dead := stack.dead():
+            if dead := system.dead():
                 raise click.ClickException(f"{', '.join(dead)} exited; see "
-                                           f"{stack.log_path(dead[0])}")
+                                           f"{system.log_path(dead[0])}")
 
         def step(text: str, action: Callable[[], object]) -> bool:
             timeline.add(text)
+            since = system.mark()
             action()
-            converged = _wait(quiet, timeout, tick)
+            # Converged: the invariants hold, and the work the action caused has run (a run
+            # since the mark, the queue idle: `System.wait_quiet`'s condition, polled here so
+            # the table stays live).
+            converged = _wait(lambda: quiet() and not system.quiet(since), timeout, tick)
             timeline.add("  converged" if converged else "  NOT converged in time")
             tick()
             return converged

@@ -52,6 +52,8 @@ class PrivateRedis:
         return self._url
 
     def start(self) -> PrivateRedis:
+        # A fresh server: no data an earlier run left in this directory (`restart` keeps it).
+        (self.data_dir / "dump.rdb").unlink(missing_ok=True)
         self.server.start()
         return self
 
