@@ -57,6 +57,11 @@ class QueueStats:
         """Waiting keys not running now: a worker may take them."""
         return max(0, self.waiting - self.rerun)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting, running or delayed: no run is owed (dead letters stay dead)."""
+        return self.waiting == 0 and self.running == 0 and self.delayed == 0
+
 
 @dataclass(frozen=True, slots=True)
 class QueueCensus:
