@@ -7,6 +7,9 @@ id, a Session name or an e-mail address, so a series' cardinality does not grow 
 
 from __future__ import annotations
 
+from warmpool.pool import vocabulary as v
+from warmpool.pool.parts import POOL_KIND_NAMES
+
 KINDS = ("instance", "session", "pool")
 OTHER_KIND = "other"  # a key of no known kind (never exported with the key itself)
 
@@ -21,7 +24,7 @@ POOL_STATES = ("free", "claimed", "outdated")
 SKIP_RESULTS = ("busy", "stale", "own")
 
 # warmpool_scheduler_*{kind}: the watched object kinds
-WATCHED_KINDS = ("AppDefinition", "Session", "Service", "Deployment", "ConfigMap")
+WATCHED_KINDS = (v.APPDEF_KIND, v.SESSION_KIND, *POOL_KIND_NAMES)
 EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED")
 RESYNC_REASONS = ("startup", "new_leader", "periodic", "redis_lost")
 

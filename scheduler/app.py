@@ -35,7 +35,7 @@ from scheduler.leader import LeaderConfig, LeaderElector
 from warmpool.controller.timeouts import TimeoutRunner, TimeoutSettings
 from warmpool.keys import Key, PoolKey
 from warmpool.kube.api import Kube, KubeError
-from warmpool.kube.observe import POOL_SELECTOR
+from warmpool.kube.observe import POOL_WATCHES
 from warmpool.kube.reflector import Backoff, Reflector, Watched
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import AppDefinition, Invalid, parse_appdefinition
@@ -52,9 +52,7 @@ log = logging.getLogger(__name__)
 WATCHED: tuple[Watched, ...] = (
     Watched(v.APPDEF_KIND, v.APPDEF_API_VERSION),
     Watched(v.SESSION_KIND, v.SESSION_API_VERSION),
-    Watched("Service", "v1", POOL_SELECTOR),
-    Watched("Deployment", "apps/v1", POOL_SELECTOR),
-    Watched("ConfigMap", "v1", POOL_SELECTOR),
+    *POOL_WATCHES,
 )
 #: Watched too with `SchedulerConfig.schedules` (the PoolSchedule CRD must exist).
 SCHEDULES = Watched(v.SCHEDULE_KIND, v.SCHEDULE_API_VERSION)

@@ -46,7 +46,9 @@ from warmpool.kube import reflector
 from warmpool.pool import naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.instances import is_appdef_ref, is_session_ref
+from warmpool.pool.meta import annotations_of, labels_of, meta_of, name_of, owner_refs
 from warmpool.pool.model import parse_instance_id
+from warmpool.pool.parts import POOL_KIND_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,6 @@ ADDED, MODIFIED, DELETED, EVENT_TYPES = reflector.ADDED, reflector.MODIFIED, ref
 
 APPDEF = v.APPDEF_KIND
 SESSION = v.SESSION_KIND
-POOL_KINDS = ("Service", "Deployment", "ConfigMap")
 ROUTE = v.ROUTE_KIND
 INGRESS = "Ingress"
 SCHEDULE = v.SCHEDULE_KIND
@@ -76,8 +77,7 @@ _DIGEST_SKIP_ANNOTATIONS = ("deployment.kubernetes.io/revision",)
 def digest(obj: Obj) -> str:
     """A short hash of everything a job could react to: the object without its status,
     resourceVersion and managedFields. Equal digests mean a status-only change."""
-    meta = {k: val for k, val in (obj.get("metadata") or {}).items()
-            if k not in _DIGEST_SKIP_META}
+    meta = {k: val for k, val in meta_of(obj).items() if k not in _DIGEST_SKIP_META}
     if meta.get("annotations"):
         meta["annotations"] = {k: val for k, val in meta["annotations"].items()
                                if k not in _DIGEST_SKIP_ANNOTATIONS}
@@ -87,21 +87,17 @@ def digest(obj: Obj) -> str:
     return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
-def _meta(obj: Obj | None) -> Mapping[str, Any]:
-    return (obj or {}).get("metadata") or {}
-
-
 def summarize(kind: str, obj: Obj) -> dict[str, Any]:
     """The stub a watch cache keeps for `obj`: object-shaped, so ``keys_for`` reads a stub
     (a tombstone after a relist) exactly like the full object."""
-    meta = _meta(obj)
+    meta = meta_of(obj)
     stub_meta: dict[str, Any] = {
         k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "generation",
                              "deletionTimestamp") if meta.get(k) is not None
     }
     stub: dict[str, Any] = {"kind": kind, "metadata": stub_meta, "digest": digest(obj)}
     if kind == SESSION:
-        instance = (meta.get("annotations") or {}).get(v.ANNOTATION_INSTANCE_ID)
+        instance = annotations_of(obj).get(v.ANNOTATION_INSTANCE_ID)
         if instance is not None:
             stub_meta["annotations"] = {v.ANNOTATION_INSTANCE_ID: instance}
         appdef = (obj.get("spec") or {}).get("appDefinition")
@@ -116,17 +112,17 @@ def summarize(kind: str, obj: Obj) -> dict[str, Any]:
         if kind == SCHEDULE and isinstance(obj.get("status"), Mapping):
             stub["status"] = dict(obj["status"])  # what the leader wrote last
     elif kind == ROUTE:
-        labels = meta.get("labels") or {}
+        labels = labels_of(obj)
         if routes.is_session_route(obj):
             stub_meta["labels"] = {k: labels[k] for k in (v.LABEL_COMPONENT, v.LABEL_PART_OF)}
             stub_meta["ownerReferences"] = [
                 {k: r.get(k) for k in ("apiVersion", "kind", "name", "uid")}
-                for r in meta.get("ownerReferences") or () if is_session_ref(r)]
+                for r in owner_refs(obj) if is_session_ref(r)]
             stub["spec"] = {"rules": [{"backendRefs": [
                 {"name": name} for name in sorted(routes.backends(obj))]}]}
-    elif kind in POOL_KINDS:
+    elif kind in POOL_KIND_NAMES:
         refs = [{k: r.get(k) for k in ("apiVersion", "kind", "name", "uid")}
-                for r in meta.get("ownerReferences") or ()
+                for r in owner_refs(obj)
                 if is_appdef_ref(r) or is_session_ref(r)]
         if refs:
             stub_meta["ownerReferences"] = refs
@@ -144,7 +140,7 @@ def changed(obj: Obj, old: Obj | None) -> bool:
 
 def instance_id(obj: Obj | None) -> int | None:
     # The workers' reading exactly ('²'.isdigit() is True, but int('²') raises).
-    return parse_instance_id((_meta(obj).get("annotations") or {}).get(v.ANNOTATION_INSTANCE_ID))
+    return parse_instance_id(annotations_of(obj).get(v.ANNOTATION_INSTANCE_ID))
 
 
 def session_appdef(obj: Obj | None) -> str | None:
@@ -182,14 +178,14 @@ def keys_for(
         return []
     if event_type == MODIFIED and not changed(obj, old_obj):
         return []
-    ns = _meta(obj).get("namespace") or _meta(old_obj).get("namespace")
+    ns = meta_of(obj).get("namespace") or meta_of(old_obj).get("namespace")
     if not ns:
         return []
     if kind == APPDEF:
         return _appdef_keys(ns, event_type, obj, old_obj)
     if kind == SESSION:
         return _session_keys(ns, event_type, obj, old_obj)
-    if kind in POOL_KINDS:
+    if kind in POOL_KIND_NAMES:
         return _pool_object_keys(kind, ns, obj, old_obj, session_appdef_of)
     if kind == ROUTE:
         return _route_keys(ns, obj, old_obj, session_appdef_of, routed_by)
@@ -197,7 +193,7 @@ def keys_for(
         return _unique(PoolKey(ns, a) for o in (obj, old_obj)
                        if (a := schedule_appdef(o)) is not None)
     if kind == INGRESS and event_type != MODIFIED:
-        name = str(_meta(obj).get("name") or "")
+        name = name_of(obj)
         return [PoolKey(ns, a) for a in (routed_by(ns, name) if routed_by else [])]
     return []
 
@@ -206,15 +202,14 @@ def _route_keys(
     ns: str, obj: Obj, old: Obj | None, lookup: SessionAppdef | None,
     routed_by: RoutedBy | None,
 ) -> list[Key]:
-    name = str(_meta(obj).get("name") or "")
+    name = name_of(obj)
     if not any(routes.is_session_route(o) for o in (obj, old) if o is not None):
         return [PoolKey(ns, a) for a in (routed_by(ns, name) if routed_by else [])]
     keys: list[Key] = []
     ids = sorted({k for o in (obj, old) if o is not None for service in routes.backends(o)
                   if (k := naming.instance_id_from_name(service)) is not None})
     sessions = {r["name"] for o in (obj, old) if o is not None
-                for r in _meta(o).get("ownerReferences") or ()
-                if is_session_ref(r) and r.get("name")}
+                for r in owner_refs(o) if is_session_ref(r) and r.get("name")}
     for session in sorted(sessions):
         appdef = lookup(ns, session) if lookup is not None else None
         if appdef and ids:
@@ -225,13 +220,13 @@ def _route_keys(
 
 
 def _appdef_keys(ns: str, event_type: str, obj: Obj, old: Obj | None) -> list[Key]:
-    name = _meta(obj).get("name")
+    name = meta_of(obj).get("name")
     if not name:
         return []
     key = PoolKey(ns, name)
     if event_type in (ADDED, DELETED) or old is None:
         return [key]
-    meta, old_meta = _meta(obj), _meta(old)
+    meta, old_meta = meta_of(obj), meta_of(old)
     if meta.get("generation") != old_meta.get("generation"):
         return [key]
     if meta.get("deletionTimestamp") and not old_meta.get("deletionTimestamp"):
@@ -240,12 +235,12 @@ def _appdef_keys(ns: str, event_type: str, obj: Obj, old: Obj | None) -> list[Ke
 
 
 def _session_keys(ns: str, event_type: str, obj: Obj, old: Obj | None) -> list[Key]:
-    name = _meta(obj).get("name")
+    name = meta_of(obj).get("name")
     if not name:
         return []
     appdef = session_appdef(obj) or session_appdef(old)
     k = instance_id(obj) or instance_id(old)
-    if event_type == DELETED or _meta(obj).get("deletionTimestamp"):
+    if event_type == DELETED or meta_of(obj).get("deletionTimestamp"):
         # The release: its own key first (the claims queue: the claim job releases whatever
         # the Session's uid still holds, ahead of bulk work), and the instance it holds, or
         # (claim in flight) its whole pool, as the rule that needs no index.
@@ -266,8 +261,8 @@ def _session_keys(ns: str, event_type: str, obj: Obj, old: Obj | None) -> list[K
 def _pool_object_keys(
     kind: str, ns: str, obj: Obj, old: Obj | None, lookup: SessionAppdef | None
 ) -> list[Key]:
-    name = _meta(obj).get("name") or ""
-    refs = [*(_meta(obj).get("ownerReferences") or ()), *(_meta(old).get("ownerReferences") or ())]
+    name = name_of(obj)
+    refs = [*owner_refs(obj), *owner_refs(old)]
     appdefs = [r["name"] for r in refs if is_appdef_ref(r) and r.get("name")]
     k = naming.instance_id_from_name(name)
     if appdefs:
@@ -288,7 +283,7 @@ def _pool_object_keys(
 def trigger(kind: str, event_type: str, obj: Obj) -> dict[str, str]:
     """The version a job caused by this event must see: `"<Kind>/<name>" -> resourceVersion`,
     or for a deletion `"<Kind>/<name>#gone" -> uid` (the queue's trigger syntax)."""
-    meta = _meta(obj)
+    meta = meta_of(obj)
     name = meta.get("name")
     if not name:
         return {}
@@ -312,12 +307,11 @@ def merge_triggers(into: dict[str, str], more: Mapping[str, str]) -> None:
 def appdef_names(kind: str, stub: Obj) -> set[str]:
     """The AppDefinitions a cached object names: the resync's pool keys come from these."""
     if kind == APPDEF:
-        name = _meta(stub).get("name")
+        name = meta_of(stub).get("name")
         return {name} if name else set()
     if kind == SESSION:
         appdef = session_appdef(stub)
         return {appdef} if appdef else set()
-    if kind in POOL_KINDS:
-        return {r["name"] for r in _meta(stub).get("ownerReferences") or ()
-                if is_appdef_ref(r) and r.get("name")}
+    if kind in POOL_KIND_NAMES:
+        return {r["name"] for r in owner_refs(stub) if is_appdef_ref(r) and r.get("name")}
     return set()

@@ -18,6 +18,7 @@ from warmpool.kube.api import Kube
 from warmpool.pool import builders, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.instances import HolderIndex, InstanceView, has_ref, refs
+from warmpool.pool.meta import labels_of
 from warmpool.pool.model import (
     AppDefinition,
     Session,
@@ -144,7 +145,7 @@ def _check_pool(
         elif k <= appdef.min_instances:
             for part in PARTS:
                 obj = inst.get(part)
-                gen = builders.labels_of(obj).get(v.LABEL_GENERATION) if obj else None
+                gen = labels_of(obj).get(v.LABEL_GENERATION) if obj else None
                 if gen != str(appdef.generation):
                     state = "missing" if obj is None else f"at generation {gen}"
                     out.append(Violation("I5", f"free instance {k} of {name}: {part.name} is "

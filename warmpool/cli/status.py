@@ -18,10 +18,11 @@ from warmpool.cli.config import KubeConfig, json_option, kube_options
 from warmpool.cli.errors import NotFound
 from warmpool.cli.output import Out, age, console, emit_json, escape, joined, redact, table
 from warmpool.kube.observe import group_pool
-from warmpool.pool import builders, routes
+from warmpool.pool import routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import pool_facts, waiting_sessions
 from warmpool.pool.instances import HolderIndex, InstanceView, release_markers
+from warmpool.pool.meta import labels_of, meta_of, uid_of
 from warmpool.pool.model import (
     AppDefinition,
     Invalid,
@@ -29,7 +30,7 @@ from warmpool.pool.model import (
     parse_appdefinition,
     parse_session,
 )
-from warmpool.pool.parts import PARTS, Part
+from warmpool.pool.parts import PARTS, POOL_KIND_NAMES, Part
 from warmpool.pool.schedule import (
     effective_target,
     next_change,
@@ -44,12 +45,7 @@ Obj = Mapping[str, Any]
 CONTROLLER_REASONS = frozenset(
     {"InvalidAppDefinition", "InvalidSession", "ForeignOwner", "InstanceConflict", "InvalidUser"}
 )
-POOL_KINDS = frozenset({"Service", "ConfigMap", "Deployment"})
 STATES = ("claimed", "free", "outdated", "starting", "releasing", "removing")
-
-
-def _meta(obj: Obj) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -75,7 +71,7 @@ def _instance(inst: InstanceView, min_instances: int | None,
     held = index.of(inst)
     existing = inst.existing()
     outdated = generation is not None and any(
-        builders.labels_of(obj).get(v.LABEL_GENERATION) != str(generation) for _, obj in existing)
+        labels_of(obj).get(v.LABEL_GENERATION) != str(generation) for _, obj in existing)
     if held:
         state = "claimed"
     elif release_markers(inst):
@@ -96,7 +92,7 @@ def _instance(inst: InstanceView, min_instances: int | None,
         "objects": len(existing),
         "outdated": outdated,
         "route": _route_state(held[0] if held else None, route_by_name,
-                              _meta(inst.get(Part.EXTERNAL_SERVICE) or {}).get("name")),
+                              meta_of(inst.get(Part.EXTERNAL_SERVICE)).get("name")),
         # status.url of the holder: "" until the instance answers (or with HANDLED)
         "url": (urls or {}).get(held[0].name, "") if held else None,
     }
@@ -104,7 +100,7 @@ def _instance(inst: InstanceView, min_instances: int | None,
 
 def _when(event: Obj) -> str:
     return str(event.get("lastTimestamp") or event.get("eventTime")
-               or _meta(event).get("creationTimestamp") or "")
+               or meta_of(event).get("creationTimestamp") or "")
 
 
 def _parse_time(text: str | None) -> datetime | None:
@@ -125,7 +121,7 @@ def _attribute(event: Obj, appdefs: Mapping[str, str], session_pool: Mapping[str
         return name
     if kind == v.SESSION_KIND:
         return session_pool.get(name)
-    if kind in POOL_KINDS:
+    if kind in POOL_KIND_NAMES:
         found = [a for a, uid in appdefs.items() if uid and uid[-12:] in name]
         return found[0] if len(found) == 1 else None
     # Namespace-wide reports (InstanceConflict, InvalidUser, ...) name Sessions in the text.
@@ -177,11 +173,11 @@ def pool_status(
     now = now or datetime.now(UTC)
     sessions = [parse_session(o) for o in session_items]
     route_by_name = (None if route_items is None
-                     else {str(_meta(r).get("name")): r for r in route_items})
-    urls = {str(_meta(o).get("name")): str((o.get("status") or {}).get("url") or "")
+                     else {str(meta_of(r).get("name")): r for r in route_items})
+    urls = {str(meta_of(o).get("name")): str((o.get("status") or {}).get("url") or "")
             for o in session_items}
     session_pool = {s.name: s.appdef for s in sessions}
-    appdef_uids = {str(_meta(a).get("name")): str(_meta(a).get("uid") or "") for a in appdef_items}
+    appdef_uids = {str(meta_of(a).get("name")): uid_of(a) for a in appdef_items}
     warnings = [e for e in event_items
                 if e.get("type") == "Warning" and e.get("reason") in CONTROLLER_REASONS]
     by_pool: dict[str | None, list[Obj]] = {}
@@ -190,14 +186,14 @@ def pool_status(
         by_pool.setdefault(pool if pool in appdef_uids else None, []).append(event)
 
     pools = []
-    for item in sorted(appdef_items, key=lambda a: str(_meta(a).get("name"))):
-        name = str(_meta(item).get("name"))
+    for item in sorted(appdef_items, key=lambda a: str(meta_of(a).get("name"))):
+        name = str(meta_of(item).get("name"))
         if only is not None and name != only:
             continue
         spec = item.get("spec") or {}
         parsed = parse_appdefinition(item)
         appdef = parsed if isinstance(parsed, AppDefinition) else None
-        generation = _int_or_none(_meta(item).get("generation"))
+        generation = _int_or_none(meta_of(item).get("generation"))
         schedules = [o for o in schedule_items
                      if (o.get("spec") or {}).get("appDefinition") == name]
         target, next_at = None, None
@@ -233,7 +229,7 @@ def pool_status(
             "target": target,
             "nextChange": next_at,
             "schedules": [_schedule_entry(o, appdef) for o in
-                          sorted(schedules, key=lambda o: str(_meta(o).get("name")))],
+                          sorted(schedules, key=lambda o: str(meta_of(o).get("name")))],
             "counts": counts,
             "instances": instances,
             "waiting": waiting,
@@ -252,7 +248,7 @@ def pool_status(
 
 def _schedule_entry(obj: Obj, appdef: AppDefinition | None) -> dict[str, Any]:
     parsed = parse_schedule(obj, appdef)
-    return {"name": str(_meta(obj).get("name")),
+    return {"name": str(meta_of(obj).get("name")),
             "valid": not isinstance(parsed, Invalid),
             "message": redact(parsed.message) if isinstance(parsed, Invalid) else "ok"}
 
@@ -360,7 +356,7 @@ def status(appdef: str | None, kube: KubeConfig, errors_limit: int, as_json: boo
     """
     client, namespace = kube.connect()
     appdefs, _ = client.list(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace)
-    if appdef is not None and not any(_meta(a).get("name") == appdef for a in appdefs):
+    if appdef is not None and not any(meta_of(a).get("name") == appdef for a in appdefs):
         raise NotFound(f"AppDefinition {appdef!r} not found in namespace {namespace!r}; "
                        f"'warmpool status -n {namespace}' lists those there")
     from warmpool.kube.observe import list_pool_objects, list_schedules, list_session_routes

@@ -36,11 +36,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from warmpool.kube.api import Kube
-from warmpool.kube.observe import POOL_SELECTOR, classify
+from warmpool.kube.observe import POOL_WATCHES, classify
 from warmpool.kube.reflector import DELETED, Backoff, Reflector, Watched, rv_int
 from warmpool.pool import naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.instances import holder_trace, is_session_ref
+from warmpool.pool.meta import meta_of, name_of, namespace_of, owner_refs, uid_of
 from warmpool.pool.model import Session, parse_session
 from warmpool.pool.parts import Part
 
@@ -50,9 +51,9 @@ Obj = dict[str, Any]
 
 APPDEFS = Watched(v.APPDEF_KIND, v.APPDEF_API_VERSION)
 SESSIONS = Watched(v.SESSION_KIND, v.SESSION_API_VERSION)
-SERVICES = Watched("Service", "v1", POOL_SELECTOR)
-DEPLOYMENTS = Watched("Deployment", "apps/v1", POOL_SELECTOR)
-CONFIGMAPS = Watched("ConfigMap", "v1", POOL_SELECTOR)
+_POOL_WATCH = {w.kind: w for w in POOL_WATCHES}
+# The Services' watch keeps an index of its own: who holds what (`referenced_by`).
+SERVICES = _POOL_WATCH[Part.EXTERNAL_SERVICE.kind]
 PROXY_TEMPLATE = Watched("ConfigMap", "v1", None,
                          f"metadata.name={v.NAMESPACE_PROXY_TEMPLATE}")
 # Every HTTPRoute of the namespace: the shared routes are found by name (an AppDefinition's
@@ -62,8 +63,7 @@ ROUTES = Watched(v.ROUTE_KIND, v.ROUTE_API_VERSION)
 INGRESSES = Watched("Ingress", "networking.k8s.io/v1")
 # Every PoolSchedule of the namespace: the readers raise each AppDefinition's target by them.
 SCHEDULES = Watched(v.SCHEDULE_KIND, v.SCHEDULE_API_VERSION)
-WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, SERVICES, DEPLOYMENTS, CONFIGMAPS,
-                                PROXY_TEMPLATE)
+WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, *POOL_WATCHES, PROXY_TEMPLATE)
 
 #: Deletions remembered per cache, for freshness checks (the oldest are forgotten first).
 TOMBSTONES = 20_000
@@ -71,8 +71,9 @@ TOMBSTONES = 20_000
 _META_DROP = ("managedFields",)
 
 
-def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: val for k, val in (obj.get("metadata") or {}).items() if k not in _META_DROP}
+def _stripped_meta(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the object's metadata, without what no decision reads: the cached copy's own."""
+    return {k: val for k, val in meta_of(obj).items() if k not in _META_DROP}
 
 
 def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
@@ -85,7 +86,7 @@ def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
     Session's status). The proxy template: its data.
     """
     out: Obj = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind") or kind,
-                "metadata": _meta(obj)}
+                "metadata": _stripped_meta(obj)}
     if kind in (v.APPDEF_KIND, v.SESSION_KIND, v.SCHEDULE_KIND, v.ROUTE_KIND, "Ingress"):
         out["spec"] = obj.get("spec")
         if kind == v.SESSION_KIND and obj.get("status") is not None:
@@ -184,12 +185,10 @@ class ClusterCache:
             return APPDEFS
         if kind == v.SESSION_KIND:
             return SESSIONS
-        if kind == "Service":
-            return SERVICES
-        if kind == "Deployment":
-            return DEPLOYMENTS
-        if kind == "ConfigMap":
-            return PROXY_TEMPLATE if name == v.NAMESPACE_PROXY_TEMPLATE else CONFIGMAPS
+        if kind == PROXY_TEMPLATE.kind and name == v.NAMESPACE_PROXY_TEMPLATE:
+            return PROXY_TEMPLATE
+        if kind in _POOL_WATCH:
+            return _POOL_WATCH[kind]
         if kind == v.ROUTE_KIND and self.routes:
             return ROUTES
         if kind == "Ingress" and self.ingresses:
@@ -256,7 +255,7 @@ class ClusterCache:
         """Every cached AppDefinition of `namespace`: an AppDefinition is valid only together
         with the others of its namespace (warmpool.pool.validate: selector collisions)."""
         return [o for o in self._reflector(APPDEFS, namespace).items()
-                if (o.get("metadata") or {}).get("namespace") == namespace]
+                if meta_of(o).get("namespace") == namespace]
 
     def schedules(self, namespace: str) -> list[Obj]:
         """Every cached PoolSchedule of `namespace` (none unless `watch_schedules`)."""
@@ -267,14 +266,14 @@ class ClusterCache:
     def items(self, kind: str, namespace: str) -> list[Obj]:
         """Every cached object of `kind` in `namespace` (a scan: for resyncs and sweeps)."""
         return [o for o in self._reflector(self._watched(kind, ""), namespace).items()
-                if (o.get("metadata") or {}).get("namespace") == namespace]
+                if meta_of(o).get("namespace") == namespace]
 
     def pool_objects(self, namespace: str) -> list[Obj]:
         """Every cached pool object of `namespace` (a scan: for resyncs and rare paths)."""
         out: list[Obj] = []
-        for watched in (SERVICES, DEPLOYMENTS, CONFIGMAPS):
+        for watched in POOL_WATCHES:
             out += [o for o in self._reflector(watched, namespace).items()
-                    if (o.get("metadata") or {}).get("namespace") == namespace]
+                    if meta_of(o).get("namespace") == namespace]
         return out
 
     def deleted(self, kind: str, namespace: str, name: str) -> bool:
@@ -313,7 +312,7 @@ class ClusterCache:
                 continue  # not a kind this cache keeps: nothing to wait for
             obj = self._reflector(watched, namespace).get(namespace, name)
             if gone:
-                if obj is not None and (obj.get("metadata") or {}).get("uid") == value:
+                if obj is not None and meta_of(obj).get("uid") == value:
                     return False
                 continue
             want = int(value) if value.isdigit() else 0
@@ -345,7 +344,7 @@ class ClusterCache:
 
     def offer(self, obj: Obj) -> None:
         """A version of an object read or written directly: kept if newer than the cache's."""
-        meta = obj.get("metadata") or {}
+        meta = meta_of(obj)
         kind, ns, name = str(obj.get("kind") or ""), meta.get("namespace"), meta.get("name")
         if not ns or not name:
             return
@@ -372,20 +371,18 @@ class ClusterCache:
 
     def _handler(self, watched: Watched) -> Callable[[str, Obj, Obj | None], None]:
         def handle(event_type: str, obj: Obj, old: Obj | None) -> None:
-            meta = obj.get("metadata") or {}
-            current = obj if event_type == DELETED else self._reflector(
-                watched, str(meta.get("namespace") or "")).get(
-                    str(meta.get("namespace") or ""), str(meta.get("name") or "")) or obj
+            ns = namespace_of(obj)
+            current = obj if event_type == DELETED else self._reflector(watched, ns).get(
+                ns, name_of(obj)) or obj
             self._index(watched, event_type, current, old)
         return handle
 
     def _index(self, watched: Watched, event_type: str, obj: Obj, old: Obj | None) -> None:
-        meta = obj.get("metadata") or {}
-        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        ns, name = namespace_of(obj), name_of(obj)
         with self._changed:
             if event_type == DELETED:
                 key = (watched.kind, ns, name)
-                self._tombstones[key] = (rv_int(obj), str(meta.get("uid") or ""))
+                self._tombstones[key] = (rv_int(obj), uid_of(obj))
                 self._tombstones.move_to_end(key)
                 while len(self._tombstones) > TOMBSTONES:
                     self._tombstones.popitem(last=False)
@@ -395,7 +392,7 @@ class ClusterCache:
                 self._index_holders(event_type, ns, name, obj, old)
             elif watched is ROUTES:
                 self._index_routes(event_type, ns, name, obj, old)
-            if watched in (SERVICES, DEPLOYMENTS, CONFIGMAPS):
+            if watched in POOL_WATCHES:
                 self._index_marks(event_type, ns, watched.kind, name, obj)
                 self._index_traces(event_type, ns, watched.kind, name, obj, old)
             self._changed.notify_all()
@@ -481,6 +478,6 @@ class ClusterCache:
 
 
 def _session_refs(obj: Mapping[str, Any] | None) -> Iterable[str]:
-    for ref in ((obj or {}).get("metadata") or {}).get("ownerReferences") or ():
+    for ref in owner_refs(obj):
         if is_session_ref(ref) and ref.get("uid"):
             yield str(ref["uid"])

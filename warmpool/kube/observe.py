@@ -6,14 +6,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from warmpool.kube.api import Kube, not_served
+from warmpool.kube.reflector import Watched
 from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.instances import InstanceView, is_appdef_ref, is_session_ref, refs
+from warmpool.pool.meta import labels_of, meta_of
 from warmpool.pool.model import AppDefinition, Invalid, Session, parse_appdefinition, parse_session
-from warmpool.pool.parts import PARTS, Part
+from warmpool.pool.parts import PARTS, POOL_KINDS, Part
 
 # Every pool object carries the generation label: one selector finds them all, in a watch too.
 POOL_SELECTOR = v.LABEL_GENERATION
+#: A watch of each kind of pool object, by that selector: what the workers' caches and the
+#: scheduler keep (Services, Deployments, ConfigMaps: `POOL_KINDS`' order).
+POOL_WATCHES: tuple[Watched, ...] = tuple(Watched(kind, api_version, POOL_SELECTOR)
+                                          for api_version, kind in POOL_KINDS)
 
 
 def read_appdef(kube: Kube, namespace: str, name: str) -> AppDefinition | Invalid | None:
@@ -95,7 +101,7 @@ def observe_instance(kube: Kube, appdef: AppDefinition, instance: int) -> Instan
 def classify(obj: Mapping[str, Any]) -> Part | None:
     """Which of the five an object is, from its kind and labels (when names cannot be computed)."""
     kind = obj.get("kind")
-    labels = builders.labels_of(obj)
+    labels = labels_of(obj)
     if kind == "Deployment":
         return Part.DEPLOYMENT
     if kind == "Service":
@@ -111,7 +117,7 @@ def classify(obj: Mapping[str, Any]) -> Part | None:
 def list_pool_objects(kube: Kube, namespace: str) -> list[dict[str, Any]]:
     """Every pool object in the namespace (three lists), each with its kind filled in."""
     out: list[dict[str, Any]] = []
-    for api_version, kind in (("v1", "Service"), ("apps/v1", "Deployment"), ("v1", "ConfigMap")):
+    for api_version, kind in POOL_KINDS:
         items, _ = kube.list(api_version, kind, namespace, label_selector=POOL_SELECTOR)
         for item in items:
             item.setdefault("kind", kind)
@@ -136,7 +142,7 @@ def group_pool(
     holder_uids = {s.uid for s in sessions if s.appdef == appdef_name}
     found: dict[int, dict[Part, dict[str, Any] | None]] = {}
     for obj in objects:
-        name = (obj.get("metadata") or {}).get("name", "")
+        name = meta_of(obj).get("name", "")
         k = naming.instance_id_from_name(name)
         part = classify(obj)
         if k is None or part is None:

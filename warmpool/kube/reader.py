@@ -30,6 +30,7 @@ from warmpool.pool import builders, naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import PoolFacts, pool_facts
 from warmpool.pool.instances import InstanceView, is_appdef_ref, is_session_ref, refs
+from warmpool.pool.meta import name_of, uid_of
 from warmpool.pool.model import (
     MAX_INSTANCES_CEILING,
     AppDefinition,
@@ -253,11 +254,12 @@ class LiveReader:
 def _labelled_services(kube: Kube, namespace: str, session_uid: str) -> list[Obj]:
     """The Services of `namespace` labelled with the Session uid (a claim's deciding write
     sets the label with the owner reference, in one patch)."""
-    items, _ = kube.list("v1", "Service", namespace,
+    service = Part.EXTERNAL_SERVICE
+    items, _ = kube.list(service.api_version, service.kind, namespace,
                          label_selector=f"{v.LABEL_SESSION_UUID}={session_uid}")
     for item in items:
-        item.setdefault("kind", "Service")
-        item.setdefault("apiVersion", "v1")
+        item.setdefault("kind", service.kind)
+        item.setdefault("apiVersion", service.api_version)
     return items
 
 
@@ -270,7 +272,7 @@ def _holdings(objects: Iterable[Obj], session_uid: str) -> list[tuple[str, int]]
         owners = refs(obj)
         if not any(is_session_ref(r) and r.get("uid") == session_uid for r in owners):
             continue
-        k = naming.instance_id_from_name(str(obj["metadata"].get("name") or ""))
+        k = naming.instance_id_from_name(name_of(obj))
         if k is not None:
             out |= {(str(r["name"]), k) for r in owners if is_appdef_ref(r) and r.get("name")}
     return sorted(out)
@@ -317,7 +319,7 @@ class CachedReader:
             if obj is None:
                 if cached is not None:
                     self.cache.offer_gone(v.APPDEF_KIND, namespace, name,
-                                          str((cached.get("metadata") or {}).get("uid") or ""))
+                                          uid_of(cached))
                 return None
             obj.setdefault("kind", v.APPDEF_KIND)
             self.cache.offer(obj)
@@ -423,7 +425,7 @@ class CachedReader:
                       *(r for uid in sorted(uids) if (r := self.cache.get(
                           v.ROUTE_KIND, namespace, routes.route_name(uid))) is not None)]
         if fresh:
-            names = {str(r["metadata"]["name"]) for r in candidates}
+            names = {name_of(r) for r in candidates}
             names |= {routes.route_name(uid) for uid in uids}
             candidates = []
             for name in sorted(names):
@@ -440,8 +442,7 @@ class CachedReader:
             if obj is not None:
                 self.cache.offer({**obj, "kind": part.kind})
             elif old is not None:
-                self.cache.offer_gone(part.kind, namespace, old["metadata"]["name"],
-                                      str(old["metadata"].get("uid") or ""))
+                self.cache.offer_gone(part.kind, namespace, name_of(old), uid_of(old))
 
     def instances(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
@@ -529,7 +530,7 @@ class CachedReader:
             self.cache.offer(obj)
         elif cached is not None:
             self.cache.offer_gone(kind, namespace, name,
-                                  str((cached.get("metadata") or {}).get("uid") or ""))
+                                  uid_of(cached))
         return obj
 
     def wrote(self, obj: Obj) -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.availability import ProbeSettings, session_url
+from warmpool.pool.meta import labels_of
 from warmpool.pool.model import CEILING_SETTING, MAX_INSTANCES_CEILING, AppDefinition, Session
 from warmpool.pool.parts import Part
 
@@ -235,14 +236,13 @@ def shape_hash(body: Mapping[str, Any]) -> str:
     meta = shape.setdefault("metadata", {})
     for key in ("ownerReferences", "annotations", "resourceVersion", "uid"):
         meta.pop(key, None)
-    meta["labels"] = {k: val for k, val in (meta.get("labels") or {}).items()
+    meta["labels"] = {k: val for k, val in labels_of(shape).items()
                       if k != v.LABEL_GENERATION and k not in v.SESSION_LABEL_KEYS}
     if v.EMAILS_KEY in (shape.get("data") or {}):
         shape["data"] = {**shape["data"], v.EMAILS_KEY: ""}
     template = (shape.get("spec") or {}).get("template")
     if template is not None:
-        labels = (template.get("metadata") or {}).get("labels") or {}
-        template["metadata"]["labels"] = {k: val for k, val in labels.items()
+        template["metadata"]["labels"] = {k: val for k, val in labels_of(template).items()
                                           if k != v.LABEL_GENERATION}
     raw = json.dumps(shape, sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
@@ -307,15 +307,3 @@ def _deployment_spec(
             },
         },
     }
-
-
-def owner_refs(obj: Mapping[str, Any] | None) -> Sequence[Mapping[str, Any]]:
-    if not obj:
-        return ()
-    return (obj.get("metadata") or {}).get("ownerReferences") or ()
-
-
-def labels_of(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
-    if not obj:
-        return {}
-    return (obj.get("metadata") or {}).get("labels") or {}

@@ -38,7 +38,6 @@ from warmpool.pool.builders import PoolSettings
 from warmpool.pool.instances import (
     InstanceView,
     Obj,
-    annotations_of,
     emails_of,
     has_ref,
     holders,
@@ -48,6 +47,7 @@ from warmpool.pool.instances import (
     refs,
     release_markers,
 )
+from warmpool.pool.meta import annotations_of, labels_of, meta_of
 from warmpool.pool.model import AppDefinition, Session, session_error
 from warmpool.pool.parts import PARTS, Part
 
@@ -83,16 +83,12 @@ class Plan:
 
 # --- small readers -------------------------------------------------------------------------
 
-def _meta(obj: Obj) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
 def _shape(obj: Obj) -> str | None:
     return annotations_of(obj).get(v.ANNOTATION_SHAPE)
 
 
 def _generation(obj: Obj) -> str | None:
-    return builders.labels_of(obj).get(v.LABEL_GENERATION)
+    return labels_of(obj).get(v.LABEL_GENERATION)
 
 
 
@@ -187,7 +183,7 @@ def _claimed(
             # The claim had done everything but its status (a write that failed, then the
             # AppDefinition went): the Session holds a whole instance, so it is HANDLED (it
             # would otherwise stay NEW until it ends; the long chaos tier, seed 12).
-            ext_name = _meta(instance.get(Part.EXTERNAL_SERVICE) or {}).get("name")
+            ext_name = meta_of(instance.get(Part.EXTERNAL_SERVICE)).get("name")
             actions.append(SetSessionStatus(holder.name, {
                 "operatorStatus": v.STATUS_HANDLED,
                 "operatorMessage": f"Instance {instance.id} of {holder.appdef} ({ext_name}); "
@@ -227,7 +223,7 @@ def _claimed(
         if wanted != current:
             patch.setdefault("metadata", {})["ownerReferences"] = wanted
         if part.is_service:
-            labels = builders.labels_of(obj)
+            labels = labels_of(obj)
             changed = {k: val for k, val in builders.session_labels(appdef, holder).items()
                        if labels.get(k) != val}
             if changed:
@@ -316,7 +312,7 @@ def _route(
     for stray in routes.stray_routes(instance.routes, holder.uid):
         actions.append(_delete(Part.ROUTE, stray, f"a route to instance {instance.id}, "
                                f"which {holder.name} holds"))
-    live = next((r for r in instance.routes if _meta(r).get("name") == mine), None)
+    live = next((r for r in instance.routes if meta_of(r).get("name") == mine), None)
     if shared is None:
         return live is not None
     desired = routes.desired_route(appdef, instance.id, holder, shared, settings)
@@ -403,9 +399,9 @@ def _free(
             owners = ", ".join(f"{r.get('kind')}/{r.get('name')}" for r in foreign)
             actions.append(Report(
                 "ForeignOwner",
-                f"{part.kind} {_meta(obj).get('name')} would be deleted (instance {instance.id} "
+                f"{part.kind} {meta_of(obj).get('name')} would be deleted (instance {instance.id} "
                 f"is free and above minInstances) but is also owned by {owners}: left in place",
-                regarding={"kind": part.kind, "name": str(_meta(obj).get("name"))}))
+                regarding={"kind": part.kind, "name": str(meta_of(obj).get("name"))}))
             patch = _free_patch(part, obj, appdef_name, appdef)
             if patch:
                 actions.append(_patch(part, obj, patch, "free (kept for its other owner)"))
@@ -434,7 +430,7 @@ def _free(
                 actions.append(_patch(part, obj, patch, "same shape at a new generation"))
             elif any(is_foreign_ref(r, appdef_name) for r in refs(obj)):
                 outdated = True
-                actions.append(Report("ForeignOwner", f"{part.kind} {_meta(obj).get('name')} is "
+                actions.append(Report("ForeignOwner", f"{part.kind} {meta_of(obj).get('name')} is "
                                       "outdated but has another owner: not replaced"))
             else:
                 outdated = fresh_pods = True
@@ -536,7 +532,7 @@ def _free_patch(
     if wanted != current and wanted:  # never leave an object with zero owners
         patch.setdefault("metadata", {})["ownerReferences"] = wanted
     if part.is_service:
-        stale = {k: None for k in v.SESSION_LABEL_KEYS if k in builders.labels_of(obj)}
+        stale = {k: None for k in v.SESSION_LABEL_KEYS if k in labels_of(obj)}
         if stale:
             patch.setdefault("metadata", {})["labels"] = stale
     if v.ANNOTATION_CLAIMED_FOR in annotations_of(obj):
@@ -547,11 +543,11 @@ def _free_patch(
 
 
 def _patch(part: Part, obj: Obj, patch: dict[str, Any], why: str) -> Patch:
-    meta = _meta(obj)
+    meta = meta_of(obj)
     return Patch(part, str(meta.get("name")), str(meta.get("resourceVersion")), patch, why)
 
 
 def _delete(part: Part, obj: Obj, why: str) -> Delete:
-    meta = _meta(obj)
+    meta = meta_of(obj)
     return Delete(part, str(meta.get("name")), str(meta.get("uid")),
                   str(meta.get("resourceVersion")), why)

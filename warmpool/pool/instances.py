@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from warmpool.pool import builders, naming
+from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.pool.meta import annotations_of, labels_of, owner_refs
 from warmpool.pool.model import Session
 from warmpool.pool.parts import PARTS, Part
 
@@ -44,7 +45,7 @@ class InstanceView:
 
 
 def refs(obj: Obj | None) -> list[dict[str, Any]]:
-    return [dict(r) for r in builders.owner_refs(obj)]
+    return [dict(r) for r in owner_refs(obj)]
 
 
 def _is_theia_ref(ref: Mapping[str, Any], kind: str) -> bool:
@@ -69,10 +70,6 @@ def has_ref(ref_list: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> bo
     return any(r.get("name") == ref["name"] and r.get("uid") == ref["uid"] for r in ref_list)
 
 
-def annotations_of(obj: Obj | None) -> Mapping[str, str]:
-    return ((obj or {}).get("metadata") or {}).get("annotations") or {}
-
-
 def emails_of(obj: Obj | None) -> str:
     return ((obj or {}).get("data") or {}).get(v.EMAILS_KEY) or ""
 
@@ -83,7 +80,7 @@ def holder_trace(part: Part, obj: Obj) -> bool:
     index and a claim need not look at every instance to find the free ones."""
     if any(is_session_ref(r) for r in refs(obj)):
         return True
-    if part.is_service and any(k in builders.labels_of(obj) for k in v.SESSION_LABEL_KEYS):
+    if part.is_service and any(k in labels_of(obj) for k in v.SESSION_LABEL_KEYS):
         return True
     return part is Part.EMAIL_CONFIGMAP and bool(emails_of(obj).strip())
 

@@ -21,6 +21,7 @@ from typing import Any
 from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
+from warmpool.pool.meta import labels_of, meta_of, name_of, owner_refs
 from warmpool.pool.model import AppDefinition, Session
 from warmpool.pool.parts import Part
 
@@ -36,10 +37,6 @@ def route_name(session_uid: str) -> str:
     return f"{session_uid}{v.ROUTE_SUFFIX}"
 
 
-def _meta(obj: Obj | None) -> Mapping[str, Any]:
-    return (obj or {}).get("metadata") or {}
-
-
 def _spec(obj: Obj | None) -> Mapping[str, Any]:
     spec = (obj or {}).get("spec")
     return spec if isinstance(spec, Mapping) else {}
@@ -47,14 +44,14 @@ def _spec(obj: Obj | None) -> Mapping[str, Any]:
 
 def is_session_route(obj: Obj) -> bool:
     """A route a controller made for one Session (Theia Cloud's labels), not a shared one."""
-    labels = _meta(obj).get("labels") or {}
+    labels = labels_of(obj)
     return (labels.get(v.LABEL_COMPONENT) == "session"
             and labels.get(v.LABEL_PART_OF) == "theia-cloud")
 
 
 def session_uid_of(route: Obj) -> str:
     """The Session a session route was made for: its session-uuid label."""
-    return str((_meta(route).get("labels") or {}).get(v.LABEL_SESSION_UUID) or "")
+    return str(labels_of(route).get(v.LABEL_SESSION_UUID) or "")
 
 
 def backends(route: Obj) -> set[str]:
@@ -76,7 +73,7 @@ def only_owned_by_its_session(route: Obj) -> bool:
     uid = session_uid_of(route)
     return bool(uid) and all(
         r.get("kind") == v.SESSION_KIND and r.get("uid") == uid
-        for r in _meta(route).get("ownerReferences") or ())
+        for r in owner_refs(route))
 
 
 def hostnames(appdef: AppDefinition, shared: Obj, settings: PoolSettings) -> list[str]:
@@ -176,16 +173,15 @@ def route_patch(live: Obj, desired: Obj) -> dict[str, Any]:
     if not same_spec(live, desired):
         spec = _spec(desired)
         patch["spec"] = {k: spec[k] for k in ("parentRefs", "hostnames", "rules")}
-    meta, want = _meta(live), _meta(desired)
-    labels = meta.get("labels") or {}
-    changed = {k: val for k, val in (want.get("labels") or {}).items() if labels.get(k) != val}
+    labels = labels_of(live)
+    changed = {k: val for k, val in labels_of(desired).items() if labels.get(k) != val}
     if changed:
         patch.setdefault("metadata", {})["labels"] = changed
-    refs: list[Any] = list(meta.get("ownerReferences") or [])
-    for ref in want.get("ownerReferences") or ():
+    refs: list[Any] = list(owner_refs(live))
+    for ref in owner_refs(desired):
         if not any(r.get("uid") == ref["uid"] and r.get("name") == ref["name"] for r in refs):
             refs.append(ref)
-    if refs != list(meta.get("ownerReferences") or []):
+    if refs != list(owner_refs(live)):
         patch.setdefault("metadata", {})["ownerReferences"] = refs
     return patch
 
@@ -199,7 +195,7 @@ def routes_to_instance(
     names = {route_name(uid) for uid in holder_uids}
     found: dict[str, Obj] = {}
     for r in candidates:
-        name = str(_meta(r).get("name") or "")
+        name = name_of(r)
         if is_session_route(r) and (service in backends(r) or name in names):
             found[name] = r
     return tuple(found[n] for n in sorted(found))
@@ -209,5 +205,5 @@ def stray_routes(routes: Sequence[Obj], holder_uid: str | None) -> list[Obj]:
     """The session routes to an instance that are not its holder's, and hold nothing for
     another owner: a released Session's, a double claim's. They are deleted (guarded)."""
     keep = route_name(holder_uid) if holder_uid else None
-    return [r for r in routes if is_session_route(r) and _meta(r).get("name") != keep
+    return [r for r in routes if is_session_route(r) and meta_of(r).get("name") != keep
             and only_owned_by_its_session(r)]
