@@ -48,6 +48,7 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
+    through,
 )
 from bench.convergence import SequentialDriver
 from bench.machine import CpuMeter, LoadSampler
@@ -413,11 +414,10 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
         for case in ("workers", "baseline") if baseline else ("workers",):
             ns = new_namespace(direct, f"claim-{case}")
             counter = PoolCounter(direct, ns).start()
-            stack = Stack(url, proxy.kubeconfig_path, ns, processes=2, threads=8)
+            stack = Stack(url, through(info, proxy), ns, processes=2, threads=8)
             driver: SequentialDriver | None = None
             try:
-                stack.start_workers()
-                stack.start_scheduler()
+                stack.start()
                 say(f"claim {case}: building {instances} instances with 2 x 8 workers")
                 built = build_pool(direct, ns, stack, counter, instances, timeout)
                 out.build.append(f"{case} pool built in {fmt_s(built)}")

@@ -38,6 +38,7 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
+    through,
 )
 from bench.machine import LoadSampler
 from bench.report import Row, dur_summary, fmt_s, pct, print_rows, say, verdict
@@ -111,10 +112,9 @@ def run(instances: int = 100, events: int = 10_000, rate: float = 200.0,
         direct = direct_kube(info)
         ns = new_namespace(direct, "coalesce")
         counter = PoolCounter(direct, ns).start()
-        stack = Stack(url, proxy.kubeconfig_path, ns, processes=2, threads=8)
+        stack = Stack(url, through(info, proxy), ns, processes=2, threads=8)
         try:
-            stack.start_workers()
-            stack.start_scheduler()
+            stack.start()
             gen = int(create_appdef(direct, ns, APPDEF, instances)["metadata"]["generation"])
             if counter.wait(instances, gen, timeout, idle=lambda: stack.wait_idle(60)) is None:
                 raise RuntimeError(f"the {instances}-instance pool did not converge")

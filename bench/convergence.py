@@ -40,6 +40,7 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
+    through,
 )
 from bench.machine import LoadSampler, cpu_seconds
 from bench.report import Row, dur_summary, fmt_s, print_rows, say, verdict
@@ -146,9 +147,8 @@ def run_config(name: str, instances: int, small: int, url: str, timeout: float,
                 driver = SequentialDriver(Kube(connect(str(proxy.kubeconfig_path))), ns)
             else:
                 p, t = (int(x) for x in name.split("x"))
-                stack = Stack(url, proxy.kubeconfig_path, ns, processes=p, threads=t)
-                stack.start_workers()
-                stack.start_scheduler()
+                stack = Stack(url, through(info, proxy), ns, processes=p, threads=t)
+                stack.start()
                 if profile_dir is not None:
                     from bench.profiling import Profiler
 

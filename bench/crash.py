@@ -33,6 +33,7 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
+    through,
 )
 from bench.report import Row, fmt_s, print_rows, say, verdict
 from bench.stack import Stack
@@ -97,8 +98,7 @@ def _wait_recovered(kube: Kube, ns: str, session: str, t_kill: float, cap: float
 
 
 def _build(direct: Kube, ns: str, stack: Stack, counter: PoolCounter) -> None:
-    stack.start_workers()
-    stack.start_scheduler()
+    stack.start()
     gen = int(create_appdef(direct, ns, APPDEF, POOL)["metadata"]["generation"])
     if counter.wait(POOL, gen, 300, idle=lambda: stack.wait_idle(60)) is None:
         raise RuntimeError("the pool did not converge")
@@ -110,7 +110,7 @@ def keyed_case(info: ClusterInfo, proxy: ApiProxy, url: str) -> tuple[CrashResul
     direct = direct_kube(info)
     ns = new_namespace(direct, "crash-keyed")
     counter = PoolCounter(direct, ns).start()
-    stack = Stack(url, proxy.kubeconfig_path, ns, processes=2, threads=4)
+    stack = Stack(url, through(info, proxy), ns, processes=2, threads=4)
     try:
         _build(direct, ns, stack, counter)
         ttl = stack.settings.lease_ttl
@@ -124,8 +124,7 @@ def keyed_case(info: ClusterInfo, proxy: ApiProxy, url: str) -> tuple[CrashResul
         if raw is None:
             raise RuntimeError("the claim's lease is not held at its deciding write")
         pid = int(holder_of(text(raw)).split(":")[1])
-        assert stack.workers is not None
-        stack.workers.kill(stack.workers.index_of(pid))
+        stack.kill_worker(pid)
         t_kill = time.monotonic()
         proxy.set(latency=0.01)
         res.mid_claim = _status(direct, ns, "s1") != v.STATUS_HANDLED
@@ -145,7 +144,7 @@ def baseline_case(info: ClusterInfo, proxy: ApiProxy, url: str, cap: float) -> C
     direct = direct_kube(info)
     ns = new_namespace(direct, "crash-default")
     counter = PoolCounter(direct, ns).start()
-    stack = Stack(url, proxy.kubeconfig_path, ns, processes=2, threads=4)
+    stack = Stack(url, through(info, proxy), ns, processes=2, threads=4)
     tag = stack.tag + "-default"
     ctx = multiprocessing.get_context("spawn")
     procs = []

@@ -38,15 +38,18 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
+    through,
 )
 from bench.machine import LoadSampler
 from bench.report import Row, fmt_s, print_rows, say
 from bench.stack import Stack
 from bench.world import PoolCounter, create_appdef
+from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.queue.embedded import resolve_redis_url
+from warmpool.testing.world import patch_appdef_spec
 from warmpool.testing.zones import noon_zone
 
 CASES = ("schedule", "burst", "strict")
@@ -111,20 +114,18 @@ def _create_schedule(kube: Kube, ns: str, size: int, opens: datetime) -> None:
     })
 
 
-def run_case(direct: Kube, proxy_kubeconfig: Any, url: str, case: str, sessions: int,
+def run_case(direct: Kube, cluster: ClusterInfo, url: str, case: str, sessions: int,
              over: float, min_instances: int, max_instances: int, size: int,
              grace: float) -> LectureResult:
     out = LectureResult(case)
     ns = new_namespace(direct, f"lecture-{case}")
     counter = PoolCounter(direct, ns).start()
-    stack = Stack(url, proxy_kubeconfig, ns, processes=2, threads=8,
+    stack = Stack(url, cluster, ns, processes=2, threads=8,
                   worker_env={"WARMPOOL_BURST": "off" if case == "strict" else "on"})
     try:
-        stack.start_workers()
-        stack.start_scheduler()
+        stack.start()
         gen = int(create_appdef(direct, ns, APPDEF, min_instances)["metadata"]["generation"])
-        direct.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, APPDEF,
-                           {"spec": {"maxInstances": max_instances}})
+        patch_appdef_spec(direct, ns, APPDEF, maxInstances=max_instances)
         gen += 1
         if counter.wait(min_instances, gen, 300, idle=lambda: stack.wait_idle(60)) is None:
             raise RuntimeError(f"{case}: the {min_instances}-instance pool did not converge")
@@ -177,7 +178,7 @@ def run(sessions: int = 100, over: float = 10.0, min_instances: int = 10,
     with private_cluster("lecture") as info, latency_proxy(info) as proxy:
         direct = direct_kube(info)
         for case in CASES:
-            results.append(run_case(direct, proxy.kubeconfig_path, url, case, sessions, over,
+            results.append(run_case(direct, through(info, proxy), url, case, sessions, over,
                                     min_instances, max_instances, size, grace))
     return rows_for(results, sessions, over, min_instances, max_instances, size), results
 

@@ -25,6 +25,7 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
+    through,
 )
 from bench.machine import hwm_mb
 from bench.report import Row, print_rows, say, verdict
@@ -120,10 +121,9 @@ def run(objects: int = 10_000, instances: int = 20,
         direct = direct_kube(info)
         ns = new_namespace(direct, "memory")
         counter = PoolCounter(direct, ns).start()
-        stack = Stack(url, proxy.kubeconfig_path, ns, processes=2, threads=8)
+        stack = Stack(url, through(info, proxy), ns, processes=2, threads=8)
         try:
-            stack.start_workers()
-            stack.start_scheduler()
+            stack.start()
             appdef = create_appdef(direct, ns, APPDEF, instances)
             gen = int(appdef["metadata"]["generation"])
             if counter.wait(instances, gen, 600, idle=lambda: stack.wait_idle(60)) is None:
