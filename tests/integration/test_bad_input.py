@@ -48,7 +48,14 @@ from warmpool.pool.parts import Part
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.redis_conn import connect as redis_connect
 from warmpool.queue.settings import QueueSettings
-from warmpool.testing.world import USERS, create_appdef
+from warmpool.testing.world import (
+    USERS,
+    appdef_body,
+    create_appdef,
+    create_session,
+    session_body,
+    session_spec,
+)
 from workers import runlog
 from workers.process import WorkerPool
 
@@ -92,16 +99,6 @@ def valid_spec(spec_name: str, /, **changes: Any) -> dict[str, Any]:
 
 
 DROP = object()
-
-
-def appdef_body(ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
-            "metadata": {"name": name, "namespace": ns}, "spec": spec}
-
-
-def session_body(ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
-            "metadata": {"name": name, "namespace": ns}, "spec": spec}
 
 
 def status_of(kube: Kube, ns: str, name: str) -> dict[str, Any]:
@@ -155,9 +152,7 @@ def controller(cluster: ClusterInfo, kube: Kube, kube_api: Any,
         sched.start()
         # The control pool: one instance held by a live Session, one free.
         create_appdef(kube, ns, "control", min_instances=2, spec_name="control")
-        kube.create(session_body(ns, "control-s", {"name": "control-s",
-                                                    "appDefinition": "control",
-                                                    "user": USERS[1], "workspace": "ws"}))
+        create_session(kube, ns, "control-s", USERS[1], "control")
         wait_status(kube, ns, "control-s", "HANDLED", "Instance")
         wait_for(lambda: check(kube, ns) == [], timeout=SETTLE,
                  message=lambda: str(check(kube, ns)))
@@ -251,8 +246,7 @@ def test_invalid_appdefinition_gets_an_event_and_its_sessions_wait(
     name = f"ad-{case.id}"
     spec = valid_spec(name, **case.changes)
     kube.create(appdef_body(ns, name, spec))
-    kube.create(session_body(ns, f"s-{case.id}", {"name": f"s-{case.id}", "appDefinition": name,
-                                                  "user": USERS[2], "workspace": "ws"}))
+    create_session(kube, ns, f"s-{case.id}", USERS[2], name)
     wait_for(lambda: any(case.message in m for m in events_about(kube, ns, name,
                                                                  "InvalidAppDefinition")),
              timeout=SETTLE, message=lambda: f"InvalidAppDefinition event with {case.message!r}: "
@@ -289,8 +283,7 @@ def test_appdefinition_broken_while_in_use_is_left_as_it_is(
     name = f"live-{case.id}"
     create_appdef(kube, ns, name, min_instances=2, max_instances=3, spec_name=name)
     sname = f"s-{case.id}"
-    kube.create(session_body(ns, sname, {"name": sname, "appDefinition": name,
-                                         "user": USERS[3], "workspace": "ws"}))
+    create_session(kube, ns, sname, USERS[3], name)
     wait_status(kube, ns, sname, "HANDLED", "Instance")
     wait_for(lambda: len(instance_objects(kube, ns, name, 2)) == 5, timeout=SETTLE)
     before = {k: snapshot(kube, ns, name, k) for k in (1, 2)}
@@ -406,8 +399,7 @@ def test_the_later_of_two_colliding_appdefinitions_is_invalid(
     older, newer = f"coll-1-{tag}", f"coll-2-{tag}"
     create_appdef(kube, ns, older, min_instances=1, max_instances=2, spec_name=first)
     sname = f"s-{older}"
-    kube.create(session_body(ns, sname, {"name": sname, "appDefinition": older,
-                                         "user": USERS[12], "workspace": "ws"}))
+    create_session(kube, ns, sname, USERS[12], older)
     wait_status(kube, ns, sname, "HANDLED", "Instance 1")
     wait_for(lambda: len(instance_objects(kube, ns, older, 1)) == 5, timeout=SETTLE)
     before = snapshot(kube, ns, older, 1)
@@ -419,8 +411,7 @@ def test_the_later_of_two_colliding_appdefinitions_is_invalid(
                  timeout=SETTLE, message=lambda: f"InvalidAppDefinition event with "
                  f"{fragment!r}: {events_about(kube, ns, newer, 'InvalidAppDefinition')}")
         waiting = f"s-{newer}"
-        kube.create(session_body(ns, waiting, {"name": waiting, "appDefinition": newer,
-                                               "user": USERS[13], "workspace": "ws"}))
+        create_session(kube, ns, waiting, USERS[13], newer)
         st = wait_status(kube, ns, waiting, "HANDLING", "is invalid")
         assert fragment in st["operatorMessage"]
         assert all(instance_objects(kube, ns, newer, k) == {} for k in (1, 2)), \
@@ -464,8 +455,7 @@ def test_appdefinition_spec_name_too_long_for_its_selectors(ctl: Controller,
     name = f"label-{uuid.uuid4().hex[:6]}"
     create_appdef(kube, ns, name, min_instances=2, max_instances=3, spec_name=spec_name)
     sname = f"s-{name}"
-    kube.create(session_body(ns, sname, {"name": sname, "appDefinition": name,
-                                         "user": USERS[4], "workspace": "ws"}))
+    create_session(kube, ns, sname, USERS[4], name)
     fragment = f"spec.name is {len(spec_name)} characters"
     wait_for(lambda: any(fragment in m for m in events_about(kube, ns, name,
                                                              "InvalidAppDefinition")),
@@ -483,8 +473,7 @@ def test_appdefinition_spec_name_with_symbols_at_the_ends_is_served(ctl: Control
     name = f"label-{uuid.uuid4().hex[:6]}"
     create_appdef(kube, ns, name, min_instances=2, max_instances=3, spec_name="_edge_")
     sname = f"s-{name}"
-    kube.create(session_body(ns, sname, {"name": sname, "appDefinition": name,
-                                         "user": USERS[4], "workspace": "ws"}))
+    create_session(kube, ns, sname, USERS[4], name)
     wait_status(kube, ns, sname, "HANDLED", "Instance")
     wait_for(lambda: len(instance_objects(kube, ns, name, 2)) == 5, timeout=SETTLE)
     selectors = set()
@@ -500,8 +489,7 @@ def test_absurdly_long_appdefinition_name_still_works(ctl: Controller) -> None:
     kube, ns = ctl.kube, ctl.ns
     name = "long-" + "n" * 200
     create_appdef(kube, ns, name, min_instances=1, max_instances=2, spec_name="longname")
-    kube.create(session_body(ns, "s-longname", {"name": "s-longname", "appDefinition": name,
-                                                "user": USERS[5], "workspace": "ws"}))
+    create_session(kube, ns, "s-longname", USERS[5], name)
     wait_status(kube, ns, "s-longname", "HANDLED", "Instance")
     assert len(instance_objects(kube, ns, name, 1)) == 5
 
@@ -564,7 +552,7 @@ def test_bad_session_gets_error_with_a_reason_and_takes_nothing(
     bait = f"bait-{case.id}"  # a pool of its own with a free instance it must not take
     create_appdef(kube, ns, bait, min_instances=1, max_instances=2, spec_name=bait)
     wait_for(lambda: len(instance_objects(kube, ns, bait, 1)) == 5, timeout=SETTLE)
-    spec = {"name": name, "appDefinition": bait, "user": USERS[6], "workspace": "ws"}
+    spec = session_spec(name, USERS[6], bait)
     for key, value in case.spec.items():
         if value is DROP:
             spec.pop(key)
@@ -594,8 +582,7 @@ def test_long_session_name(ctl: Controller, name: str) -> None:
     kube, ns = ctl.kube, ctl.ns
     create_appdef(kube, ns, f"ln-{len(name)}", min_instances=1, max_instances=2,
                   spec_name=f"ln-{len(name)}")
-    kube.create(session_body(ns, name, {"name": name, "appDefinition": f"ln-{len(name)}",
-                                        "user": USERS[7], "workspace": "ws"}))
+    create_session(kube, ns, name, USERS[7], f"ln-{len(name)}")
 
     def settled() -> str | None:
         st = status_of(kube, ns, name)
@@ -621,8 +608,7 @@ def test_odd_but_valid_users_are_served(ctl: Controller, user: str) -> None:
     app = f"odd-{uuid.uuid4().hex[:5]}"
     create_appdef(kube, ns, app, min_instances=1, max_instances=2, spec_name=app)
     name = f"s-{app}"
-    kube.create(session_body(ns, name, {"name": name, "appDefinition": app, "user": user,
-                                        "workspace": "ws"}))
+    create_session(kube, ns, name, user, app)
     wait_status(kube, ns, name, "HANDLED", "Instance")
     lists = [o for o in instance_objects(kube, ns, app, 1).values()
              if (o["metadata"].get("labels") or {}).get(v.LABEL_TEMPLATE_PURPOSE) == "emails"]
@@ -655,8 +641,7 @@ def test_malformed_sessions_among_twenty_claiming_at_once(ctl: Controller) -> No
     odd = {f"{app}-sup": "²", f"{app}-long": "1" * 5000}
     valid = [f"{app}-{i}" for i in range(20)]
     for i, name in enumerate([*odd, *valid]):
-        body = session_body(ns, name, {"name": name, "appDefinition": app,
-                                       "user": USERS[20 + i], "workspace": "ws"})
+        body = session_body(ns, name, session_spec(name, USERS[20 + i], app))
         if name in odd:
             body["metadata"]["annotations"] = {v.ANNOTATION_INSTANCE_ID: odd[name]}
         kube.create(body)
@@ -702,8 +687,7 @@ def test_session_for_an_appdefinition_being_deleted(ctl: Controller) -> None:
     create_appdef(kube, ns, app, min_instances=2, max_instances=3, spec_name=app)
     kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app,
                      {"metadata": {"finalizers": [FINALIZER]}})
-    kube.create(session_body(ns, "s-holder", {"name": "s-holder", "appDefinition": app,
-                                              "user": USERS[8], "workspace": "ws"}))
+    create_session(kube, ns, "s-holder", USERS[8], app)
     wait_status(kube, ns, "s-holder", "HANDLED", "Instance")
     held = int(kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s-holder")
                ["metadata"]["annotations"][v.ANNOTATION_INSTANCE_ID])
@@ -712,8 +696,7 @@ def test_session_for_an_appdefinition_being_deleted(ctl: Controller) -> None:
     holder_status = status_of(kube, ns, "s-holder")
     try:
         kube.delete(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app)
-        kube.create(session_body(ns, "s-late", {"name": "s-late", "appDefinition": app,
-                                                "user": USERS[9], "workspace": "ws"}))
+        create_session(kube, ns, "s-late", USERS[9], app)
         wait_status(kube, ns, "s-late", "ERROR", "is being deleted")
         touch_and_settle(ctl, "s-holder")
         objs = instance_objects(kube, ns, app, held)
@@ -737,8 +720,7 @@ def test_appdefinition_deleted_while_a_session_holds_an_instance(ctl: Controller
     kube, ns = ctl.kube, ctl.ns
     app = "gone"
     create_appdef(kube, ns, app, min_instances=1, max_instances=2, spec_name=app)
-    kube.create(session_body(ns, "s-gone", {"name": "s-gone", "appDefinition": app,
-                                            "user": USERS[11], "workspace": "ws"}))
+    create_session(kube, ns, "s-gone", USERS[11], app)
     wait_status(kube, ns, "s-gone", "HANDLED", "Instance 1")
     wait_for(lambda: len(instance_objects(kube, ns, app, 1)) == 5, timeout=SETTLE)
     uids = {n: o["metadata"]["uid"] for n, o in instance_objects(kube, ns, app, 1).items()}
@@ -803,8 +785,7 @@ def test_the_controller_still_serves_after_the_catalogue(ctl: Controller) -> Non
     """Last: a new pool is built and a Session of it served (nothing got stuck)."""
     kube, ns = ctl.kube, ctl.ns
     create_appdef(kube, ns, "after", min_instances=1, max_instances=2, spec_name="after")
-    kube.create(session_body(ns, "s-after", {"name": "s-after", "appDefinition": "after",
-                                             "user": USERS[10], "workspace": "ws"}))
+    create_session(kube, ns, "s-after", USERS[10], "after")
     wait_status(kube, ns, "s-after", "HANDLED", "Instance 1")
 
 

@@ -32,7 +32,7 @@ from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import Session, parse_session
 from warmpool.pool.timeouts import REASON_INACTIVE, REASON_TIMED_OUT, epoch_seconds
-from warmpool.testing.world import create_session
+from warmpool.testing.world import appdef_body, appdef_spec, create_session
 
 MIN = 60.0
 USER = "jane@example.com"
@@ -42,12 +42,9 @@ MESSAGE = ('{"message":"Your session has timed out!","level":"info","fullscreen"
 
 
 def make_appdef(kube: Kube, ns: str, name: str, **spec: Any) -> dict[str, Any]:
-    return kube.create({
-        "apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"name": f"{name}-app", "image": "theiacloud/theia-cloud-demo:1.0", "port": 3000,
-                 "minInstances": 0, "maxInstances": 2, **spec},
-    })
+    # No route and no resources: only the timeout fields matter here.
+    return kube.create(appdef_body(ns, name, appdef_spec(
+        name, min_instances=0, max_instances=2, ingressname=None, resources=False, **spec)))
 
 
 def make_session(kube: Kube, ns: str, name: str, appdef: str, *, secret: str = "",

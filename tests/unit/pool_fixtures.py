@@ -1,4 +1,7 @@
-"""Observed-state builders for the pure decision tests: objects as the API server returns them."""
+"""Observed-state builders for the pure decision tests: objects as the API server returns them.
+
+The AppDefinition and Session bodies are the test world's (`warmpool.testing.world`), parsed
+into the model; what is only for these tests is the instances' observed objects."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from warmpool.pool import builders
 from warmpool.pool.instances import InstanceView
 from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS, Part
+from warmpool.testing.world import appdef_body, appdef_spec, session_body, session_spec
 
 # Routes and the URL probe: tests/unit/test_routes.py.
 SETTINGS = builders.PoolSettings(routes="none", url_probe=False)
@@ -18,13 +22,11 @@ _rv = itertools.count(100)
 
 def appdef(min_instances: int = 2, max_instances: int = 10, generation: int = 1,
            deleting: bool = False, image: str = "img") -> AppDefinition:
-    obj = {
-        "metadata": {"name": "java", "namespace": "ns", "uid": "aaaa-bbbb-381261d79c23",
-                     "generation": generation,
-                     **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})},
-        "spec": {"name": "java-17", "image": image, "port": 3000, "uid": 101,
-                 "minInstances": min_instances, "maxInstances": max_instances},
-    }
+    obj = appdef_body("ns", "java", appdef_spec(
+        "java", min_instances=min_instances, max_instances=max_instances, spec_name="java-17",
+        image=image, ingressname=None, resources=False), metadata={
+            "uid": "aaaa-bbbb-381261d79c23", "generation": generation,
+            **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})})
     parsed = parse_appdefinition(obj)
     assert isinstance(parsed, AppDefinition), parsed
     return parsed
@@ -35,13 +37,11 @@ def session(name: str = "s1", user: str = "jane@example.com", instance: int | No
             status: str | None = None, appdef_name: str = "java") -> Session:
     ann = {"theia-cloud.io/instance-id": str(instance),
            "theia-cloud.io/session-start-strategy": "eager"} if instance else {}
-    return parse_session({
-        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
-                     "creationTimestamp": created, "annotations": ann,
-                     **({"deletionTimestamp": "2026-01-01T00:00:09Z"} if deleting else {})},
-        "spec": {"name": name, "appDefinition": appdef_name, "user": user},
-        "status": {"operatorStatus": status} if status else {},
-    })
+    return parse_session(session_body(
+        "ns", name, session_spec(name, user, appdef_name, workspace=None),
+        metadata={"uid": f"uid-{name}", "creationTimestamp": created, "annotations": ann,
+                  **({"deletionTimestamp": "2026-01-01T00:00:09Z"} if deleting else {})},
+        status={"operatorStatus": status} if status else {}))
 
 
 def observed(body: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
 from warmpool.pool.parts import PARTS, Part
+from warmpool.testing.world import appdef_body, appdef_spec, session_body, session_spec
 
 SETTINGS = builders.PoolSettings()
 UID = "aaaa-bbbb-381261d79c23"
@@ -18,12 +19,9 @@ UID = "aaaa-bbbb-381261d79c23"
 
 def appdef_obj(name: str = "java", min_i: Any = 3, max_i: Any = 10, generation: int = 1,
                uid: str = UID) -> dict[str, Any]:
-    return {
-        "apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
-        "metadata": {"name": name, "namespace": "ns", "uid": uid, "generation": generation},
-        "spec": {"name": f"{name}-17", "image": "img", "port": 3000, "uid": 101,
-                 "minInstances": min_i, "maxInstances": max_i},
-    }
+    return appdef_body("ns", name, appdef_spec(
+        name, min_instances=min_i, max_instances=max_i, spec_name=f"{name}-17", image="img",
+        ingressname=None, resources=False), metadata={"uid": uid, "generation": generation})
 
 
 def parsed(obj: dict[str, Any]) -> AppDefinition:
@@ -36,13 +34,10 @@ def session_obj(name: str, user: str = "jane@example.com", instance: int | None 
                 status: str | None = None, message: str = "", appdef: str = "java",
                 created: str = "2026-01-01T00:00:01Z") -> dict[str, Any]:
     ann = {v.ANNOTATION_INSTANCE_ID: str(instance)} if instance else {}
-    return {
-        "apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
-        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
-                     "creationTimestamp": created, "annotations": ann},
-        "spec": {"name": name, "appDefinition": appdef, "user": user},
-        "status": ({"operatorStatus": status, "operatorMessage": message} if status else {}),
-    }
+    return session_body(
+        "ns", name, session_spec(name, user, appdef, workspace=None),
+        metadata={"uid": f"uid-{name}", "creationTimestamp": created, "annotations": ann},
+        status={"operatorStatus": status, "operatorMessage": message} if status else {})
 
 
 def objects(a: AppDefinition, k: int, holder: Session | None = None,

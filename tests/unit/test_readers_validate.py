@@ -14,25 +14,23 @@ from warmpool.keys import SessionKey
 from warmpool.kube.reader import CachedReader, LiveReader
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import AppDefinition, Invalid
+from warmpool.testing.world import appdef_body, appdef_spec, session_body, session_spec
 
 NS = "ns1"
 
 
 def appdef_obj(name: str, spec_name: str, created: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND,
-            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}-0123456789ab",
-                         "resourceVersion": "3", "generation": 1,
-                         "creationTimestamp": created},
-            "spec": {"name": spec_name, "image": "img", "port": 3000, "minInstances": 1,
-                     "maxInstances": 3, **spec}}
+    return appdef_body(NS, name, appdef_spec(
+        name, min_instances=1, max_instances=3, spec_name=spec_name, image="img",
+        ingressname=None, resources=False, **spec), metadata={
+            "uid": f"uid-{name}-0123456789ab", "resourceVersion": "3", "generation": 1,
+            "creationTimestamp": created})
 
 
 def session_obj(name: str, annotation: str) -> dict[str, Any]:
-    return {"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
-            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}",
-                         "resourceVersion": "4",
-                         "annotations": {v.ANNOTATION_INSTANCE_ID: annotation}},
-            "spec": {"name": name, "appDefinition": "java", "user": "jane@example.com"}}
+    return session_body(NS, name, session_spec(name, "jane@example.com", workspace=None),
+                        metadata={"uid": f"uid-{name}", "resourceVersion": "4",
+                                  "annotations": {v.ANNOTATION_INSTANCE_ID: annotation}})
 
 
 class Listed:

@@ -10,16 +10,15 @@ import pytest
 from scheduler.mapping import appdef_names, changed, keys_for, summarize
 from warmpool.keys import InstanceKey, PoolKey, SessionKey
 from warmpool.pool import vocabulary as v
+from warmpool.testing.world import appdef_body, session_body
 
 NS = "ns1"
 AD_UID = "0000-1111-381261d79c23"
 
 
 def appdef(name: str = "java", generation: int = 1, **meta: Any) -> dict[str, Any]:
-    return {"apiVersion": v.APPDEF_API_VERSION, "kind": "AppDefinition",
-            "metadata": {"name": name, "namespace": NS, "uid": AD_UID, "generation": generation,
-                         "resourceVersion": "10", **meta},
-            "spec": {"name": f"{name}-app", "minInstances": 2}}
+    return appdef_body(NS, name, {"name": f"{name}-app", "minInstances": 2}, metadata={
+        "uid": AD_UID, "generation": generation, "resourceVersion": "10", **meta})
 
 
 def session(name: str = "s1", appdef_name: str | None = "java", instance: str | None = None,
@@ -34,8 +33,7 @@ def session(name: str = "s1", appdef_name: str | None = "java", instance: str | 
     spec: dict[str, Any] = {"name": name, "user": user}
     if appdef_name:
         spec["appDefinition"] = appdef_name
-    return {"apiVersion": v.SESSION_API_VERSION, "kind": "Session", "metadata": meta,
-            "spec": spec, "status": {"operatorStatus": "HANDLED"}}
+    return session_body(NS, name, spec, metadata=meta, status={"operatorStatus": "HANDLED"})
 
 
 def ad_ref(name: str = "java", api_version: str = v.APPDEF_API_VERSION) -> dict[str, str]:
