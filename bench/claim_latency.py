@@ -52,7 +52,7 @@ from bench.cluster import (
 )
 from bench.convergence import SequentialDriver
 from bench.machine import CpuMeter, LoadSampler
-from bench.report import Row, dur_summary, fmt_s, print_rows, say, verdict
+from bench.report import Row, dur_summary, fmt_s, nearest_rank, print_rows, say, verdict
 from bench.stack import Stack
 from bench.world import PoolCounter, create_appdef, set_min_instances
 from warmpool.invariants import check
@@ -108,16 +108,19 @@ class ChurnResult:
         n = self.created
         if n == 0:
             return float("nan"), True
-        rank = min(n - 1, max(0, round(q * (n - 1))))
+        rank = nearest_rank(n, q)
         served = sorted(self.served)
         if rank < len(served):
             return served[rank], True
         return self.duration, False
 
+    def quantile(self, q: float) -> str:
+        """The q-quantile as the report writes it: "1.23 s", or "> 60 s (unserved)"."""
+        val, exact = self.percentile(q)
+        return f"{val:.2f} s" if exact else f"> {val:.0f} s (unserved)"
+
     def describe(self) -> str:
-        def p(q: float) -> str:
-            val, exact = self.percentile(q)
-            return f"{val:.2f} s" if exact else f"> {val:.0f} s (unserved)"
+        p = self.quantile
         return (f"p50 {p(0.5)}, p95 {p(0.95)}, p99 {p(0.99)} over {self.created} Sessions"
                 + (f" ({self.unserved} unserved)" if self.unserved else ""))
 

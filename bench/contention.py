@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 
+from bench.report import pct
 from warmpool.queue.embedded import resolve_redis_url
 from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.redis_conn import connect
@@ -28,11 +29,6 @@ from workers import probe
 from workers.process import WorkerPool
 
 WORK = 0.02
-
-
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def keyed_latencies(url: str, keys: int, processes: int, threads: int) -> list[float]:
@@ -107,7 +103,7 @@ def main(argv: list[str]) -> int:
     print(f"|{'-' * 48}|{'-' * 6}|{'-' * 9}|{'-' * 9}|")
     for name, xs in (("keyed queue: re-run start after holder done", keyed),
                      ("redis-py Lock, blocking (thread parked, polls)", lock)):
-        print(f"| {name:<46} | {len(xs):>4} | {_pct(xs, 0.5) * 1000:>7.1f} | "
-              f"{_pct(xs, 0.99) * 1000:>7.1f} |")
+        print(f"| {name:<46} | {len(xs):>4} | {pct(xs, 0.5) * 1000:>7.1f} | "
+              f"{pct(xs, 0.99) * 1000:>7.1f} |")
     print(f"ratio of p50 (lock / keyed): {statistics.median(lock) / statistics.median(keyed):.1f}x")
     return 0

@@ -49,12 +49,16 @@ def verdict(ok: bool | None) -> str:
     return "" if ok is None else ("met" if ok else "MISSED")
 
 
+def nearest_rank(n: int, q: float) -> int:
+    """The index of the q-quantile (q in 0..1) among n sorted values (n > 0)."""
+    return min(n - 1, max(0, round(q * (n - 1))))
+
+
 def pct(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..1); nan for no values."""
     if not values:
         return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+    return sorted(values)[nearest_rank(len(values), q)]
 
 
 def dur_summary(label: str, values: Sequence[float]) -> str:
