@@ -8,7 +8,7 @@ integration tests.
 
 Modules: `options` (what to start), `system` (starting, stopping, the processes one by one),
 `processes` (worker pools and the `warmpool worker` command), `redis` (the servers),
-`quiet` (mark and wait_quiet on the workers' run log).
+`quiet` (mark and wait_quiet on the workers' run log), `runs` (reading that log).
 """
 
 from warmpool.harness.options import AUTO, SystemOptions, settings_env
@@ -21,6 +21,7 @@ from warmpool.harness.redis import (
     SentinelRedis,
     redis_server,
 )
+from warmpool.harness.runs import RunLog
 from warmpool.harness.system import System
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "Pending",
     "PrivateRedis",
     "RedisServer",
+    "RunLog",
     "SentinelRedis",
     "System",
     "SystemOptions",

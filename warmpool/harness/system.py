@@ -30,6 +30,7 @@ from warmpool.harness import quiet as _quiet
 from warmpool.harness.options import SystemOptions, queue_settings, settings_env
 from warmpool.harness.processes import WorkerCommand, Workers, stderr_to
 from warmpool.harness.redis import PrivateRedis, RedisServer, redis_server
+from warmpool.harness.runs import RunLog
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.layout import Layout
 from warmpool.queue.lease import holder_of
@@ -91,6 +92,11 @@ class System:
         return Inspector(self.client, self.settings)
 
     @property
+    def runs(self) -> RunLog:
+        """The workers' run log (every job's start and end), for counting and timing runs."""
+        return RunLog(self.client, self.settings)
+
+    @property
     def workers(self) -> Workers:
         """The worker processes by index (not with `worker_command`)."""
         if self._workers is None:
@@ -106,9 +112,16 @@ class System:
     def tag(self) -> str | None:
         return self._tag
 
+    @property
+    def running(self) -> bool:
+        """Started (`start()` returned) and not stopped or detached since."""
+        return self._started and not self._detached
+
     # --- start and stop -------------------------------------------------------------------
 
-    def start(self) -> System:
+    def start(self, *, workers: bool = True, schedulers: bool = True) -> System:
+        """Redis and the proxy, then (unless told not to) the workers and the schedulers,
+        each ready. Roles left out start later with `start_workers` / `start_schedulers`."""
         opts = self.options
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -118,19 +131,49 @@ class System:
                 opts, self.redis.url, private=isinstance(self.redis, PrivateRedis))
             if self.proxy is not None:
                 self.proxy.start()
-            self._start_workers()
-            for i in range(opts.schedulers):
-                self.schedulers.append(self._scheduler(i))
-                self.schedulers[-1].start(ready=False, timeout=opts.start_timeout)
-            for s in self.schedulers:
-                self._await_ready(s, opts.start_timeout)
+            if workers:
+                self.start_workers()
+            if schedulers:
+                self.start_schedulers()
         except BaseException:
             self.stop()
             raise
         self._started = True
         return self
 
-    def _start_workers(self) -> None:
+    def start_schedulers(self) -> None:
+        """Start `options.schedulers` schedulers at once, then wait for each one's /readyz."""
+        if self.schedulers:
+            raise RuntimeError("schedulers are running: stop_schedulers() first")
+        opts = self.options
+        for i in range(opts.schedulers):
+            self.schedulers.append(self._scheduler(i))
+            self.schedulers[-1].start(ready=False, timeout=opts.start_timeout)
+        for s in self.schedulers:
+            self._await_ready(s, opts.start_timeout)
+
+    def stop_schedulers(self, timeout: float = 15.0) -> None:
+        for s in self.schedulers:
+            with contextlib.suppress(Exception):
+                s.stop(timeout=timeout)
+        self.schedulers = []
+
+    def stop_workers(self, timeout: float | None = 15.0) -> None:
+        """SIGTERM every worker (they drain), SIGKILL after `timeout` (None: the queue's
+        drain timeout + 10 s)."""
+        if self._workers is not None:
+            self._workers.stop(timeout=timeout)
+            self._workers = None
+        if self.worker_command is not None:
+            with contextlib.suppress(Exception):
+                self.worker_command.stop(timeout=(
+                    timeout if timeout is not None else self.settings.drain_timeout + 10))
+            self.worker_command = None
+
+    def start_workers(self) -> None:
+        """Start the workers (all groups, or the worker command) and wait until each is up."""
+        if self._workers is not None or self.worker_command is not None:
+            raise RuntimeError("workers are running: stop_workers() first")
         opts, settings = self.options, self.settings
         if opts.worker_command:
             env = {**os.environ, **self._process_env(), **opts.worker_env,
@@ -209,15 +252,15 @@ class System:
         keys from a Redis that is not ours. Nothing after `detach()`."""
         if self._detached:
             return
-        for s in self.schedulers:
-            with contextlib.suppress(Exception):
-                s.stop(timeout=15)
+        self.stop_schedulers()
         if self._workers is not None:
             self._workers.stop(timeout=15)
+            self._workers = None
         if self.worker_command is not None:
             with contextlib.suppress(Exception):
                 self.worker_command.stop(timeout=(self._settings.drain_timeout + 10
                                                   if self._settings else 40))
+            self.worker_command = None
         if self.proxy is not None:
             with contextlib.suppress(Exception):
                 self.proxy.stop()
