@@ -7,6 +7,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
+from tests.unit.test_queue_protocol import deliver
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.jobs import JobContext, Jobs
 from warmpool.queue.layout import Layout
@@ -71,11 +72,8 @@ def jobs() -> Jobs:
 
 
 def _deliver(jobs: Jobs) -> JobContext:
-    from dramatiq.message import Message
-
-    lo = jobs.queue.layout
-    rid = jobs.client.lpop(lo.messages_list)
-    ctx = jobs.begin(Message.decode(jobs.client.hget(lo.messages, rid)).args[0])
+    """The next message delivered and started (not skipped)."""
+    ctx = deliver(jobs)
     assert isinstance(ctx, JobContext)
     return ctx
 
