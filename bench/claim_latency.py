@@ -320,7 +320,7 @@ class IsolatedClaims:
 
 def _new_starts(stack: Stack, since: int) -> tuple[Counter[str], int]:
     """Job starts logged since index `since`, by key kind; and the new index."""
-    raw = stack.client.lrange(stack.starts_key, since, -1)
+    raw = stack.client.lrange(stack.runs.layout.runs_started, since, -1)
     return (Counter(text(r).partition(" ")[2].split("/", 1)[0] for r in raw),
             since + len(raw))
 
@@ -344,7 +344,7 @@ def isolated_claims(direct: Kube, ns: str, stack: Stack, proxy: ApiProxy, claims
     what a claim costs); then its Session is deleted and the release counted apart."""
     res = IsolatedClaims(instances)
     stack.wait_idle(120, settle=settle)
-    since = int(stack.client.llen(stack.starts_key))
+    since = int(stack.client.llen(stack.runs.layout.runs_started))
     attempt = 0
     while res.served < claims and attempt < 2 * claims:
         attempt += 1
@@ -438,7 +438,7 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                         profiler = Profiler([*stack.worker_pids(), stack.scheduler.pid],
                                             profile_dir, "claim")
                     with LoadSampler() as load:
-                        stack.clear_starts()
+                        stack.runs.clear()
                         try:
                             res = churn_run(direct, ns, counter, small, rate, hold, window,
                                             grace, "w", functools.partial(stack.wait_idle, 180),
@@ -453,7 +453,7 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                     out.workers = res
                     if steady_rate:
                         with LoadSampler() as load:
-                            stack.clear_starts()
+                            stack.runs.clear()
                             st = churn_run(direct, ns, counter, None, steady_rate, hold,
                                            min(window, 30.0), grace, "q",
                                            functools.partial(stack.wait_idle, 180), proxy)
@@ -469,7 +469,7 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                                         idle=functools.partial(stack.wait_idle, 60)) is None:
                             raise RuntimeError(f"the pool did not grow back to {instances}")
                         with LoadSampler() as load:
-                            stack.clear_starts()
+                            stack.runs.clear()
                             lo = churn_run(direct, ns, counter, small, slow_rate, hold, window,
                                            grace, "l", functools.partial(stack.wait_idle, 180),
                                            proxy)
@@ -503,12 +503,12 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
 
 
 def _count_jobs(res: ChurnResult, stack: Stack) -> None:
-    kinds = [k.split("/", 1)[0] for _, k in stack.starts()]
+    kinds = [k.split("/", 1)[0] for _, k in stack.runs.starts()]
     res.session_runs = kinds.count("session")
     res.instance_runs = kinds.count("instance")
     res.job_times = "; ".join((
-        dur_summary("claim jobs", stack.durations("session")),
-        dur_summary("instance jobs", stack.durations("instance"))))
+        dur_summary("claim jobs", stack.runs.durations("session")),
+        dur_summary("instance jobs", stack.runs.durations("instance"))))
 
 
 def rows_for(out: ClaimBench, instances: int, small: int, rate: float,

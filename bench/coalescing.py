@@ -124,7 +124,7 @@ def run(instances: int = 100, events: int = 10_000, rate: float = 200.0,
 
             # --- paused ---------------------------------------------------------------
             stack.stop_workers()
-            stack.clear_starts()
+            stack.runs.clear()
             enq0, seen0 = _scheduler_numbers(stack)
             say(f"coalescing: {events} events over {len(ids)} instances, workers stopped")
             with ThreadPoolExecutor(8) as ex:
@@ -142,11 +142,11 @@ def run(instances: int = 100, events: int = 10_000, rate: float = 200.0,
             res.paused_waiting = stack.inspector.stats().waiting
             stack.start_workers()
             stack.wait_idle(timeout)
-            res.paused_runs = sum(1 for _, k in stack.starts() if k.startswith("instance/"))
+            res.paused_runs = sum(1 for _, k in stack.runs.starts() if k.startswith("instance/"))
             say(f"coalescing paused: {res.paused_runs} runs, {res.paused_enqueued} adds")
 
             # --- running --------------------------------------------------------------
-            stack.clear_starts()
+            stack.runs.clear()
             enq0, _ = _scheduler_numbers(stack)
             # the bench's own watch on the email ConfigMaps: when each change was delivered
             delivered: dict[int, tuple[str, float]] = {}
@@ -186,11 +186,11 @@ def run(instances: int = 100, events: int = 10_000, rate: float = 200.0,
             enq, _ = _scheduler_numbers(stack)
             res.running_enqueued = enq - enq0
             starts: dict[str, list[float]] = defaultdict(list)
-            for t, key in stack.starts():
+            for t, key in stack.runs.starts():
                 if key.startswith("instance/"):
                     starts[key].append(t)
             res.running_runs = sum(len(s) for s in starts.values())
-            res.job_times = dur_summary("instance jobs", stack.durations("instance"))
+            res.job_times = dur_summary("instance jobs", stack.runs.durations("instance"))
             with lock:
                 running_seen = [v for i, v in delivered.items() if i >= events]
             res.running_events = len(running_seen)

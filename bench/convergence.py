@@ -179,8 +179,8 @@ def run_config(name: str, instances: int, small: int, url: str, timeout: float,
                 if driver.errors:
                     result.note = f"{len(driver.errors)} round errors, e.g. {driver.errors[0]}"
             if stack is not None:
-                result.runs = sum(1 for _, k in stack.starts() if k.startswith("instance/"))
-                result.note = dur_summary("instance jobs", stack.durations("instance"))
+                result.runs = sum(1 for _, k in stack.runs.starts() if k.startswith("instance/"))
+                result.note = dur_summary("instance jobs", stack.runs.durations("instance"))
                 assert stack.scheduler is not None
                 result.cpu = sum(cpu_seconds(p) for p in [*stack.worker_pids(),
                                                             stack.scheduler.pid])

@@ -25,10 +25,8 @@ import redis
 
 from scheduler.process import SchedulerProcess
 from warmpool.cluster.local import ClusterInfo
-from warmpool.harness import System, stderr_to
+from warmpool.harness import RunLog, System
 from warmpool.queue.inspect import Inspector
-from warmpool.queue.layout import Layout
-from warmpool.queue.replies import text
 from warmpool.queue.settings import QueueSettings
 
 #: How long a worker or the scheduler may take to be ready (a loaded 2-core machine).
@@ -74,24 +72,22 @@ class Stack:
 
     def stop_workers(self) -> None:
         """Stop every worker (they drain); the scheduler goes on adding keys."""
-        self.system.workers.stop(timeout=30)
+        self.system.stop_workers(timeout=30)
 
     def start_workers(self) -> None:
-        """Start the stopped workers again, with the same options (fresh processes)."""
-        with stderr_to(self.system.worker_log):
-            self.system.workers.start(timeout=START_TIMEOUT)
+        """Start the workers again, with the same options (fresh processes), ready."""
+        self.system.start_workers()
 
     def stop_scheduler(self) -> None:
-        if self.scheduler is not None:
-            self.scheduler.stop(timeout=15)
+        self.system.stop_schedulers(timeout=15)
 
     def start_scheduler(self) -> None:
-        """Start the stopped scheduler again (same arguments), ready."""
-        assert self.scheduler is not None, "start() the stack first"
-        self.scheduler.start(timeout=START_TIMEOUT)
+        """Start the scheduler again (same arguments), ready."""
+        self.system.start_schedulers()
 
     @property
     def scheduler(self) -> SchedulerProcess | None:
+        """The scheduler while it runs."""
         return self.system.schedulers[0] if self.system.schedulers else None
 
     def worker_pids(self) -> list[int]:
@@ -104,7 +100,7 @@ class Stack:
             raise RuntimeError(f"pid {pid} is not one of the stack's worker processes")
         self.system.kill_worker(i)
 
-    # the queue
+    # the queue and the run log
     @property
     def settings(self) -> QueueSettings:
         return self.system.settings
@@ -116,6 +112,11 @@ class Stack:
     @property
     def inspector(self) -> Inspector:
         return self.system.inspector
+
+    @property
+    def runs(self) -> RunLog:
+        """Every job's start and end (`starts()`, `durations(kind)`, `clear()`)."""
+        return self.system.runs
 
     def idle(self) -> bool:
         s = self.inspector.stats()
@@ -133,38 +134,6 @@ class Stack:
                     return True
             time.sleep(0.1)  # polling the queue
         return False
-
-    # the run log
-    @property
-    def starts_key(self) -> str:
-        return Layout.of(self.settings).runs_started
-
-    def _log(self, name: str) -> list[tuple[float, str]]:
-        out = []
-        for raw in self.client.lrange(name, 0, -1):
-            t, _, key = text(raw).partition(" ")
-            out.append((float(t), key))
-        return out
-
-    def starts(self) -> list[tuple[float, str]]:
-        """Every job start logged so far: (time.time(), key)."""
-        return self._log(self.starts_key)
-
-    def durations(self, kind: str) -> list[float]:
-        """Seconds each finished run of `kind` keys took (a key's runs never overlap, so its
-        i-th end belongs to its i-th start)."""
-        starts: dict[str, list[float]] = {}
-        for t, key in self.starts():
-            starts.setdefault(key, []).append(t)
-        ends: dict[str, list[float]] = {}
-        for t, key in self._log(Layout.of(self.settings).runs_ended):
-            ends.setdefault(key, []).append(t)
-        return [e - s for key, es in ends.items() if key.startswith(kind + "/")
-                for s, e in zip(starts.get(key, []), es, strict=False)]
-
-    def clear_starts(self) -> None:
-        layout = Layout.of(self.settings)
-        self.client.delete(layout.runs_started, layout.runs_ended)
 
     def close(self) -> None:
         """Stop the scheduler and the workers; remove the run's keys from Redis."""
