@@ -1,0 +1,88 @@
+"""`warmpool.harness.quiet`: what `wait_quiet(since=mark)` counts as "the work caused by the
+change made after the mark has run", on the run log's lists as `workers.runlog` writes them."""
+
+from __future__ import annotations
+
+import fakeredis
+import pytest
+import redis
+
+from warmpool.harness.quiet import NotQuiet, mark, quiet, wait_quiet
+from warmpool.queue.layout import Layout
+from warmpool.queue.settings import QueueSettings
+
+SETTINGS = QueueSettings(redis_url="redis://unused", prefix="q:warmpool:", namespace="q:dramatiq")
+LAYOUT = Layout.of(SETTINGS)
+
+
+@pytest.fixture
+def client() -> redis.Redis:
+    return fakeredis.FakeRedis()
+
+
+def started(client: redis.Redis, key: str) -> None:
+    client.rpush(LAYOUT.runs_started, f"1.0 {key}")  # as workers.runlog logs a start
+
+
+def ended(client: redis.Redis, key: str) -> None:
+    client.rpush(LAYOUT.runs_ended, f"2.0 {key}")
+
+
+def test_a_run_under_way_at_the_mark_does_not_count(client: redis.Redis) -> None:
+    started(client, "session/ns/a")
+    since = mark(client, SETTINGS)
+    ended(client, "session/ns/a")  # the old run's end
+    assert quiet(client, SETTINGS, since, ["session/ns/a"]).keys_not_run == ("session/ns/a",)
+    started(client, "session/ns/a")
+    assert quiet(client, SETTINGS, since, ["session/ns/a"]).keys_not_run == ("session/ns/a",)
+    ended(client, "session/ns/a")  # a run started after the mark, ended
+    assert not quiet(client, SETTINGS, since, ["session/ns/a"])
+
+
+def test_every_named_key_must_have_run(client: redis.Redis) -> None:
+    since = mark(client, SETTINGS)
+    started(client, "instance/ns/java/1")
+    ended(client, "instance/ns/java/1")
+    pending = quiet(client, SETTINGS, since, ["instance/ns/java/1", "instance/ns/java/2"])
+    assert pending.keys_not_run == ("instance/ns/java/2",)
+
+
+def test_without_keys_one_run_must_have_ended(client: redis.Redis) -> None:
+    since = mark(client, SETTINGS)
+    assert quiet(client, SETTINGS, since).no_run_yet
+    started(client, "pool/ns/java")
+    assert quiet(client, SETTINGS, since).no_run_yet
+    ended(client, "pool/ns/java")
+    assert not quiet(client, SETTINGS, since)
+
+
+@pytest.mark.parametrize("busy", ["dirty", "inflight", "delayed"])
+def test_the_queue_must_be_idle(client: redis.Redis, busy: str) -> None:
+    since = mark(client, SETTINGS)
+    started(client, "pool/ns/java")
+    ended(client, "pool/ns/java")
+    if busy == "dirty":
+        client.sadd(LAYOUT.dirty, "instance/ns/java/1")
+    else:
+        client.zadd(getattr(LAYOUT, busy), {"instance/ns/java/1": 1})
+    pending = quiet(client, SETTINGS, since, ["pool/ns/java"])
+    assert not pending.keys_not_run and pending.queue is not None
+    with pytest.raises(NotQuiet, match="queue not idle") as failure:
+        wait_quiet(client, SETTINGS, since, ["pool/ns/java"], timeout=0.0)
+    assert isinstance(failure.value, AssertionError)
+
+
+def test_a_run_log_lost_with_redis_is_said(client: redis.Redis) -> None:
+    started(client, "pool/ns/java")
+    ended(client, "pool/ns/java")
+    since = mark(client, SETTINGS)
+    client.flushall()
+    pending = quiet(client, SETTINGS, since)
+    assert pending.log_lost
+    assert "lost its data" in str(pending)
+
+
+def test_the_timeout_says_what_was_pending(client: redis.Redis) -> None:
+    since = mark(client, SETTINGS)
+    with pytest.raises(NotQuiet, match=r"keys with no run .*\['session/ns/s1'\]"):
+        wait_quiet(client, SETTINGS, since, ["session/ns/s1"], timeout=0.0)
