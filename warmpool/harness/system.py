@@ -64,6 +64,7 @@ class System:
         self.worker_log = self.log_dir / "workers.log"
         self.leases_seen = 0  # lease keys in Redis at the last `lease_holders`
         self._workers: Workers | None = None
+        self._proxy_clients: dict[str, Path] = {}  # proxy client name -> its kubeconfig
         self._settings: QueueSettings | None = None
         self._tag: str | None = None
         self._client: redis.Redis | None = None
@@ -191,8 +192,9 @@ class System:
                 continue
             kubeconfig = self.kubeconfig
             if group.proxy_client is not None and self.proxy is not None:
-                kubeconfig = self.proxy.add_client(
+                kubeconfig = self._proxy_clients.get(group.proxy_client) or self.proxy.add_client(
                     group.proxy_client, self.workdir / f"proxy-kubeconfig-{group.proxy_client}")
+                self._proxy_clients[group.proxy_client] = kubeconfig
             pools.append(WorkerPool(
                 settings, processes=group.processes, threads=opts.threads,
                 modules=opts.worker_modules, log_level=level,
