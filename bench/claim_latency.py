@@ -54,11 +54,12 @@ from bench.convergence import SequentialDriver
 from bench.machine import CpuMeter, LoadSampler
 from bench.report import Row, dur_summary, fmt_s, nearest_rank, print_rows, say, verdict
 from bench.stack import Stack
-from bench.world import PoolCounter, create_appdef, set_min_instances
+from bench.world import PoolCounter, create_appdef, identity_stub, set_min_instances
 from warmpool.invariants import check
 from warmpool.kube.api import Kube, connect
 from warmpool.kube.reflector import Reflector, Watched
 from warmpool.pool import vocabulary as v
+from warmpool.pool.meta import meta_of, name_of
 from warmpool.queue.embedded import resolve_redis_url
 from warmpool.queue.replies import text
 from warmpool.testing.apiproxy import ApiProxy, Traffic
@@ -69,12 +70,6 @@ GOAL_P99_CHURN = 0.5  # and 0 unserved: 20 Sessions/s during a 1,000 -> 100 scal
 GOAL_P99_STEADY = 0.25  # 2 Sessions/s on a steady 100-instance pool
 GOAL_REQUESTS = 12.0  # per claim: the writes a claim must make, and no reads it need not
 GOAL_BYTES_RATIO = 1.2  # bytes per claim, large pool / small pool
-
-
-def _session_stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
-    meta = obj.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                         "resourceVersion": meta.get("resourceVersion")}}
 
 
 @dataclass
@@ -141,7 +136,7 @@ class Churn:
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="churn")
         self.watch = Reflector(kube, Watched(v.SESSION_KIND, v.SESSION_API_VERSION), namespace,
-                               self._on_event, summarize=_session_stub,
+                               self._on_event, summarize=identity_stub,
                                timeout_range=(240.0, 300.0))
         self._threads = [threading.Thread(target=self._create_loop, daemon=True),
                          threading.Thread(target=self._delete_loop, daemon=True)]
@@ -150,7 +145,7 @@ class Churn:
         if etype == "DELETED":
             return
         status = (obj.get("status") or {}).get("operatorStatus")
-        name = (obj.get("metadata") or {}).get("name")
+        name = name_of(obj)
         if status != v.STATUS_HANDLED or not name:
             return
         now = time.time()
@@ -384,7 +379,7 @@ def wait_quiet_pool(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, t
     """The pool converged at `target` at the AppDefinition's current generation, queue idle
     (after a churn the scale-down may still be finishing)."""
     appdef = direct.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, APPDEF) or {}
-    gen = int((appdef.get("metadata") or {}).get("generation") or 0)
+    gen = int(meta_of(appdef).get("generation") or 0)
     return counter.wait(target, gen, timeout, idle=lambda: stack.wait_idle(60))
 
 

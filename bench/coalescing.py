@@ -43,12 +43,13 @@ from bench.cluster import (
 from bench.machine import LoadSampler
 from bench.report import Row, dur_summary, fmt_s, pct, print_rows, say, verdict
 from bench.stack import Stack
-from bench.world import PoolCounter, create_appdef
+from bench.world import PoolCounter, create_appdef, identity_stub
 from warmpool.keys import InstanceKey
 from warmpool.kube.api import Kube
 from warmpool.kube.reflector import Reflector, Watched
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.pool.meta import annotations_of, name_of
 from warmpool.queue.embedded import resolve_redis_url
 
 APPDEF = "java"
@@ -154,18 +155,15 @@ def run(instances: int = 100, events: int = 10_000, rate: float = 200.0,
             lock = threading.Lock()
 
             def on_event(etype: str, obj: dict, old: dict | None) -> None:
-                meta = obj.get("metadata") or {}
-                touch = (meta.get("annotations") or {}).get(TOUCH)
-                key = by_name.get(meta.get("name", ""))
+                touch = annotations_of(obj).get(TOUCH)
+                key = by_name.get(name_of(obj))
                 if etype == "MODIFIED" and touch and touch.isdigit() and key:
                     with lock:
                         delivered.setdefault(int(touch), (key, time.time()))
 
             stop = threading.Event()
             watch = Reflector(direct, Watched("ConfigMap", "v1", EMAILS_SELECTOR), ns, on_event,
-                              summarize=lambda kind, o: {"metadata": {
-                                  k: (o.get("metadata") or {}).get(k)
-                                  for k in ("name", "namespace", "resourceVersion")}},
+                              summarize=identity_stub,
                               timeout_range=(240.0, 300.0))
             watch.start(stop)
             watch.synced.wait(60)

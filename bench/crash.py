@@ -44,6 +44,7 @@ from warmpool.keys import SessionKey
 from warmpool.kube.api import Kube
 from warmpool.kube.observe import POOL_SELECTOR
 from warmpool.pool import vocabulary as v
+from warmpool.pool.meta import owner_refs
 from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.layout import Layout
 from warmpool.queue.lease import holder_of
@@ -69,7 +70,7 @@ class CrashResult:
 def _decided(kube: Kube, ns: str, session: str) -> bool:
     items, _ = kube.list("v1", "Service", ns, label_selector=POOL_SELECTOR)
     return any(r.get("kind") == v.SESSION_KIND and r.get("name") == session
-               for s in items for r in s["metadata"].get("ownerReferences") or [])
+               for s in items for r in owner_refs(s))
 
 
 def _status(kube: Kube, ns: str, session: str) -> str | None:

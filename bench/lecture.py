@@ -48,6 +48,7 @@ from warmpool.cluster.local import ClusterInfo
 from warmpool.invariants import check
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
+from warmpool.pool.meta import annotations_of, name_of
 from warmpool.queue.embedded import resolve_redis_url
 from warmpool.testing.world import patch_appdef_spec
 from warmpool.testing.zones import noon_zone
@@ -69,9 +70,8 @@ class Lecture(Churn):
         self.served_by: dict[str, int] = {}
 
     def _on_event(self, etype: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-        meta = obj.get("metadata") or {}
         status = obj.get("status") or {}
-        name = meta.get("name")
+        name = name_of(obj)
         if etype != "DELETED" and name:
             with self._lock:
                 if (status.get("operatorStatus") == v.STATUS_HANDLING
@@ -79,7 +79,7 @@ class Lecture(Churn):
                         and name not in self.handled):
                     self.waited.add(name)
                 if status.get("operatorStatus") == v.STATUS_HANDLED:
-                    raw = (meta.get("annotations") or {}).get(v.ANNOTATION_INSTANCE_ID)
+                    raw = annotations_of(obj).get(v.ANNOTATION_INSTANCE_ID)
                     if raw is not None and str(raw).isdigit():
                         self.served_by.setdefault(name, int(raw))
         super()._on_event(etype, obj, old)

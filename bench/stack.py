@@ -118,19 +118,16 @@ class Stack:
         """Every job's start and end (`starts()`, `durations(kind)`, `clear()`)."""
         return self.system.runs
 
-    def idle(self) -> bool:
-        s = self.inspector.stats()
-        return s.waiting == 0 and s.running == 0 and s.delayed == 0
-
     def wait_idle(self, timeout: float = 120.0, settle: float = 0.5) -> bool:
-        """Idle, and still idle `settle` seconds later (a run may add follow-ups, and its
-        writes' watch events may add keys): the end of a measured window, not a test's
-        proof (that is `System.wait_quiet`). False on timeout."""
+        """Idle (`QueueStats.idle`: nothing waiting, running or delayed), and still idle
+        `settle` seconds later (a run may add follow-ups, and its writes' watch events may
+        add keys): the end of a measured window, not a test's proof (that is
+        `System.wait_quiet`). False on timeout."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.idle():
+            if self.inspector.stats().idle:
                 time.sleep(settle)  # the window's tail: follow-ups may still be on their way
-                if self.idle():
+                if self.inspector.stats().idle:
                     return True
             time.sleep(0.1)  # polling the queue
         return False

@@ -12,15 +12,16 @@ from typing import Any
 
 from bench.report import say
 from warmpool.kube.api import Kube
-from warmpool.kube.observe import POOL_SELECTOR
-from warmpool.kube.reflector import Reflector, Watched
+from warmpool.kube.observe import POOL_WATCHES
+from warmpool.kube.reflector import Reflector
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.pool.meta import labels_of, meta_of, name_of, owner_refs
 from warmpool.pool.model import MAX_INSTANCES_CEILING
+from warmpool.pool.parts import PARTS
 from warmpool.testing import world
 
-POOL_KINDS = (("v1", "Service"), ("apps/v1", "Deployment"), ("v1", "ConfigMap"))
-PARTS_PER_INSTANCE = 5
+PARTS_PER_INSTANCE = len(PARTS)
 
 
 def create_appdef(kube: Kube, ns: str, name: str, min_instances: int) -> dict[str, Any]:
@@ -39,14 +40,18 @@ def set_min_instances(kube: Kube, ns: str, name: str, n: int) -> int:
 # ---- watching what the cluster holds --------------------------------------------------------
 
 
+def identity_stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """What a bench's watch keeps of an object it only counts or names: the identity the
+    reflector needs (name, namespace, resourceVersion), so a large pool costs little memory."""
+    meta = meta_of(obj)
+    return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "resourceVersion")}}
+
+
 def _gen_stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
-    meta = obj.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                         "resourceVersion": meta.get("resourceVersion")},
-            "gen": (meta.get("labels") or {}).get(v.LABEL_GENERATION),
-            "id": naming.instance_id_from_name(meta.get("name") or ""),
-            "claimed": any(r.get("kind") == v.SESSION_KIND
-                           for r in meta.get("ownerReferences") or ())}
+    return {**identity_stub(kind, obj),
+            "gen": labels_of(obj).get(v.LABEL_GENERATION),
+            "id": naming.instance_id_from_name(name_of(obj)),
+            "claimed": any(r.get("kind") == v.SESSION_KIND for r in owner_refs(obj))}
 
 
 class PoolCounter:
@@ -56,9 +61,9 @@ class PoolCounter:
     def __init__(self, kube: Kube, namespace: str) -> None:
         self._stop = threading.Event()
         self.reflectors = [
-            Reflector(kube, Watched(kind, api, POOL_SELECTOR), namespace,
-                      lambda *_: None, summarize=_gen_stub, timeout_range=(240.0, 300.0))
-            for api, kind in POOL_KINDS
+            Reflector(kube, watched, namespace, lambda *_: None, summarize=_gen_stub,
+                      timeout_range=(240.0, 300.0))
+            for watched in POOL_WATCHES
         ]
 
     def start(self) -> PoolCounter:
