@@ -119,12 +119,17 @@ class LeaderElector:
         on_started: Callable[[], None] | None = None,
         on_stopped: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wait: Callable[[threading.Event, float], bool] = threading.Event.wait,
     ) -> None:
+        """`clock` (seconds) dates every lease decision and `wait(event, seconds)` is every
+        pause between attempts (True if the event was set): injected together, as client-go's
+        clock is, a test runs the protocol on a fake time and asserts exact times on it."""
         self.kube = kube
         self.config = config
         self.on_started = on_started
         self.on_stopped = on_stopped
         self.clock = clock
+        self._wait = wait
         self._lock = threading.Lock()
         self._leading = False
         self._renewed_at = -float("inf")
@@ -272,11 +277,11 @@ class LeaderElector:
             wait = expires + 0.05  # retry right when the holder's lease runs out
         deadline = self.clock() + wait
         while not stop.is_set() and (left := deadline - self.clock()) > 0:
-            if jitter and self._wake.wait(min(left, 0.1)):
+            if jitter and self._wait(self._wake, min(left, 0.1)):
                 self._wake.clear()
                 return
             if not jitter:
-                stop.wait(min(left, 0.1))
+                self._wait(stop, min(left, 0.1))
 
     def watch_lease(self, stop: threading.Event) -> None:
         """Wake the candidate loop when the Lease is released (no holder) or deleted."""

@@ -24,6 +24,7 @@ class LeaseStore:
         self.lock = threading.Lock()
         self.before_write: Any = None  # hook: called before each write (race injection)
         self.log: list[tuple[int, str, dict[str, Any]]] = []  # (rv, type, object) for watches
+        self.lists = 0  # a Lease watch lists once when it starts
 
     def _record(self, etype: str, obj: dict[str, Any]) -> None:
         self.log.append((self.rv, etype, copy.deepcopy(obj)))
@@ -31,19 +32,20 @@ class LeaseStore:
     def list(self, api_version: str, kind: str, namespace: str, *,
              label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
         with self.lock:
+            self.lists += 1
             return [copy.deepcopy(o) for o in self.objects.values()], str(self.rv)
 
     def watch(self, api_version: str, kind: str, namespace: str, *, resource_version: str,
               label_selector: str | None = None, timeout_seconds: int = 300) -> Any:
         seen = int(resource_version)
-        end = time.monotonic() + 0.5
+        end = time.monotonic() + 0.5  # a watch ends now and then, as a server's does
         while time.monotonic() < end:
             with self.lock:
                 new = [e for e in self.log if e[0] > seen]
             for rv, etype, obj in new:
                 seen = rv
                 yield {"type": etype, "object": obj}
-            time.sleep(0.005)
+            time.sleep(0.005)  # stimulus: the fake server's poll of its event log
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
         with self.lock:
@@ -89,11 +91,39 @@ class LeaseStore:
 
 
 class Clock:
+    """A fake monotonic clock: it stands still until the test moves it (`advance`), so an
+    elector waiting on it retries only when the test says time has passed."""
+
     def __init__(self) -> None:
         self.t = 1000.0
 
     def __call__(self) -> float:
         return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class SteppingClock(Clock):
+    """A fake clock that the elector's own pauses move on (its `wait`): each wait returns at
+    once, the clock that much later. With one elector looping, the times at which it acts
+    are exact, whatever the machine's load."""
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        if event.is_set():
+            return True
+        self.t += seconds
+        return event.wait(0.001)  # yield the CPU to the test's thread, a millisecond
+
+
+def advance_until(clock: Clock, condition: Any, step: float, timeout: float = 10) -> None:
+    """Move `clock` on by `step` per poll until `condition()` holds (real timeout: a bug)."""
+    def moved() -> bool:
+        if condition():
+            return True
+        clock.advance(step)
+        return False
+    wait_for(moved, timeout=timeout, interval=0.02)
 
 
 def elector(store: LeaseStore, identity: str, clock: Clock | None = None,
@@ -219,36 +249,48 @@ def test_config_is_validated(kw: dict[str, float]) -> None:
 
 
 def test_run_loop_hands_over_on_stop_and_on_lost_renewals() -> None:
-    store = LeaseStore()
+    store, clock = LeaseStore(), Clock()
     fast = dict(lease_duration=3, renew_deadline=1.0, retry_period=0.1)
-    log: list[str] = []
-    a = LeaderElector(store, LeaderConfig(namespace="ns", identity="a", **fast),  # type: ignore
-                      on_started=lambda: log.append("a+"), on_stopped=lambda: log.append("a-"))
-    b = LeaderElector(store, LeaderConfig(namespace="ns", identity="b", **fast),  # type: ignore
-                      on_started=lambda: log.append("b+"), on_stopped=lambda: log.append("b-"))
+    log: list[tuple[str, float]] = []
+
+    def make(name: str) -> LeaderElector:
+        return LeaderElector(
+            store, LeaderConfig(namespace="ns", identity=name, **fast),  # type: ignore
+            on_started=lambda: log.append((f"{name}+", clock.t)),
+            on_stopped=lambda: log.append((f"{name}-", clock.t)), clock=clock)
+
+    a, b = make("a"), make("b")
     stop_a, stop_b = threading.Event(), threading.Event()
     ta = threading.Thread(target=a.run, args=(stop_a,))
     ta.start()
     wait_for(a.is_leader, timeout=5)
     tb = threading.Thread(target=b.run, args=(stop_b,))
     tb.start()
-    wait_for(lambda: b.observed_holder() == "a", timeout=5)
+    wait_for(lambda: b.observed_holder() == "a" and store.lists == 2, timeout=5,
+             message="b a candidate, both Lease watches started")
     assert not b.is_leader()
-    # Stop a: it releases, b takes over on its next retry, long before the lease duration.
+    # Stop a: it releases, and b takes over on the watch's news while the clock stands still
+    # (long before the lease duration: no time passed at all).
+    released_at = clock.t
     stop_a.set()
     ta.join(5)
-    wait_for(b.is_leader, timeout=1.0, interval=0.02)
-    assert log[:3] == ["a+", "a-", "b+"]
+    wait_for(b.is_leader, timeout=5)
+    assert [e for e, _ in log] == ["a+", "a-", "b+"]
+    assert log[-1][1] == released_at
 
-    # b's renewals start failing: it gives up leadership by itself after the renew deadline.
+    # b's renewals start failing: it gives up leadership by itself after the renew deadline,
+    # on its own clock, long before its lease (3 s) would let anyone else take over.
     def fail() -> None:
         raise ConnectionError("apiserver unreachable")
 
     store.before_write = fail
-    wait_for(lambda: not b.is_leader(), timeout=3, interval=0.02)
-    wait_for(lambda: log[-1] == "b-", timeout=3)
+    clock.advance(0.9)
+    assert b.is_leader()  # within the renew deadline, renewals failing or not
+    advance_until(clock, lambda: log[-1][0] == "b-", step=0.05)
+    gave_up = log[-1][1] - released_at
+    assert 1.0 <= gave_up < 3.0, gave_up
     store.before_write = None
-    wait_for(b.is_leader, timeout=5)  # and it leads again once it can renew
+    advance_until(clock, b.is_leader, step=0.05)  # and it leads again once it can renew
     stop_b.set()
     tb.join(5)
     assert "holderIdentity" not in store.spec()
@@ -258,46 +300,56 @@ def test_run_loop_hands_over_on_stop_and_on_lost_renewals() -> None:
 def test_a_watching_candidate_takes_a_released_lease_without_waiting_a_retry_period(
     watch: bool,
 ) -> None:
-    store = LeaseStore()
+    store, clock = LeaseStore(), Clock()
     slow = dict(lease_duration=30, renew_deadline=20, retry_period=1.0, watch=watch)
-    a = LeaderElector(store, LeaderConfig(namespace="ns", identity="a", **slow))  # type: ignore
-    b = LeaderElector(store, LeaderConfig(namespace="ns", identity="b", **slow))  # type: ignore
+    taken_at: list[float] = []
+    a = LeaderElector(store, LeaderConfig(namespace="ns", identity="a", **slow),  # type: ignore
+                      clock=clock)
+    b = LeaderElector(store, LeaderConfig(namespace="ns", identity="b", **slow),  # type: ignore
+                      clock=clock, on_started=lambda: taken_at.append(clock.t))
     stop_a, stop_b = threading.Event(), threading.Event()
     ta = threading.Thread(target=a.run, args=(stop_a,))
     tb = threading.Thread(target=b.run, args=(stop_b,))
     ta.start()
     wait_for(a.is_leader, timeout=5)
     tb.start()
-    wait_for(lambda: b.observed_holder() == "a", timeout=5)
-    time.sleep(0.3)  # let b's watch start
-    t0 = time.monotonic()
+    wait_for(lambda: b.observed_holder() == "a" and store.lists == (2 if watch else 0),
+             timeout=5, message="b a candidate, its Lease watch started")
+    released_at = clock.t
     stop_a.set()
     ta.join(5)
-    wait_for(b.is_leader, timeout=5, interval=0.01)
-    took = time.monotonic() - t0
+    assert "holderIdentity" not in store.spec()
+    if watch:
+        # The clock stands still, so b's next retry never comes: only its watch can wake it.
+        wait_for(b.is_leader, timeout=5)
+        assert clock.t == released_at
+    else:
+        advance_until(clock, b.is_leader, step=0.02)
+        took = taken_at[0] - released_at
+        assert took >= 1.0, took  # its next retry: a retry period (x 1 to 1.2) after the last
     stop_b.set()
     tb.join(5)
-    if watch:
-        assert took < 0.5, took  # woken by the watch, not by its next retry (1 to 1.2 s)
-    else:
-        assert took < 2.0, took  # its next retry
 
 
 def test_a_candidate_retries_right_when_a_dead_holders_lease_runs_out() -> None:
-    store = LeaseStore()
+    store, clock = LeaseStore(), SteppingClock()
     cfg = dict(lease_duration=3, renew_deadline=2, retry_period=1.0)
-    dead = LeaderElector(store, LeaderConfig(namespace="ns", identity="dead", **cfg))  # type: ignore
+    dead = LeaderElector(store, LeaderConfig(namespace="ns", identity="dead", **cfg),  # type: ignore
+                         clock=clock)
     assert dead.try_acquire_or_renew()  # ... and then never renews again (SIGKILL)
-    t0 = time.monotonic()
-    b = LeaderElector(store, LeaderConfig(namespace="ns", identity="b", **cfg))  # type: ignore
+    t0 = clock.t  # b first sees the record now (its first attempt, before any pause)
+    writes: list[float] = []
+    store.before_write = lambda: writes.append(clock.t)
+    b = LeaderElector(store, LeaderConfig(namespace="ns", identity="b", **cfg),  # type: ignore
+                      clock=clock, wait=clock.wait)
     stop = threading.Event()
     t = threading.Thread(target=b.run, args=(stop,))
     t.start()
     try:
-        wait_for(b.is_leader, timeout=10, interval=0.01)
-        took = time.monotonic() - t0
+        wait_for(lambda: store.spec().get("holderIdentity") == "b", timeout=10)
     finally:
         stop.set()
         t.join(5)
-    # 3 s after b first saw the record; not up to a retry period (1-1.2 s) later.
-    assert 3.0 <= took < 3.6, took
+    # Its first write, the take-over: 3 s after b first saw the record, plus the 0.05 s it
+    # adds; not at one of its retries (every 1 to 1.2 s), up to a retry period later.
+    assert writes[0] - t0 == pytest.approx(3.05), writes[0] - t0
