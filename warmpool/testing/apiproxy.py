@@ -287,7 +287,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(503, "the API server is unavailable (injected outage)",
                                 retry_after=p.faults().retry_after)
         if plan.delay:
-            time.sleep(plan.delay)
+            p.sleep(plan.delay)
         if plan.drop:
             self._cut()
         if plan.status:
@@ -646,6 +646,7 @@ class ApiProxy:
         timeout: float = 600.0,
         events: int = 2000,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "https" or not parts.hostname:
@@ -666,6 +667,7 @@ class ApiProxy:
         self._faults = Faults()
         self._counts: Counter[str] = Counter()
         self.clock = clock  # when a delayed watch chunk is due (a test may move it by hand)
+        self.sleep = sleep  # how a request waits its latency (a test may record it instead)
         self._requests: Counter[tuple[str, str]] = Counter()  # (client, verb) -> requests
         self._bytes: Counter[tuple[str, str]] = Counter()  # (client, verb) -> body bytes
         self._shapes: Counter[tuple[str, str, int]] = Counter()  # see `shapes`
