@@ -10,7 +10,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -200,7 +199,6 @@ def test_service_range_holds_more_than_a_slash_24(
     # 300 Services: more than a /24 (254 ClusterIPs) holds, the old range's limit of 127
     # pool instances. Each create returns its ClusterIP (allocated synchronously).
     count = 300
-    t = time.monotonic()
     ips = [
         core_v1.create_namespaced_service(namespace, {
             "metadata": {"name": f"svc-{i}"},
@@ -208,12 +206,10 @@ def test_service_range_holds_more_than_a_slash_24(
         }).spec.cluster_ip
         for i in range(count)
     ]
-    elapsed = time.monotonic() - t
     assert all(ips) and len(set(ips)) == count
     if cluster.pids:  # ours: the range is known
         net = ipaddress.ip_network(local.SERVICE_CIDR)
         assert all(ipaddress.ip_address(ip) in net for ip in ips)
-    assert elapsed < 30, f"{count} Service creates took {elapsed:.1f} s"
 
 
 def _etcd_post(etcd_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
