@@ -107,8 +107,8 @@ def test_s3_claim_and_scale_down_of_the_same_instance_at_once(
         for i, name in enumerate(names):
             create_session(kube, ns, name, USERS[i])
         queue.add_many([str(SessionKey(ns, n)) for n in names])
-        # Place the scale-down inside the claims' window (a seeded offset of a few ms, not a
-        # wait for anything): some claims win, some lose, some are caught half-way.
+        # Stimulus: place the scale-down inside the claims' window (a seeded offset of a few
+        # ms, not a wait for anything): some claims win, some lose, some are caught half-way.
         time.sleep(rng.uniform(0, 0.03))
         shrunk = patch_appdef_spec(kube, ns, "java", minInstances=0)
         cause = {"AppDefinition/java": shrunk["metadata"]["resourceVersion"]}

@@ -63,7 +63,7 @@ class Scripted:
 
     def watch(self, api_version: str, kind: str, namespace: str | None, **kw: Any) -> Any:
         if kw.get("field_selector"):
-            time.sleep(0.01)
+            time.sleep(0.01)  # stimulus: an empty watch lasts a moment, as a quiet server's
             return
         end = time.monotonic() + 0.05
         while time.monotonic() < end:
@@ -73,7 +73,7 @@ class Scripted:
             if item is not None:
                 yield item
             else:
-                time.sleep(0.002)
+                time.sleep(0.002)  # stimulus: the fake server's poll of its pushed events
 
 
 

@@ -42,7 +42,7 @@ class Kube:
         yield [dict(o) for o in self.objects[kind]], "1"
 
     def watch(self, api_version: str, kind: str, namespace: str | None, **kw: Any) -> Any:
-        time.sleep(0.02)
+        time.sleep(0.02)  # stimulus: each fake watch lasts a moment, as a quiet server's
         with self.lock:
             pending, self.events[kind] = self.events[kind], []
         yield from pending

@@ -54,7 +54,7 @@ class Listed:
 
     def watch(self, api_version: str, kind: str, namespace: str | None,
               **kw: Any) -> Iterator[dict[str, Any]]:
-        time.sleep(0.02)  # the reflector's watch loop: nothing ever happens here
+        time.sleep(0.02)  # stimulus: an empty watch lasts a moment (nothing ever happens here)
         yield from ()
 
 

@@ -67,7 +67,7 @@ class ScriptedKube:
         self.timeouts.append(timeout_seconds)
         script = self.watches.popleft() if self.watches else []
         if not script:
-            time.sleep(0.01)
+            time.sleep(0.01)  # stimulus: an empty watch lasts a moment, as a quiet server's
         for step in script:
             if isinstance(step, BaseException):
                 raise step
@@ -205,14 +205,30 @@ def test_handler_errors_do_not_stop_the_watch(run_reflector) -> None:
     wait_for(lambda: calls == ["a", "b"], timeout=5)
 
 
+class CountingEvent(threading.Event):
+    """An Event that counts the waits on it: how often a parked loop has looked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        return super().wait(timeout)
+
+
 def test_hold_parks_between_watches_and_resume_continues(run_reflector) -> None:
     kube = ScriptedKube()
     kube.lists.append(([], "10"))
     r = run_reflector(kube, Recorder())
     wait_for(r.synced.is_set, timeout=5)
+    go = r._go = CountingEvent()  # the loop's go-ahead, read afresh before each watch
+    go.set()
     assert r.hold(wait=5)
-    n = len(kube.watch_rvs)
-    time.sleep(0.1)
+    n, checked = len(kube.watch_rvs), go.waits
+    # Parked: the loop asks for the go-ahead again and again, and opens no watch meanwhile
+    # (its empty scripted watches would otherwise follow each other every 10 ms).
+    wait_for(lambda: go.waits >= checked + 2, timeout=5, message="the parked loop checking")
     assert len(kube.watch_rvs) == n
     r.resume()
     wait_for(lambda: len(kube.watch_rvs) > n, timeout=5)

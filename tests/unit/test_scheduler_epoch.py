@@ -35,7 +35,7 @@ class Kube:
         yield objs, "1"
 
     def watch(self, api_version: str, kind: str, namespace: str | None, **kw: Any) -> Any:
-        time.sleep(0.02)
+        time.sleep(0.02)  # stimulus: each fake watch lasts a moment, as a quiet server's
         yield from ()
 
 

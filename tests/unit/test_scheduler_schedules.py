@@ -54,7 +54,7 @@ class Fake:
         yield [dict(o) for o in OBJECTS[kind]], "1"
 
     def watch(self, api_version: str, kind: str, namespace: str | None, **kw: Any) -> Any:
-        time.sleep(0.02)
+        time.sleep(0.02)  # stimulus: each fake watch lasts a moment, as a quiet server's
         yield from ()
 
     def json_patch(self, api_version: str, kind: str, namespace: str, name: str,
