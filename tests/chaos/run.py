@@ -74,7 +74,6 @@ from tests.chaos.world import PinnedKube
 from warmpool.cluster.local import ClusterInfo
 from warmpool.harness import System
 from warmpool.kube.api import Kube, connect
-from warmpool.queue.inspect import Inspector
 
 
 @dataclass
@@ -283,12 +282,11 @@ def _settle(kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig, history: 
 def queue_notes(system: System) -> str:
     """The queue's state, for a history line: what waits, runs, backs off or died."""
     try:
-        client = system.redis.client()
-        insp = Inspector(client, system.settings)
+        insp = system.inspector
         stats = insp.stats()
         delayed = [f"{k} in {s:.1f}s" for k, s in insp.delayed(8)]
         running = [f"{r.key} ({r.holder})" for r in insp.running(8)]
-        waiting = sorted(m.decode() for m in client.smembers(insp.layout.dirty))[:8]
+        waiting = sorted(insp.census().waiting)[:8]
         leader = system.leader()
         return (f"queue: {stats}; waiting {waiting}; delayed {delayed}; running {running}; "
                 f"scheduler leader {leader}")

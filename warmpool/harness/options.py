@@ -39,6 +39,10 @@ class SystemOptions:
     scheduler_identity: each scheduler's `--identity` is `<this>-<index>` (None: host_pid).
     scheduler_args: more `python -m scheduler` arguments (e.g. `--watch-timeout 60 120`,
         `--no-metrics`); they come last and win.
+    kubeconfig: the processes reach the API server with this kubeconfig instead of the
+        cluster's (e.g. through a proxy of the caller's that outlives the system); not with
+        `proxy`. With no cluster (`System(None, ...)`: workers on a queue only, no
+        schedulers) and no kubeconfig, the processes get no KUBECONFIG.
     proxy: every process reaches the API server through a fault-injecting
         `warmpool.testing.apiproxy.ApiProxy` (`System.proxy`); the caller's own clients
         still talk to the cluster directly. `proxy_seed` seeds its faults.
@@ -71,6 +75,7 @@ class SystemOptions:
     scheduler_identity: str | None = None
     scheduler_args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    kubeconfig: Path | None = None
     proxy: bool = False
     proxy_seed: int | None = None
     redis: str | RedisServer = "private"

@@ -108,10 +108,6 @@ class Pending:
         return "; ".join(parts) or "quiet"
 
 
-def _idle(stats: QueueStats) -> bool:
-    return stats.waiting == 0 and stats.running == 0 and stats.delayed == 0
-
-
 def quiet(client: redis.Redis, settings: QueueSettings, since: Mark,
           keys: Iterable[str] = ()) -> Pending:
     """One look: what is still pending of the work since `since` (falsy when none is)."""
@@ -132,12 +128,12 @@ def quiet(client: redis.Redis, settings: QueueSettings, since: Mark,
     no_run = not wanted and not ends
     inspector = Inspector(client, settings)
     stats = inspector.stats()
-    if _idle(stats):
+    if stats.idle:
         # Read again: the three counts are read one after the other, not at one moment, so a
         # key moving between them (delayed -> waiting) could be missed once, not twice; and
         # a run that ended in between may have added work the first read did not see.
         again = inspector.stats()
-        if not _idle(again):
+        if not again.idle:
             return Pending(not_run, no_run, again)
         busy = int(client.llen(layout.runs_ended)) != int(n_ends)
         return Pending(not_run, no_run, None, busy=busy)

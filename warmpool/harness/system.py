@@ -33,8 +33,6 @@ from warmpool.harness.redis import PrivateRedis, RedisServer, redis_server
 from warmpool.harness.runs import RunLog
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.layout import Layout
-from warmpool.queue.lease import holder_of
-from warmpool.queue.replies import text
 from warmpool.queue.settings import QueueSettings
 from warmpool.testing.apiproxy import ApiProxy
 from workers.process import WorkerPool
@@ -47,10 +45,16 @@ class System:
     """Start with `start()` or `with System(cluster, ...) as system:`; see `SystemOptions`
     for every option (given as one `options` value, keyword arguments, or both)."""
 
-    def __init__(self, cluster: ClusterInfo, options: SystemOptions | None = None,
+    def __init__(self, cluster: ClusterInfo | None, options: SystemOptions | None = None,
                  **changes: Any) -> None:
         self.cluster = cluster
         self.options = opts = (options or SystemOptions()).replace(**changes)
+        if cluster is None and (opts.proxy or opts.schedulers):
+            raise ValueError("without a cluster, a system is workers on a queue only: "
+                             "schedulers=0, proxy=False")
+        if opts.proxy and opts.kubeconfig is not None:
+            raise ValueError("the processes reach the API server through the proxy or "
+                             "through `kubeconfig`, not both")
         self.workdir = Path(opts.workdir) if opts.workdir is not None else Path(
             tempfile.mkdtemp(prefix="warmpool-system-"))
         self.log_dir = Path(opts.log_dir) if opts.log_dir is not None else self.workdir
@@ -58,7 +62,8 @@ class System:
         # Made now, so its fault switches and records can be handed out before `start()`.
         self.proxy: ApiProxy | None = (
             ApiProxy(upstream=cluster.server, token=cluster.token, seed=opts.proxy_seed,
-                     kubeconfig_path=self.workdir / "proxy-kubeconfig") if opts.proxy else None)
+                     kubeconfig_path=self.workdir / "proxy-kubeconfig")
+            if opts.proxy and cluster is not None else None)
         self.schedulers: list[SchedulerProcess] = []
         self.worker_command: WorkerCommand | None = None
         self.worker_log = self.log_dir / "workers.log"
@@ -68,6 +73,7 @@ class System:
         self._settings: QueueSettings | None = None
         self._tag: str | None = None
         self._client: redis.Redis | None = None
+        self._inspector: Inspector | None = None
         self._lock = threading.Lock()  # one restart at a time: stderr_to redirects fd 2
         self._started = False
         self._detached = False
@@ -90,7 +96,10 @@ class System:
 
     @property
     def inspector(self) -> Inspector:
-        return Inspector(self.client, self.settings)
+        """The queue's one reader of its states (`Inspector.stats().idle`, `census()`, ...)."""
+        if self._inspector is None:
+            self._inspector = Inspector(self.client, self.settings)
+        return self._inspector
 
     @property
     def runs(self) -> RunLog:
@@ -106,8 +115,21 @@ class System:
 
     @property
     def kubeconfig(self) -> Path:
-        """The kubeconfig the system's processes use: the proxy's main port when on."""
-        return self.proxy.kubeconfig_path if self.proxy is not None else self.cluster.kubeconfig
+        """The kubeconfig the system's processes use: `options.kubeconfig`, else the proxy's
+        main port when on, else the cluster's."""
+        if self.options.kubeconfig is not None:
+            return Path(self.options.kubeconfig)
+        if self.proxy is not None:
+            return self.proxy.kubeconfig_path
+        if self.cluster is None:
+            raise RuntimeError("a system without a cluster has no kubeconfig")
+        return self.cluster.kubeconfig
+
+    def _kube_env(self) -> dict[str, str]:
+        """KUBECONFIG for the processes (none for a queue-only system)."""
+        if self.cluster is None and self.options.kubeconfig is None:
+            return {}
+        return {"KUBECONFIG": str(self.kubeconfig)}
 
     @property
     def tag(self) -> str | None:
@@ -178,7 +200,7 @@ class System:
         opts, settings = self.options, self.settings
         if opts.worker_command:
             env = {**os.environ, **self._process_env(), **opts.worker_env,
-                   "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+                   **self._kube_env(), "PYTHONUNBUFFERED": "1"}
             self.worker_command = WorkerCommand(
                 processes=sum(g.processes for g in opts.groups()), threads=opts.threads,
                 modules=opts.worker_modules, env=env, log_path=self.worker_log,
@@ -190,16 +212,16 @@ class System:
         for group in opts.groups():
             if group.processes < 1:
                 continue
-            kubeconfig = self.kubeconfig
+            kube_env = self._kube_env()
             if group.proxy_client is not None and self.proxy is not None:
                 kubeconfig = self._proxy_clients.get(group.proxy_client) or self.proxy.add_client(
                     group.proxy_client, self.workdir / f"proxy-kubeconfig-{group.proxy_client}")
                 self._proxy_clients[group.proxy_client] = kubeconfig
+                kube_env = {"KUBECONFIG": str(kubeconfig)}
             pools.append(WorkerPool(
                 settings, processes=group.processes, threads=opts.threads,
                 modules=opts.worker_modules, log_level=level,
-                env={**opts.env, **opts.worker_env, **group.env,
-                     "KUBECONFIG": str(kubeconfig)}))
+                env={**opts.env, **opts.worker_env, **group.env, **kube_env}))
         self._workers = Workers(pools)
         with self._lock, stderr_to(self.worker_log):
             self._workers.start(timeout=opts.start_timeout)
@@ -230,7 +252,7 @@ class System:
             args += ["--resync-period", str(opts.resync_period)]
         if opts.log_level:
             args += ["--log-level", opts.log_level]
-        env = {**self._process_env(), "KUBECONFIG": str(self.kubeconfig)}
+        env = {**self._process_env(), **self._kube_env()}
         return SchedulerProcess([*args, *opts.scheduler_args], env=env,
                                 log_path=self.scheduler_log(i), cwd=_CODE_ROOT)
 
@@ -357,19 +379,12 @@ class System:
         included: a claim, keyed by its Session, takes one for its deciding write)."""
         out: Counter[int] = Counter()
         self.leases_seen = 0
-        client = self.client
         with contextlib.suppress(redis.RedisError):
-            names = list(client.scan_iter(match=Layout.of(self.settings).lease_prefix + "*",
-                                          count=1000))
-            for value in client.mget(names) if names else []:
-                if value is None:
-                    continue
-                self.leases_seen += 1
-                parts = holder_of(text(value)).split(":")
-                if len(parts) >= 2 and parts[1].isdigit():
-                    i = self.workers.index_of(int(parts[1]))
-                    if i is not None:
-                        out[i] += 1
+            for process, keys in self.inspector.lease_holders().items():  # "host:pid" -> keys
+                self.leases_seen += len(keys)
+                pid = process.rpartition(":")[2]
+                if pid.isdigit() and (i := self.workers.index_of(int(pid))) is not None:
+                    out[i] += len(keys)
         return out
 
     def leader(self) -> int | None:
