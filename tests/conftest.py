@@ -9,6 +9,7 @@ Fixtures (use them by name as arguments):
   is started (WARMPOOL_TEST_ETCD_URL may then name its etcd).
 - `kube_api` (session): a `kubernetes.client.ApiClient` for that cluster. Never the global
   default configuration, so a stray ~/.kube/config can never be touched by a test.
+- `kube` (session): `warmpool.kube.api.Kube` on `kube_api` (plain dicts, typed errors).
 - `core_v1`, `apps_v1`, `custom_objects` (session): the API groups on `kube_api`.
 - `namespace` (function): a fresh, uniquely named namespace (its default ServiceAccount is
   ready, so pods can be created at once), deleted after the test.
@@ -33,8 +34,9 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from tests.waiting import wait_for
 from warmpool.cluster import local
+from warmpool.kube.api import Kube
+from warmpool.testing.world import create_namespace
 
 # tests/ is a package (so is each folder under it): pytest puts the repository root on
 # sys.path, and `tests.<module>` imports work under plain `pytest` too.
@@ -94,6 +96,12 @@ def kube_api(cluster: local.ClusterInfo) -> Iterator[client.ApiClient]:
 
 
 @pytest.fixture(scope="session")
+def kube(kube_api: client.ApiClient) -> Kube:
+    """The controller's API wrapper on the test cluster (plain dicts, typed errors)."""
+    return Kube(kube_api)
+
+
+@pytest.fixture(scope="session")
 def core_v1(kube_api: client.ApiClient) -> client.CoreV1Api:
     return client.CoreV1Api(kube_api)
 
@@ -114,17 +122,10 @@ def _namespace_name(test_name: str) -> str:
 
 
 @pytest.fixture
-def namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api) -> Iterator[str]:
+def namespace(request: pytest.FixtureRequest, kube: Kube, core_v1: client.CoreV1Api
+              ) -> Iterator[str]:
     name = _namespace_name(request.node.name)
-    core_v1.create_namespace({"metadata": {"name": name, "labels": {"warmpool-test": "true"}}})
-
-    def default_sa_has_token() -> bool:
-        # Pods are refused until the ServiceAccount (and in 1.20 its token secret) exists.
-        sa = core_v1.read_namespaced_service_account("default", name)
-        return bool(sa.secrets)
-
-    wait_for(default_sa_has_token, timeout=30, ignore=(ApiException,),
-             message=f"the default ServiceAccount of {name}")
+    create_namespace(kube, name, labels={"warmpool-test": "true"}, timeout=30)
     try:
         yield name
     finally:

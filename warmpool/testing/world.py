@@ -11,15 +11,17 @@ used to build them, so a test cannot pass because both sides share a bug.
   metadata (uid, generation, annotations...) for tests that feed objects straight to a parser.
 - `create_appdef` / `create_session` (and `create_shared_route`, `patch_appdef_spec`,
   `delete_session`): the writes on the API server.
+- `create_namespace`: a namespace ready for Pods, for the tests' fixture and the benchmarks.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from warmpool.kube.api import Kube
+from warmpool.kube.api import Kube, KubeError
 from warmpool.pool import vocabulary as v
 from warmpool.testing.gateway import GATEWAY, ensure_shared_route
+from warmpool.testing.waiting import wait_for
 
 __all__ = [
     "HOST",
@@ -29,6 +31,7 @@ __all__ = [
     "appdef_body",
     "appdef_spec",
     "create_appdef",
+    "create_namespace",
     "create_session",
     "create_shared_route",
     "delete_session",
@@ -91,6 +94,22 @@ def session_body(ns: str, name: str, spec: dict[str, Any], *,
                  metadata: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
     """A Session object around `spec` (`session_spec(...)`, or anything, malformed included)."""
     return _body(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name, spec, metadata or {}, extra)
+
+
+def create_namespace(kube: Kube, name: str, *, labels: dict[str, str] | None = None,
+                     timeout: float = 60) -> dict[str, Any]:
+    """Namespace `name`, returned once Pods can be made in it: the API server refuses them
+    until the default ServiceAccount exists (and, in 1.20, has its token secret)."""
+    created = kube.create({"apiVersion": "v1", "kind": "Namespace",
+                           "metadata": {"name": name, "labels": dict(labels or {})}})
+
+    def default_sa_has_token() -> bool:
+        sa = kube.get("v1", "ServiceAccount", name, "default")
+        return bool(sa and sa.get("secrets"))
+
+    wait_for(default_sa_has_token, timeout=timeout, ignore=(KubeError,),
+             message=f"the default ServiceAccount of {name}")
+    return created
 
 
 def create_shared_route(kube: Kube, ns: str, name: str = SHARED_ROUTE, *,
