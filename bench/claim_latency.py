@@ -48,7 +48,6 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
-    through,
 )
 from bench.convergence import SequentialDriver
 from bench.machine import CpuMeter, LoadSampler
@@ -412,7 +411,7 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
         for case in ("workers", "baseline") if baseline else ("workers",):
             ns = new_namespace(direct, f"claim-{case}")
             counter = PoolCounter(direct, ns).start()
-            stack = Stack(url, through(info, proxy), ns, processes=2, threads=8)
+            stack = Stack(url, info, ns, kubeconfig=proxy.kubeconfig_path, processes=2, threads=8)
             driver: SequentialDriver | None = None
             try:
                 stack.start()

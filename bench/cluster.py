@@ -5,7 +5,6 @@ up as a Theia Cloud namespace is."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import shutil
 import tempfile
@@ -62,12 +61,6 @@ def latency_proxy(info: local.ClusterInfo, latency: float = 0.01,
     with apiproxy.ApiProxy(upstream=info.server, token=info.token, seed=seed) as proxy:
         proxy.set(latency=latency)
         yield proxy
-
-
-def through(info: local.ClusterInfo, proxy: apiproxy.ApiProxy) -> local.ClusterInfo:
-    """The cluster as a process reaches it through `proxy`: what a benchmark's workers and
-    scheduler are given, so every request they make is slowed and counted there."""
-    return dataclasses.replace(info, kubeconfig=proxy.kubeconfig_path, server=proxy.url)
 
 
 def direct_kube(info: local.ClusterInfo) -> Kube:

@@ -38,7 +38,6 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
-    through,
 )
 from bench.machine import LoadSampler
 from bench.report import Row, dur_summary, fmt_s, pct, print_rows, say, verdict
@@ -113,7 +112,7 @@ def run(instances: int = 100, events: int = 10_000, rate: float = 200.0,
         direct = direct_kube(info)
         ns = new_namespace(direct, "coalesce")
         counter = PoolCounter(direct, ns).start()
-        stack = Stack(url, through(info, proxy), ns, processes=2, threads=8)
+        stack = Stack(url, info, ns, kubeconfig=proxy.kubeconfig_path, processes=2, threads=8)
         try:
             stack.start()
             gen = int(create_appdef(direct, ns, APPDEF, instances)["metadata"]["generation"])

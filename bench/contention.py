@@ -21,26 +21,25 @@ import time
 import uuid
 
 from bench.report import pct
+from warmpool.harness import System
 from warmpool.queue.embedded import resolve_redis_url
 from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.redis_conn import connect
-from warmpool.queue.settings import QueueSettings
 from workers import probe
-from workers.process import WorkerPool
 
 WORK = 0.02
 
 
 def keyed_latencies(url: str, keys: int, processes: int, threads: int) -> list[float]:
-    tag = f"bench{uuid.uuid4().hex[:8]}"
-    settings = QueueSettings(redis_url=url, prefix=f"{tag}:warmpool:", namespace=f"{tag}:dramatiq")
-    client = connect(url)
-    pool = WorkerPool(settings, processes=processes, threads=threads,
-                      modules=("workers.probe",), env={"WARMPOOL_PROBE": "log"})
-    q = KeyedQueue(client, settings)
-    log = probe.probe_key(settings, "log")
+    # Workers on a queue of the run's own, no cluster.
+    system = System(None, redis=url, schedulers=0, workers=processes, threads=threads,
+                    worker_modules=("workers.probe",), worker_env={"WARMPOOL_PROBE": "log"},
+                    tag=f"bench{uuid.uuid4().hex[:8]}")
     try:
-        pool.start()
+        system.start()
+        settings, client = system.settings, system.client
+        q = KeyedQueue(client, settings)
+        log = probe.probe_key(settings, "log")
         client.set(probe.probe_key(settings, "sleep"), WORK)
         for i in range(1, keys + 1):
             key = f"instance/bench/contention/{i}"
@@ -56,10 +55,7 @@ def keyed_latencies(url: str, keys: int, processes: int, threads: int) -> list[f
             runs.setdefault(key, []).append((start, end))
         return [rs[1][0] - rs[0][1] for rs in (sorted(r) for r in runs.values()) if len(rs) == 2]
     finally:
-        pool.stop(timeout=30)
-        batch = list(client.scan_iter(match=f"{tag}:*", count=1000))
-        for i in range(0, len(batch), 500):
-            client.delete(*batch[i : i + 500])
+        system.stop()
 
 
 def lock_latencies(url: str, trials: int) -> list[float]:

@@ -40,7 +40,6 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
-    through,
 )
 from bench.machine import LoadSampler, cpu_seconds
 from bench.report import Row, dur_summary, fmt_s, print_rows, say, verdict
@@ -147,7 +146,8 @@ def run_config(name: str, instances: int, small: int, url: str, timeout: float,
                 driver = SequentialDriver(Kube(connect(str(proxy.kubeconfig_path))), ns)
             else:
                 p, t = (int(x) for x in name.split("x"))
-                stack = Stack(url, through(info, proxy), ns, processes=p, threads=t)
+                stack = Stack(url, info, ns, kubeconfig=proxy.kubeconfig_path, processes=p,
+                              threads=t)
                 stack.start()
                 if profile_dir is not None:
                     from bench.profiling import Profiler

@@ -33,7 +33,6 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
-    through,
 )
 from bench.report import Row, fmt_s, print_rows, say, verdict
 from bench.stack import Stack
@@ -111,7 +110,7 @@ def keyed_case(info: ClusterInfo, proxy: ApiProxy, url: str) -> tuple[CrashResul
     direct = direct_kube(info)
     ns = new_namespace(direct, "crash-keyed")
     counter = PoolCounter(direct, ns).start()
-    stack = Stack(url, through(info, proxy), ns, processes=2, threads=4)
+    stack = Stack(url, info, ns, kubeconfig=proxy.kubeconfig_path, processes=2, threads=4)
     try:
         _build(direct, ns, stack, counter)
         ttl = stack.settings.lease_ttl
@@ -145,7 +144,7 @@ def baseline_case(info: ClusterInfo, proxy: ApiProxy, url: str, cap: float) -> C
     direct = direct_kube(info)
     ns = new_namespace(direct, "crash-default")
     counter = PoolCounter(direct, ns).start()
-    stack = Stack(url, through(info, proxy), ns, processes=2, threads=4)
+    stack = Stack(url, info, ns, kubeconfig=proxy.kubeconfig_path, processes=2, threads=4)
     tag = stack.tag + "-default"
     ctx = multiprocessing.get_context("spawn")
     procs = []

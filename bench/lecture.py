@@ -29,6 +29,7 @@ import argparse
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from bench.claim_latency import APPDEF, Churn, ChurnResult
@@ -38,7 +39,6 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
-    through,
 )
 from bench.machine import LoadSampler
 from bench.report import Row, fmt_s, print_rows, say
@@ -114,13 +114,13 @@ def _create_schedule(kube: Kube, ns: str, size: int, opens: datetime) -> None:
     })
 
 
-def run_case(direct: Kube, cluster: ClusterInfo, url: str, case: str, sessions: int,
+def run_case(direct: Kube, info: ClusterInfo, kubeconfig: Path, url: str, case: str, sessions: int,
              over: float, min_instances: int, max_instances: int, size: int,
              grace: float) -> LectureResult:
     out = LectureResult(case)
     ns = new_namespace(direct, f"lecture-{case}")
     counter = PoolCounter(direct, ns).start()
-    stack = Stack(url, cluster, ns, processes=2, threads=8,
+    stack = Stack(url, info, ns, kubeconfig=kubeconfig, processes=2, threads=8,
                   worker_env={"WARMPOOL_BURST": "off" if case == "strict" else "on"})
     try:
         stack.start()
@@ -178,7 +178,7 @@ def run(sessions: int = 100, over: float = 10.0, min_instances: int = 10,
     with private_cluster("lecture") as info, latency_proxy(info) as proxy:
         direct = direct_kube(info)
         for case in CASES:
-            results.append(run_case(direct, through(info, proxy), url, case, sessions, over,
+            results.append(run_case(direct, info, proxy.kubeconfig_path, url, case, sessions, over,
                                     min_instances, max_instances, size, grace))
     return rows_for(results, sessions, over, min_instances, max_instances, size), results
 

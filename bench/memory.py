@@ -25,7 +25,6 @@ from bench.cluster import (
     new_namespace,
     private_cluster,
     quiet_warnings,
-    through,
 )
 from bench.machine import hwm_mb
 from bench.report import Row, print_rows, say, verdict
@@ -121,7 +120,7 @@ def run(objects: int = 10_000, instances: int = 20,
         direct = direct_kube(info)
         ns = new_namespace(direct, "memory")
         counter = PoolCounter(direct, ns).start()
-        stack = Stack(url, through(info, proxy), ns, processes=2, threads=8)
+        stack = Stack(url, info, ns, kubeconfig=proxy.kubeconfig_path, processes=2, threads=8)
         try:
             stack.start()
             appdef = create_appdef(direct, ns, APPDEF, instances)

@@ -29,14 +29,14 @@ from dramatiq.message import Message
 
 from bench.machine import cpu_seconds
 from bench.profiling import Profiler, summarize
+from warmpool.harness import System
 from warmpool.queue.embedded import resolve_redis_url
+from warmpool.queue.inspect import Inspector
 from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.layout import Layout
-from warmpool.queue.redis_conn import connect
 from warmpool.queue.scripts import Scripts
 from warmpool.queue.settings import QueueSettings
 from workers import probe
-from workers.process import WorkerPool
 
 
 def _staging(settings: QueueSettings) -> str:
@@ -140,13 +140,10 @@ def _timed(
                  _redis_cpu(client) - redis0)
 
 
-def _drained(client: redis.Redis, settings: QueueSettings) -> bool:
-    lo = Layout.of(settings)
-    with client.pipeline(transaction=False) as p:
-        p.scard(lo.dirty)
-        p.zcard(lo.inflight)
-        p.llen(lo.messages_list)
-        return not any(p.execute())
+def _drained(inspector: Inspector) -> bool:
+    """No key waiting, running or delayed, and no message left for a worker to fetch."""
+    stats = inspector.stats()
+    return stats.idle and stats.messages == 0
 
 
 @dataclass
@@ -177,30 +174,25 @@ class PipelineResult:
 
 def measure(processes: int, threads: int, jobs: int, rounds: int, url: str,
             profile_dir: Path | None = None) -> PipelineResult:
-    tag = f"bench{uuid.uuid4().hex[:8]}"
-    # No orphan audit while a backlog is staged: its keys' messages are not in the real
-    # queue yet, so the audit would "repair" them with duplicates.
-    settings = QueueSettings(redis_url=url, prefix=f"{tag}:warmpool:", namespace=f"{tag}:dramatiq",
-                             audit_period=3600.0)
-    client = connect(url)
-    pool = WorkerPool(
-        settings,
-        processes=processes,
-        threads=threads,
-        modules=("workers.probe",),
-        env={"WARMPOOL_PROBE": "noop"},
-    )
-    raw_counter = probe.probe_key(settings, "raw")
-    keyed_counter = probe.probe_key(settings, "count")
-    q = _staged_queue(client, settings)
+    # Workers on a queue of the run's own, no cluster. No orphan audit while a backlog is
+    # staged: its keys' messages are not in the real queue yet, so the audit would "repair"
+    # them with duplicates.
+    system = System(None, redis=url, schedulers=0, workers=processes, threads=threads,
+                    worker_modules=("workers.probe",), worker_env={"WARMPOOL_PROBE": "noop"},
+                    queue=QueueSettings(audit_period=3600.0),
+                    tag=f"bench{uuid.uuid4().hex[:8]}")
     try:
-        pool.start()
+        system.start()
+        settings, client = system.settings, system.client
+        raw_counter = probe.probe_key(settings, "raw")
+        keyed_counter = probe.probe_key(settings, "count")
+        q = _staged_queue(client, settings)
         # warm-up: connections, script cache, code paths
         _timed(client, settings, raw_counter, 500, lambda: _stage_raw(client, settings, 500))
         warm = [f"instance/bench/warm/{i}" for i in range(1, 501)]
         _timed(client, settings, keyed_counter, 500, lambda: _stage_keyed(q, warm))
 
-        pids = [pid for pid in pool.pids if pid is not None]
+        pids = [pid for pid in system.workers.pids if pid is not None]
         raw_spent, keyed_spent = [], []
         for r in range(rounds):
             raw_spent.append(_timed(client, settings, raw_counter, jobs,
@@ -230,15 +222,12 @@ def measure(processes: int, threads: int, jobs: int, rounds: int, url: str,
         add_rate = len(adds) / (time.monotonic() - t)
         _release(client, settings)
         deadline = time.monotonic() + 60
-        while not _drained(client, settings) and time.monotonic() < deadline:
+        while not _drained(system.inspector) and time.monotonic() < deadline:
             time.sleep(0.01)
         runs = int(client.get(keyed_counter) or 0)
         enqueued = sum(1 for x in results if x == "enqueued")
     finally:
-        pool.stop(timeout=30)
-        batch = list(client.scan_iter(match=f"{tag}:*", count=1000))
-        for i in range(0, len(batch), 500):
-            client.delete(*batch[i : i + 500])
+        system.stop()
     return PipelineResult(processes, threads, jobs, rounds, url, raw_rates, keyed_rates,
                           raw_spent, keyed_spent, runs, len(adds), enqueued, add_rate, profile)
 

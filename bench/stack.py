@@ -37,9 +37,10 @@ START_TIMEOUT = 120.0
 class Stack:
     """Worker processes and a scheduler on a private queue, for one benchmark case.
 
-    `cluster` is the control plane as the processes reach it (`bench.cluster.through`: via the
-    latency proxy). Workers import `workers.runlog` by default: the real handlers, each run
-    logged to Redis first (so runs and their start times can be counted)."""
+    `kubeconfig` is how the processes reach `cluster`'s API server (the bench's latency
+    proxy, which outlives the stack; None: directly). Workers import `workers.runlog` by
+    default: the real handlers, each run logged to Redis first (so runs and their start times
+    can be counted)."""
 
     redis_url: str
     cluster: ClusterInfo
@@ -50,6 +51,7 @@ class Stack:
     tag: str = field(default_factory=lambda: f"bench{uuid.uuid4().hex[:8]}")
     log_dir: Path | None = None
     worker_env: dict[str, str] = field(default_factory=dict)
+    kubeconfig: Path | None = None
 
     def __post_init__(self) -> None:
         self.system = System(
@@ -63,7 +65,7 @@ class Stack:
                         **self.worker_env},
             leader_elect=False, scheduler_args=("--no-metrics",), log_level="WARNING",
             env={"PYTHONWARNINGS": "ignore"}, redis=self.redis_url, tag=self.tag,
-            log_dir=self.log_dir, start_timeout=START_TIMEOUT)
+            log_dir=self.log_dir, start_timeout=START_TIMEOUT, kubeconfig=self.kubeconfig)
 
     # the processes
     def start(self) -> None:
