@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import pytest
-from kubernetes.client import ApiClient
-
-from warmpool.kube.api import Kube
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,9 +26,3 @@ def option(config: pytest.Config, name: str, default: object) -> object:
         return config.getoption(name)
     except ValueError:
         return default
-
-
-@pytest.fixture(scope="session")
-def kube(kube_api: ApiClient) -> Kube:
-    """The controller's API wrapper, straight to the test cluster (no proxy)."""
-    return Kube(kube_api)

@@ -74,6 +74,7 @@ from tests.chaos.world import PinnedKube
 from warmpool.cluster.local import ClusterInfo
 from warmpool.harness import System
 from warmpool.kube.api import Kube, connect
+from warmpool.testing.world import create_namespace
 
 
 @dataclass
@@ -153,17 +154,7 @@ def make_namespaces(kube: Kube, seed: int) -> list[str]:
     tag = uuid.uuid4().hex[:5]
     names = [f"chaos-{seed}-{tag}-a", f"chaos-{seed}-{tag}-b"]
     for ns in names:
-        kube.create({"apiVersion": "v1", "kind": "Namespace",
-                     "metadata": {"name": ns, "labels": {"warmpool-test": "chaos"}}})
-    deadline = time.monotonic() + 60
-    for ns in names:  # pods are refused until the default ServiceAccount has its token
-        while True:
-            sa = kube.get("v1", "ServiceAccount", ns, "default")
-            if sa and sa.get("secrets"):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"default ServiceAccount of {ns}")
-            time.sleep(0.2)
+        create_namespace(kube, ns, labels={"warmpool-test": "chaos"})
     return names
 
 

@@ -33,7 +33,6 @@ What it does NOT guarantee:
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -44,10 +43,12 @@ from warmpool.queue.inspect import Inspector, QueueStats
 from warmpool.queue.layout import Layout
 from warmpool.queue.replies import text
 from warmpool.queue.settings import QueueSettings
+from warmpool.testing.waiting import WaitTimeout, wait_for
 
 
-class NotQuiet(AssertionError):
-    """`wait_quiet` timed out: the message says which keys had not run and what the queue held."""
+class NotQuiet(WaitTimeout):
+    """`wait_quiet` timed out (an AssertionError): the message says which keys had not run and
+    what the queue held."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,11 +147,13 @@ def wait_quiet(client: redis.Redis, settings: QueueSettings, since: Mark,
     """Poll `quiet` until nothing is pending (see the module docstring for exactly what that
     means); on timeout raise `NotQuiet` saying what still was."""
     wanted = tuple(keys)
-    deadline = time.monotonic() + timeout
-    while True:
-        pending = quiet(client, settings, since, wanted)
-        if not pending:
-            return
-        if time.monotonic() >= deadline:
-            raise NotQuiet(f"not quiet after {timeout:.1f} s: {pending}")
-        time.sleep(interval)  # polling Redis, not a wait for an effect
+    last = [Pending()]
+
+    def settled() -> bool:
+        last[0] = quiet(client, settings, since, wanted)
+        return not last[0]
+
+    try:
+        wait_for(settled, timeout=timeout, interval=interval)
+    except WaitTimeout:
+        raise NotQuiet(f"not quiet after {timeout:.1f} s: {last[0]}") from None
