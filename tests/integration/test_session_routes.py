@@ -24,6 +24,7 @@ from tests.pool_world import (
 from tests.waiting import wait_for
 from warmpool.controller.sequential import run_until_quiet
 from warmpool.kube.api import Kube
+from warmpool.kube.reflector import Reflector, Watched, rv_int
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
 from warmpool.testing.gateway import GATEWAY
@@ -220,35 +221,27 @@ def test_release_deletes_the_route_before_the_allow_list_is_cleared(kube, namesp
     create_appdef(kube, ns, min_instances=2)
     run_until_quiet(kube, ns)
     _claim(kube, ns, 1)
-    route = _route_of(kube, ns, "s1")
-    assert route is not None
-    start = route["metadata"]["resourceVersion"]
+    assert _route_of(kube, ns, "s1") is not None
     seen: list[tuple[int, str]] = []
+
+    def on_route(etype: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        if etype == "DELETED":
+            seen.append((rv_int(obj), "route deleted"))
+
+    def on_configmap(etype: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        data = obj.get("data") or {}
+        if "authenticated-emails-list" in data and not data["authenticated-emails-list"]:
+            seen.append((rv_int(obj), "allow-list cleared"))
+
     stop = threading.Event()
-
-    def watch(api_version: str, kind: str) -> None:
-        try:
-            _record(api_version, kind)
-        except Exception:
-            if not stop.is_set():  # a watch ended by the test's own teardown is no failure
-                raise
-
-    def _record(api_version: str, kind: str) -> None:
-        for event in kube.watch(api_version, kind, ns, resource_version=start,
-                                timeout_seconds=60):
-            obj = event.get("object") or {}
-            if event.get("type") == "DELETED" and kind == v.ROUTE_KIND:
-                seen.append((int(obj["metadata"]["resourceVersion"]), "route deleted"))
-            if kind == "ConfigMap" and "authenticated-emails-list" in (obj.get("data") or {}) \
-                    and not obj["data"]["authenticated-emails-list"]:
-                seen.append((int(obj["metadata"]["resourceVersion"]), "allow-list cleared"))
-            if stop.is_set():
-                return
-
-    threads = [threading.Thread(target=watch, args=a, daemon=True)
-               for a in ((v.ROUTE_API_VERSION, v.ROUTE_KIND), ("v1", "ConfigMap"))]
-    for t in threads:
-        t.start()
+    watches = [Reflector(kube, Watched(kind, api_version), ns, handler,
+                         summarize=lambda _kind, obj: obj)
+               for kind, api_version, handler in ((v.ROUTE_KIND, v.ROUTE_API_VERSION, on_route),
+                                                  ("ConfigMap", "v1", on_configmap))]
+    for r in watches:
+        r.start(stop)
+    for r in watches:
+        assert r.synced.wait(30), f"the {r.name} watch listed"
     # A finalizer keeps the Session (deletionTimestamp set) and so keeps the garbage
     # collector from taking its route: the deletion seen is the release's own.
     kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1",
@@ -257,9 +250,11 @@ def test_release_deletes_the_route_before_the_allow_list_is_cleared(kube, namesp
     run_until_quiet(kube, ns, settings=PoolSettings())
     kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1",
                      {"metadata": {"finalizers": None}})
-    wait_for(lambda: {w for _, w in seen} >= {"route deleted", "allow-list cleared"},
-             timeout=30, message="both writes seen on the watches")
-    stop.set()
+    try:
+        wait_for(lambda: {w for _, w in seen} >= {"route deleted", "allow-list cleared"},
+                 timeout=30, message="both writes seen on the watches")
+    finally:
+        stop.set()
     order = [what for _, what in sorted(seen)]
     assert order.index("route deleted") < order.index("allow-list cleared"), seen
     assert_invariants(kube, ns)
