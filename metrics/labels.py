@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from warmpool.pool import vocabulary as v
 from warmpool.pool.parts import POOL_KIND_NAMES
+from warmpool.queue.scripts import Skip
 
 KINDS = ("instance", "session", "pool")
 OTHER_KIND = "other"  # a key of no known kind (never exported with the key itself)
@@ -21,7 +22,7 @@ RESULTS = (SUCCESS, ERROR, REQUEUE, CONFLICT)
 POOL_STATES = ("free", "claimed", "outdated")
 
 # warmpool_workqueue_skipped_total{result}: a delivered message that did not run
-SKIP_RESULTS = ("busy", "stale", "own")
+SKIP_RESULTS: tuple[str, ...] = tuple(Skip)
 
 # warmpool_scheduler_*{kind}: the watched object kinds
 WATCHED_KINDS = (v.APPDEF_KIND, v.SESSION_KIND, *POOL_KIND_NAMES)

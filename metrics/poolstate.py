@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import redis
 
 from warmpool.keys import SessionKey, parse_key
+from warmpool.queue.clock import ServerClock
 from warmpool.queue.layout import Layout
 from warmpool.queue.settings import QueueSettings
 
@@ -100,8 +101,13 @@ class PoolSnapshot:
 
 
 class PoolState:
-    def __init__(self, client: redis.Redis, settings: QueueSettings) -> None:
+    """`clock`: the process's reading of the Redis server's clock (a worker passes its lease
+    book's, the one it stamps heartbeats with); by default a fresh `TIME` at each reading."""
+
+    def __init__(self, client: redis.Redis, settings: QueueSettings,
+                 clock: ServerClock | None = None) -> None:
         self.client = client
+        self.clock = clock or ServerClock(client, refresh=0.0)
         layout = Layout.of(settings)  # the key names' one definition
         self.state_key = layout.pool_state
         self.waiting_key = layout.pool_waiting
@@ -132,8 +138,7 @@ class PoolState:
         self.client.hdel(self.waiting_key, session_key)
 
     def now_ms(self) -> int:
-        sec, usec = self.client.time()
-        return int(sec) * 1000 + int(usec) // 1000
+        return self.clock.now_ms()
 
     def prune_waiting(
         self, namespace: str, appdef: str, keep: set[str], before_ms: int
@@ -174,9 +179,8 @@ class PoolState:
         with self.client.pipeline(transaction=False) as p:
             p.hgetall(self.state_key)
             p.hgetall(self.waiting_key)
-            p.time()
-            states, waiting, (sec, usec) = p.execute()
-        now = int(sec) * 1000 + int(usec) // 1000
+            states, waiting = p.execute()
+        now = self.now_ms()
         snap = PoolSnapshot()
         instances: dict[tuple[str, str], int] = defaultdict(int)
         for raw in states.values():

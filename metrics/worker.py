@@ -387,7 +387,7 @@ def pool_state(jobs: Jobs) -> PoolState:
     with _states_lock:
         state = _states.get(jobs)
         if state is None:
-            state = _states[jobs] = PoolState(jobs.client, jobs.settings)
+            state = _states[jobs] = PoolState(jobs.client, jobs.settings, jobs.book.clock)
         return state
 
 
