@@ -13,13 +13,14 @@ from warmpool.pool.meta import (
     name_of,
     namespace_of,
     owner_refs,
+    resource_version_of,
     uid_of,
 )
 from warmpool.pool.parts import PARTS, POOL_KIND_NAMES, POOL_KINDS
 
 FULL: dict[str, Any] = {
     "metadata": {
-        "name": "n", "namespace": "ns", "uid": "u",
+        "name": "n", "namespace": "ns", "uid": "u", "resourceVersion": "7",
         "labels": {"a": "1"}, "annotations": {"b": "2"},
         "ownerReferences": [{"kind": "Session", "name": "s", "uid": "su"}],
     },
@@ -32,7 +33,8 @@ FULL: dict[str, Any] = {
 ])
 def test_whatever_is_missing_or_null_reads_as_empty(obj: dict[str, Any] | None) -> None:
     assert (labels_of(obj), annotations_of(obj), owner_refs(obj)) == ({}, {}, ())
-    assert (name_of(obj), namespace_of(obj), uid_of(obj)) == ("", "", "")
+    assert (name_of(obj), namespace_of(obj), uid_of(obj), resource_version_of(obj)) == (
+        "", "", "", "")
     assert dict(meta_of(obj)) == ((obj or {}).get("metadata") or {})
 
 
@@ -42,7 +44,8 @@ def test_the_objects_own_values_are_returned_not_copies() -> None:
     assert labels_of(FULL) is meta["labels"]
     assert annotations_of(FULL) is meta["annotations"]
     assert owner_refs(FULL) is meta["ownerReferences"]
-    assert (name_of(FULL), namespace_of(FULL), uid_of(FULL)) == ("n", "ns", "u")
+    assert (name_of(FULL), namespace_of(FULL), uid_of(FULL), resource_version_of(FULL)) == (
+        "n", "ns", "u", "7")
 
 
 def test_the_empty_default_cannot_be_changed_by_a_caller() -> None:

@@ -21,6 +21,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, ResourceNotFoundError
 
+from warmpool.pool.meta import meta_of, namespace_of
+
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -135,7 +137,7 @@ class Kube:
         """All items (one page; the pools here are thousands, not millions) and the list's RV."""
         res = self._res(api_version, kind)
         body = self._call(res.get, namespace=namespace, label_selector=label_selector)
-        return body.get("items") or [], str((body.get("metadata") or {}).get("resourceVersion"))
+        return body.get("items") or [], str(meta_of(body).get("resourceVersion"))
 
     def list_pages(
         self, api_version: str, kind: str, namespace: str | None, *,
@@ -156,16 +158,16 @@ class Kube:
                 kwargs["_continue"] = token
             body = self._call(res.get, namespace=namespace, label_selector=label_selector,
                               field_selector=field_selector, **kwargs)
-            meta = body.get("metadata") or {}
+            meta = meta_of(body)
             yield body.get("items") or [], str(meta.get("resourceVersion"))
             token = meta.get("continue")
             if not token:
                 return
 
     def create(self, body: Mapping[str, Any]) -> Obj:
-        meta = body["metadata"]
         res = self._res(body["apiVersion"], body["kind"])
-        return self._call(res.create, body=dict(body), namespace=meta.get("namespace"))
+        return self._call(res.create, body=dict(body),
+                          namespace=namespace_of(body) or None)  # None: cluster-scoped
 
     def merge_patch(
         self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any],

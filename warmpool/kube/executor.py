@@ -31,6 +31,7 @@ from warmpool.pool.actions import (
 )
 from warmpool.pool.availability import ProbeTarget
 from warmpool.pool.instances import InstanceView
+from warmpool.pool.meta import annotations_of, name_of, resource_version_of, uid_of
 from warmpool.pool.parts import Part
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class FenceRegression(Exception):
 def observed_fence(view: InstanceView) -> int:
     best = 0
     for _, obj in view.existing():
-        raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(v.ANNOTATION_FENCE, "")
+        raw = annotations_of(obj).get(v.ANNOTATION_FENCE, "")
         if raw.isdigit():
             best = max(best, int(raw))
     return best
@@ -151,7 +152,7 @@ def _parallel_target(action: Action) -> tuple[str, str] | None:
         case Patch(part=part, name=name) if part not in _ALONE:
             return (part.kind, name)
         case Create(part=part, body=body) if part not in _ALONE:
-            return (part.kind, str(body["metadata"]["name"]))
+            return (part.kind, name_of(body))
     return None
 
 
@@ -184,10 +185,10 @@ class Executor:
 
     def _wrote(self, kind: str, obj: dict[str, Any]) -> None:
         obj.setdefault("kind", kind)
-        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        rv = resource_version_of(obj)
         if rv:
-            self.written.append((f"{kind}/{obj['metadata']['name']}", str(rv)))
-            self._versions[(kind, obj["metadata"]["name"])] = str(rv)
+            self.written.append((f"{kind}/{name_of(obj)}", rv))
+            self._versions[(kind, name_of(obj))] = rv
         if self.sink is not None:
             self.sink.wrote(obj)
 
@@ -227,7 +228,7 @@ class Executor:
                 raise
             current = self.kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
                                     name)
-            if current is None or (current.get("metadata") or {}).get("uid") != uid:
+            if current is None or uid_of(current) != uid:
                 raise
         # Read with a status that it no longer has: write the whole of it.
         return self.kube.json_patch(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
@@ -274,7 +275,7 @@ class Executor:
                         raise RouteWriteFailed(exc.status, str(exc)) from exc
                     raise
                 self._wrote(part.kind, created)
-                log.info("created %s %s", part.kind, body["metadata"]["name"])
+                log.info("created %s %s", part.kind, name_of(body))
             case Patch(part=part, name=name, resource_version=rv, patch=patch, why=why):
                 # The shared Ingress is not the instance's: it gets no fence (a fence is one
                 # instance's lease, and the Ingress is every instance's and Helm's).
@@ -307,8 +308,7 @@ class Executor:
                 # reset decided on a stale read is stopped by that write's 409 first.
                 pods = self._pods(selector)
                 for pod in pods:
-                    meta = pod["metadata"]
-                    self.kube.delete("v1", "Pod", ns, meta["name"], uid=meta.get("uid"))
+                    self.kube.delete("v1", "Pod", ns, name_of(pod), uid=uid_of(pod))
                 self.reset.add(selector)
                 log.info("reset %d pod(s) of %s", len(pods), selector)
                 return len(pods)
@@ -320,7 +320,7 @@ class Executor:
                 pods = self._pods(selector)
                 for pod in pods:
                     try:
-                        self.kube.merge_patch("v1", "Pod", ns, pod["metadata"]["name"],
+                        self.kube.merge_patch("v1", "Pod", ns, name_of(pod),
                                               {"metadata": {"annotations": {v.ANNOTATION_REFRESH:
                                                                             now}}})
                     except KubeError as exc:  # a pod that went away needs no refresh

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmpool.kube.api import Gone, Kube
+from warmpool.pool.meta import name_of, namespace_of, resource_version_of, uid_of
 
 log = logging.getLogger(__name__)
 
@@ -95,21 +96,12 @@ def is_gone(exc: BaseException) -> bool:
 
 
 def _cache_key(obj: dict[str, Any]) -> CacheKey:
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-
-
-def _rv(obj: dict[str, Any] | None) -> str | None:
-    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
-
-
-def _uid(obj: dict[str, Any] | None) -> str | None:
-    return ((obj or {}).get("metadata") or {}).get("uid")
+    return (namespace_of(obj), name_of(obj))
 
 
 def rv_int(obj: dict[str, Any] | None) -> int:
     """An object's resourceVersion as a number (0 when missing or not a number)."""
-    raw = _rv(obj)
+    raw = resource_version_of(obj)
     return int(raw) if raw and raw.isdigit() else 0
 
 
@@ -227,7 +219,7 @@ class Reflector:
         returns the summary dropped. Another uid under that name is a newer object: kept."""
         with self._lock:
             old = self.cache.get((namespace, name))
-            if old is None or (uid and (old.get("metadata") or {}).get("uid") != uid):
+            if old is None or (uid and uid_of(old) != uid):
                 return None
             return self.cache.pop((namespace, name))
 
@@ -299,7 +291,7 @@ class Reflector:
                 old = old_cache.get(key)
                 if old is None:
                     self._emit(ADDED, obj, None)
-                elif _rv(old) != _rv(obj):
+                elif resource_version_of(old) != resource_version_of(obj):
                     self._emit(MODIFIED, obj, old)
             for key, old in old_cache.items():
                 if key not in fresh:
@@ -332,7 +324,7 @@ class Reflector:
     def _on_event(self, event: dict[str, Any]) -> None:
         etype = event.get("type")
         obj = event.get("object") or {}
-        rv = _rv(obj)
+        rv = resource_version_of(obj)
         if etype == "BOOKMARK":
             if rv:
                 self.last_rv = rv
@@ -346,7 +338,7 @@ class Reflector:
         with self._lock:
             old = self.cache.get(key)
             if (etype != DELETED and old is not None and rv_int(old) > rv_int(obj)
-                    and _uid(old) == _uid(obj)):
+                    and uid_of(old) == uid_of(obj)):
                 # An offered write is newer than this event: the watch brings it later.
                 if rv:
                     self.last_rv = rv
@@ -357,7 +349,7 @@ class Reflector:
                 self.cache[key] = self.summarize(self.watched.kind, obj)
         self._failures = 0
         self.stats.events += 1
-        if etype != DELETED and old is not None and _rv(old) == rv:
+        if etype != DELETED and old is not None and resource_version_of(old) == rv:
             if rv:
                 self.last_rv = rv
             return  # seen already (a resumed watch may repeat the last event)

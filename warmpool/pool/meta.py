@@ -56,3 +56,10 @@ def namespace_of(obj: Obj | None) -> str:
 def uid_of(obj: Obj | None) -> str:
     """`metadata.uid`, "" when there is none."""
     return str(meta_of(obj).get("uid") or "")
+
+
+def resource_version_of(obj: Obj | None) -> str:
+    """`metadata.resourceVersion`, "" when there is none: what a guarded write names as its
+    precondition and a watch resumes from. An opaque string (compare it for equality only;
+    ``reflector.rv_int`` is the one place that orders them, as etcd revisions)."""
+    return str(meta_of(obj).get("resourceVersion") or "")
