@@ -48,6 +48,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from warmpool.kube.api import Conflict, Kube, KubeError
+from warmpool.pool.meta import resource_version_of
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +196,7 @@ class LeaderElector:
             updated = self.kube.merge_patch(
                 LEASE_API_VERSION, LEASE_KIND, c.namespace, c.name,
                 {"metadata": {"labels": {LEASE_LABEL: c.name}}, "spec": spec},
-                resource_version=lease["metadata"]["resourceVersion"])
+                resource_version=resource_version_of(lease))
         except Conflict:
             return False  # someone wrote it since we read it: look again next time
         self._observe(updated, started)
@@ -212,7 +213,7 @@ class LeaderElector:
                              self.config.name, self._observed.holder, record.holder)
                 self._observed = record
                 self._observed_at = at
-            self._observed_rv = lease["metadata"].get("resourceVersion")
+            self._observed_rv = resource_version_of(lease)
 
     def _expires_in(self) -> float | None:
         """Seconds until another holder's lease expires as we observe it (None: not held by
@@ -244,7 +245,7 @@ class LeaderElector:
                 {"spec": {"holderIdentity": None, "leaseDurationSeconds": 1,
                           "acquireTime": now, "renewTime": now,
                           "leaseTransitions": record.transitions}},
-                resource_version=lease["metadata"]["resourceVersion"])
+                resource_version=resource_version_of(lease))
             log.info("lease %s/%s released by %s", c.namespace, c.name, c.identity)
             return True
         except (Conflict, KubeError, OSError) as exc:
@@ -302,7 +303,7 @@ class LeaderElector:
                     if stop.is_set():
                         return
                     obj = event.get("object") or {}
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    rv = resource_version_of(obj) or rv
                     if event.get("type") == "BOOKMARK":
                         continue
                     if event.get("type") == "DELETED":

@@ -30,6 +30,14 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from warmpool.pool.meta import (
+    meta_of,
+    name_of,
+    namespace_of,
+    resource_version_of,
+    uid_of,
+)
+
 MERGE_PATCH = "application/merge-patch+json"
 CONDITIONS = ("PodScheduled", "Initialized", "ContainersReady", "Ready")
 WATCH_SECONDS = 240
@@ -60,7 +68,7 @@ def running_status(pod: dict[str, Any], pod_ip: str) -> dict[str, Any]:
     """The status a kubelet reports for a pod whose containers all started and passed probes."""
     now = _now()
     spec = pod.get("spec") or {}
-    uid = (pod.get("metadata") or {}).get("uid", "")
+    uid = uid_of(pod)
     start = (pod.get("status") or {}).get("startTime") or now
 
     def container_status(c: dict[str, Any], init: bool) -> dict[str, Any]:
@@ -103,11 +111,10 @@ class FakeKubelet:
         self.ready_file = ready_file
 
     def handle(self, pod: dict[str, Any]) -> None:
-        meta = pod.get("metadata") or {}
-        ns, name = meta.get("namespace"), meta.get("name")
+        ns, name = namespace_of(pod), name_of(pod)
         if not ns or not name:
             return
-        if meta.get("deletionTimestamp"):
+        if meta_of(pod).get("deletionTimestamp"):
             # A kubelet confirms termination; only matters for pods that carry a nodeName.
             if (pod.get("spec") or {}).get("nodeName"):
                 try:
@@ -118,7 +125,7 @@ class FakeKubelet:
             return
         if not needs_status(pod):
             return
-        body = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+        body = {"metadata": {"resourceVersion": resource_version_of(pod)},
                 "status": running_status(pod, self.pod_ip)}
         try:
             self.core.patch_namespaced_pod_status(name, ns, body, _content_type=MERGE_PATCH)
@@ -154,9 +161,9 @@ class FakeKubelet:
                 if event.get("type") == "ERROR":
                     raise ApiException(status=int(obj.get("code") or 500),
                                        reason=str(obj.get("message")))
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                rv = resource_version_of(obj)
                 if rv:
-                    resource_version = str(rv)
+                    resource_version = rv
                 if event.get("type") in ("ADDED", "MODIFIED"):
                     self.handle(obj)
         finally:

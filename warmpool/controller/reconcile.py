@@ -52,6 +52,13 @@ from warmpool.pool.claim import (
 from warmpool.pool.decide import Plan, State, decide_instance, unguarded_deletes
 from warmpool.pool.ingress import INGRESS_MISSING
 from warmpool.pool.instances import HolderIndex, InstanceView, holders, is_session_ref, refs
+from warmpool.pool.meta import (
+    labels_of,
+    name_of,
+    owner_refs,
+    resource_version_of,
+    uid_of,
+)
 from warmpool.pool.model import AppDefinition, Invalid, Session
 from warmpool.pool.parts import Part
 from warmpool.pool.routes import ROUTE_FAILED, ROUTE_MISSING
@@ -296,8 +303,7 @@ def _deciding_write(
     check_fence(view, guard)
     ext = view.get(Part.EXTERNAL_SERVICE)
     assert ext is not None
-    meta = ext["metadata"]
-    owners = [*meta.get("ownerReferences", []), session.owner_reference()]
+    owners = [*owner_refs(ext), session.owner_reference()]
     patch = {"metadata": {"ownerReferences": owners,
                           "labels": builders.session_labels(appdef, session),
                           "annotations": {v.ANNOTATION_FENCE: str(guard.fence),
@@ -305,8 +311,8 @@ def _deciding_write(
                                               session.uid, session.user)}}}
     guard.ensure_held()  # as the executor does before every write: a holder past its TTL stops
     try:
-        updated = kube.merge_patch("v1", "Service", appdef.namespace, meta["name"], patch,
-                                   resource_version=meta["resourceVersion"])
+        updated = kube.merge_patch("v1", "Service", appdef.namespace, name_of(ext), patch,
+                                   resource_version=resource_version_of(ext))
     except (Conflict, KubeError) as exc:
         if isinstance(exc, KubeError) and exc.status != 404:
             raise
@@ -314,7 +320,7 @@ def _deciding_write(
         return False
     updated.setdefault("kind", "Service")
     reader.wrote(updated)
-    written.append((f"Service/{meta['name']}", str(updated["metadata"]["resourceVersion"])))
+    written.append((f"Service/{name_of(ext)}", resource_version_of(updated)))
     log.info("Session %s claimed instance %s of %s", session.name, k, appdef.name)
     return True
 
@@ -342,11 +348,10 @@ def _drop_route(
         return
     if reader.claimed_on_server(session.namespace, session.uid):
         return  # it holds something after all: that instance's job keeps the route
-    meta = route.get("metadata") or {}
     with contextlib.suppress(Conflict, KubeError):  # changed or gone meanwhile: fine
         Executor(kube, session.namespace, Unguarded(), sink=reader).apply([Delete(
-            Part.ROUTE, str(meta.get("name")), str(meta.get("uid")),
-            str(meta.get("resourceVersion")), "its Session holds no instance")])
+            Part.ROUTE, name_of(route), uid_of(route), resource_version_of(route),
+            "its Session holds no instance")])
 
 
 def _burst_write(
@@ -635,18 +640,16 @@ def _sweep_routes(
     live = {s.uid for s in sessions if s.live}
     actions: list[Action] = []
     for route in reader.session_routes(appdef.namespace):
-        meta = route.get("metadata") or {}
         uid = routes.session_uid_of(route)
-        if ((meta.get("labels") or {}).get(v.LABEL_APP_DEFINITION) != label or uid in live
+        if (labels_of(route).get(v.LABEL_APP_DEFINITION) != label or uid in live
                 or not routes.only_owned_by_its_session(route)):
             continue
-        owner = next((str(r.get("name")) for r in meta.get("ownerReferences") or ()
-                      if r.get("uid") == uid), "")
+        owner = next((str(r.get("name")) for r in owner_refs(route) if r.get("uid") == uid), "")
         now = reader.session(appdef.namespace, owner, fresh=True) if owner else None
         if now is not None and now.uid == uid and now.live:
             continue
-        actions.append(Delete(Part.ROUTE, str(meta.get("name")), str(meta.get("uid")),
-                              str(meta.get("resourceVersion")), "its Session is gone"))
+        actions.append(Delete(Part.ROUTE, name_of(route), uid_of(route),
+                              resource_version_of(route), "its Session is gone"))
     for action in actions:
         with contextlib.suppress(Conflict, KubeError):  # changed or gone meanwhile: next time
             Executor(kube, appdef.namespace, Unguarded(), sink=reader).apply([action])

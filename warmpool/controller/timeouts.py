@@ -36,6 +36,7 @@ from warmpool.kube.api import Conflict, Kube
 from warmpool.kube.executor import Executor
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import SetSessionStatus
+from warmpool.pool.meta import name_of, owner_refs
 from warmpool.pool.model import Lifetime, Session, parse_lifetime, parse_session
 from warmpool.pool.timeouts import (
     DeleteSession,
@@ -163,10 +164,9 @@ class ServiceEndpoints:
 
     def endpoint(self, session: Session, port: int) -> str | None:
         for service in self._of(session.namespace):
-            meta = service.get("metadata") or {}
-            if str(meta.get("name", "")).endswith("-int"):
+            if name_of(service).endswith("-int"):
                 continue
-            if not any(_names_session(ref, session) for ref in meta.get("ownerReferences") or ()):
+            if not any(_names_session(ref, session) for ref in owner_refs(service)):
                 continue
             ip = (service.get("spec") or {}).get("clusterIP")
             if not isinstance(ip, str) or not ip or ip == "None":

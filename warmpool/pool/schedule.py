@@ -38,6 +38,7 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from warmpool.pool.meta import namespace_of
 from warmpool.pool.model import AppDefinition, Invalid
 
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")  # datetime.weekday() order
@@ -289,8 +290,7 @@ def valid_schedules(
         spec = obj.get("spec")
         if not isinstance(spec, Mapping) or spec.get("appDefinition") != appdef.name:
             continue
-        ns = (obj.get("metadata") or {}).get("namespace")
-        if ns not in (None, "", appdef.namespace):
+        if namespace_of(obj) not in ("", appdef.namespace):
             continue
         parsed = parse_schedule(obj, appdef)
         if isinstance(parsed, PoolSchedule):
