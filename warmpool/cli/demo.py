@@ -29,6 +29,7 @@ from warmpool.kube.observe import group_pool, list_pool_objects, list_session_ro
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.instances import holders
+from warmpool.pool.meta import name_of, owner_refs
 from warmpool.pool.model import parse_session
 from warmpool.pool.parts import Part
 from warmpool.pool.routes import route_name
@@ -63,14 +64,13 @@ def pool_table(kube: Kube) -> Table:
     t = Table(title=f"pool {APPDEF}  minInstances={spec.get('minInstances', '-')}", width=78)
     for col in ("id", "state", "objects", "session", "allow-list", "owners", "route"):
         t.add_column(col)
-    routes_by_name = {r["metadata"]["name"] for r in list_session_routes(kube, NAMESPACE)}
+    routes_by_name = {name_of(r) for r in list_session_routes(kube, NAMESPACE)}
     pool = group_pool(objects, APPDEF, None, sessions)
     for k, inst in sorted(pool.items()):
         held = holders(inst, APPDEF, sessions)
         email = inst.get(Part.EMAIL_CONFIGMAP)
         allow = (email.get("data") or {}).get(v.EMAILS_KEY, "") if email else "MISSING"
-        owners = sorted({r["kind"][:7] for _, o in inst.existing()
-                         for r in o["metadata"].get("ownerReferences") or []})
+        owners = sorted({r["kind"][:7] for _, o in inst.existing() for r in owner_refs(o)})
         # A holder's route, then its URL (HANDLED -> URL ready; the local stack has no
         # gateway, so the URL comes with HANDLED: the probe is off).
         route = ""
