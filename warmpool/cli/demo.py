@@ -34,6 +34,7 @@ from warmpool.pool.model import parse_session
 from warmpool.pool.parts import Part
 from warmpool.pool.routes import route_name
 from warmpool.testing.gateway import ensure_shared_route
+from warmpool.testing.waiting import WaitTimeout, wait_for
 
 NAMESPACE = "warmpool-demo"
 APPDEF = "java-17"
@@ -156,17 +157,18 @@ def _fresh_namespace(kube: Kube) -> None:
 
 def _wait(predicate: Callable[[], bool], timeout: float, tick: Callable[[], None] | None = None,
           ) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Whether `predicate` held within `timeout` (a busy API server answering an error counts
+    as "not yet"); `tick` runs before each look (the live table)."""
+    def look() -> bool:
         if tick:
             tick()
-        try:
-            if predicate():
-                return True
-        except KubeError:
-            pass
-        time.sleep(0.25)
-    return False
+        return predicate()
+
+    try:
+        wait_for(look, timeout=timeout, interval=0.25, ignore=(KubeError,))
+    except WaitTimeout:
+        return False
+    return True
 
 
 def _scenario(kube: Kube, system: System, timeline: Timeline, console: Console,
