@@ -2,8 +2,8 @@
 appended to `Layout.runs_started` before the handler starts and to `Layout.runs_ended` after
 it returns or raises (`<prefix>runlog:starts` / `<prefix>runlog:ends`).
 
-Who reads it: the benchmarks (runs per key, each run's start and duration) and
-`warmpool.harness` (`System.wait_quiet`: "the work caused by a change has run", instead of a
+Who reads it: `warmpool.harness` (`RunLog`: the benchmarks' runs per key, each run's start
+and duration; `System.mark`/`wait_quiet`: "the work caused by a change has run", instead of a
 sleep). A key's runs never overlap while its lease holds, so a key's i-th end belongs to its
 i-th start.
 
@@ -16,35 +16,10 @@ from __future__ import annotations
 import functools
 import time
 
-import redis
-
 import workers.handlers  # noqa: F401  (registers the real handlers)
 from warmpool.queue.jobs import JobContext
 from warmpool.queue.layout import Layout
-from warmpool.queue.replies import text
-from warmpool.queue.settings import QueueSettings
 from workers import runtime
-
-
-def starts_key(settings: QueueSettings) -> str:
-    return Layout.of(settings).runs_started
-
-
-def ends_key(settings: QueueSettings) -> str:
-    return Layout.of(settings).runs_ended
-
-
-def mark(client: redis.Redis, settings: QueueSettings) -> int:
-    """The number of runs ended so far: pass it to `ran_since`. (`warmpool.harness`'s
-    `System.mark`/`wait_quiet` also tell runs that started after the mark from runs that
-    were already under way.)"""
-    return int(client.llen(ends_key(settings)))
-
-
-def ran_since(client: redis.Redis, settings: QueueSettings, key: str, since: int) -> bool:
-    """Whether a run of `key` ended after `mark()` returned `since`."""
-    return any(text(raw).partition(" ")[2] == key
-               for raw in client.lrange(ends_key(settings), since, -1))
 
 
 def _logged(fn: runtime.Handler) -> runtime.Handler:
