@@ -22,21 +22,18 @@ from typing import Any
 
 import pytest
 
-from scheduler.process import SchedulerProcess
 from tests.pool_world import assert_invariants, held_instance, instance_objects, snapshot
-from tests.redis_server import delete_prefix, isolated_settings, resolve_redis_url
+from tests.redis_server import resolve_redis_url
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
+from warmpool.harness import System
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
-from warmpool.queue.redis_conn import connect as redis_connect
 from warmpool.testing.world import USERS, create_appdef, create_session
 from warmpool.testing.zones import noon_zone
-from workers.process import WorkerPool
 
 pytestmark = pytest.mark.redis
 
-ROOT = Path(__file__).resolve().parents[2]
 OPENS_IN = timedelta(seconds=30)
 LEAD = timedelta(seconds=20)
 LENGTH = timedelta(seconds=20)  # the window, from its start to its end
@@ -64,28 +61,11 @@ def whole(kube: Kube, ns: str, ids: range) -> bool:
 @pytest.fixture
 def system(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterator[str]:
     """`namespace` served by one scheduler (resync an hour away) and two worker processes."""
-    ns = namespace
-    url = resolve_redis_url()
-    settings = isolated_settings(url)
-    env = {"KUBECONFIG": str(cluster.kubeconfig), "WARMPOOL_URL_PROBE": "off"}
-    workers = WorkerPool(settings, processes=2, threads=4, env=env).start()
-    assert settings.redis_url
-    sched = SchedulerProcess(
-        ["--namespace", ns, "--lease-namespace", ns, "--log-level", "INFO",
-         "--resync-period", "3600"],
-        env={**env, "WARMPOOL_REDIS_URL": settings.redis_url,
-             "WARMPOOL_QUEUE_PREFIX": settings.prefix,
-             "WARMPOOL_QUEUE_NAMESPACE": settings.namespace, "PYTHONPATH": str(ROOT)},
-        log_path=tmp_path / "scheduler.log", cwd=ROOT)
-    try:
-        sched.start()
-        yield ns
-        assert workers.dead() == [] and sched.alive(), "a controller process died"
-    finally:
-        sched.stop(timeout=20)
-        workers.stop(timeout=20)
-        with redis_connect(url) as client:
-            delete_prefix(client, settings.prefix.split(":", 1)[0] + ":")
+    with System(cluster, namespaces=[namespace], workers=2, threads=4, resync_period=3600,
+                redis=resolve_redis_url(), env={"WARMPOOL_URL_PROBE": "off"},
+                log_dir=tmp_path) as system:
+        yield namespace
+        assert system.dead() == [], "a controller process died"
 
 
 def test_the_scheduler_grows_the_pool_at_the_lead_and_shrinks_it_at_the_end(
