@@ -33,11 +33,11 @@ import yaml
 from kubernetes.client import AppsV1Api, CoreV1Api
 from kubernetes.client.rest import ApiException
 
-from scheduler.process import SchedulerProcess
 from tests.pool_world import emails, instance_objects, snapshot
-from tests.redis_server import delete_prefix, isolated_settings, resolve_redis_url
+from tests.redis_server import resolve_redis_url
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
+from warmpool.harness import System
 from warmpool.invariants import check
 from warmpool.keys import SessionKey
 from warmpool.kube.api import Kube, KubeError
@@ -45,19 +45,17 @@ from warmpool.pool import builders, naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import AppDefinition, parse_appdefinition
 from warmpool.pool.parts import Part
-from warmpool.queue.inspect import Inspector
 from warmpool.queue.redis_conn import connect as redis_connect
 from warmpool.queue.settings import QueueSettings
 from warmpool.testing.world import (
     USERS,
     appdef_body,
     create_appdef,
+    create_namespace,
     create_session,
     session_body,
     session_spec,
 )
-from workers import runlog
-from workers.process import WorkerPool
 
 pytestmark = pytest.mark.redis
 
@@ -72,17 +70,12 @@ SETTLE = 60.0  # generous: the controller acts in well under a second when idle
 class Controller:
     kube: Kube
     ns: str
-    settings: QueueSettings
-    workers: WorkerPool
-    scheduler: SchedulerProcess
+    system: System
     control: dict[str, Any] = field(default_factory=dict)
 
     def alive(self) -> list[str]:
         """What died (empty when the controller still runs whole)."""
-        dead = [f"worker {i}" for i in self.workers.dead()]
-        if not self.scheduler.alive():
-            dead.append(f"scheduler (exit {self.scheduler.proc and self.scheduler.proc.poll()})")
-        return dead
+        return self.system.dead()
 
 
 def valid_spec(spec_name: str, /, **changes: Any) -> dict[str, Any]:
@@ -128,28 +121,17 @@ def controller(cluster: ClusterInfo, kube: Kube, kube_api: Any,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
     core = CoreV1Api(kube_api)
     ns = f"t-bad-input-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns, "labels": {"warmpool-test": "true"}}})
-    wait_for(lambda: bool(core.read_namespaced_service_account("default", ns).secrets),
-             timeout=30, ignore=(ApiException,), message=f"default ServiceAccount of {ns}")
-    url = resolve_redis_url()
-    settings = isolated_settings(url, lease_ttl=3.0, heartbeat_timeout=3.0,
-                                 recovery_period=0.25, drain_timeout=5)
-    env = {"KUBECONFIG": str(cluster.kubeconfig)}
-    # The real handlers, each run logged (`workers.runlog`): a case proves that nothing moved
-    # after the job it caused has run, not after a sleep.
-    workers = WorkerPool(settings, processes=2, threads=4, env=env,
-                         modules=("workers.runlog",)).start()
-    assert settings.redis_url
-    sched = SchedulerProcess(
-        ["--namespace", ns, "--lease-namespace", ns, "--log-level", "INFO",
-         "--resync-period", "20"],
-        env={**env, "WARMPOOL_REDIS_URL": settings.redis_url,
-             "WARMPOOL_QUEUE_PREFIX": settings.prefix,
-             "WARMPOOL_QUEUE_NAMESPACE": settings.namespace, "PYTHONPATH": str(ROOT)},
-        log_path=tmp_path_factory.mktemp("bad-input") / "scheduler.log", cwd=ROOT)
-    ctl = Controller(kube, ns, settings, workers, sched)
+    create_namespace(kube, ns, labels={"warmpool-test": "true"}, timeout=30)
+    # The whole system, its handlers' runs logged (`workers.runlog`, the harness's default):
+    # a case proves that nothing moved after the job it caused has run, not after a sleep.
+    system = System(cluster, namespaces=[ns], workers=2, threads=4, resync_period=20,
+                    redis=resolve_redis_url(),
+                    queue=QueueSettings(lease_ttl=3.0, heartbeat_timeout=3.0,
+                                        recovery_period=0.25, drain_timeout=5),
+                    log_dir=tmp_path_factory.mktemp("bad-input"))
+    ctl = Controller(kube, ns, system)
     try:
-        sched.start()
+        system.start()
         # The control pool: one instance held by a live Session, one free.
         create_appdef(kube, ns, "control", min_instances=2, spec_name="control")
         create_session(kube, ns, "control-s", USERS[1], "control")
@@ -159,10 +141,7 @@ def controller(cluster: ClusterInfo, kube: Kube, kube_api: Any,
         ctl.control = snapshot(kube, ns, "control", 1)
         yield ctl
     finally:
-        sched.stop(timeout=20)
-        workers.stop(timeout=20)
-        with redis_connect(url) as client:
-            delete_prefix(client, settings.prefix.split(":", 1)[0] + ":")
+        system.stop()
         with contextlib.suppress(ApiException):
             core.delete_namespace(ns)
 
@@ -765,20 +744,9 @@ def touch_and_settle(ctl: Controller, name: str) -> None:
     """`touch` the Session, then wait until its claim job has run since and the queue is idle
     (what that run and the changes before it queued has run too): the point after which
     "nothing moved" means something."""
-    with redis_connect(ctl.settings.redis_url or "") as client:
-        since = runlog.mark(client, ctl.settings)
-        touch(ctl.kube, ctl.ns, name)
-        key = str(SessionKey(ctl.ns, name))
-        inspector = Inspector(client, ctl.settings)
-
-        def settled() -> bool:
-            if not runlog.ran_since(client, ctl.settings, key, since):
-                return False
-            st = inspector.stats()
-            return st.waiting == 0 and st.running == 0 and st.delayed == 0
-
-        wait_for(settled, timeout=SETTLE, message=f"the claim job of {key} run after a touch, "
-                                                  "and the queue idle")
+    since = ctl.system.mark()
+    touch(ctl.kube, ctl.ns, name)
+    ctl.system.wait_quiet(since, keys=[str(SessionKey(ctl.ns, name))], timeout=SETTLE)
 
 
 def test_the_controller_still_serves_after_the_catalogue(ctl: Controller) -> None:
