@@ -319,35 +319,22 @@ def test_the_workers_write_the_url_once_the_instance_answers_through_its_route(
 ) -> None:
     """End to end: scheduler and worker processes with the probe on. HANDLED comes first,
     without a URL, while the instance answers 503; the URL once it answers 200."""
-    import contextlib
-
-    from scheduler.process import SchedulerProcess
     from tests.pool_world import held_instance
-    from tests.redis_server import delete_prefix, isolated_settings, resolve_redis_url
-    from warmpool.queue.redis_conn import connect as redis_connect
+    from tests.redis_server import resolve_redis_url
+    from warmpool.harness import System
+    from warmpool.queue.settings import QueueSettings
     from warmpool.testing.world import create_appdef
-    from workers.process import WorkerPool
 
-    root = Path(__file__).resolve().parents[2]
     path = "/java-app-1/"
     server.answers.set(path, 503)
-    url = resolve_redis_url()
-    settings = isolated_settings(url, lease_ttl=3.0, heartbeat_timeout=3.0,
-                                 recovery_period=0.25, drain_timeout=5)
-    env = {"KUBECONFIG": str(cluster.kubeconfig), "WARMPOOL_NAMESPACE": namespace,
+    env = {"WARMPOOL_NAMESPACE": namespace,
            "WARMPOOL_INSTANCES_HOST": server.host, "WARMPOOL_URL_PROBE": "on",
            "WARMPOOL_URL_PROBE_CA_BUNDLE": str(pki.ca),
            "WARMPOOL_URL_PROBE_SCHEDULE": "400x0.1", "WARMPOOL_URL_PROBE_TIMEOUT": "2"}
-    workers = WorkerPool(settings, processes=1, threads=4, env=env).start()
-    assert settings.redis_url
-    sched = SchedulerProcess(
-        ["--namespace", namespace, "--lease-namespace", namespace, "--resync-period", "20"],
-        env={**env, "WARMPOOL_REDIS_URL": settings.redis_url,
-             "WARMPOOL_QUEUE_PREFIX": settings.prefix,
-             "WARMPOOL_QUEUE_NAMESPACE": settings.namespace, "PYTHONPATH": str(root)},
-        log_path=tmp_path / "scheduler.log", cwd=root)
-    try:
-        sched.start()
+    with System(cluster, namespaces=[namespace], workers=1, threads=4, resync_period=20,
+                redis=resolve_redis_url(), env=env, log_dir=tmp_path,
+                queue=QueueSettings(lease_ttl=3.0, heartbeat_timeout=3.0,
+                                    recovery_period=0.25, drain_timeout=5)):
         create_appdef(kube, namespace, min_instances=1)
         create_session(kube, namespace, "s1", "user1@example.com")
         wait_for(lambda: (session(kube, namespace, "s1").get("status") or {}).get(
@@ -364,8 +351,3 @@ def test_the_workers_write_the_url_once_the_instance_answers_through_its_route(
         assert status["url"] == f"{server.host}{path}"
         assert status["operatorStatus"] == v.STATUS_HANDLED and "error" not in status
         assert isinstance(status.get("lastActivity"), int) and status["lastActivity"] > 0
-    finally:
-        sched.stop(timeout=20)
-        workers.stop(timeout=20)
-        with redis_connect(url) as client, contextlib.suppress(Exception):
-            delete_prefix(client, settings.prefix.split(":", 1)[0] + ":")
