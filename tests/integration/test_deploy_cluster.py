@@ -504,6 +504,53 @@ def ran_and_quiet_since(client: redis.Redis, settings: QueueSettings, since: int
     return lease_mark(client, settings) > since and not (s.waiting or s.running or s.delayed)
 
 
+def pool_spec_s1(kube: Kube, ns: str, client: redis.Redis, settings: QueueSettings) -> None:
+    """Scenario S1 of pool-spec §6 on a running system (whatever started it): five free
+    instances, five claims, minInstances lowered below the claimed ids (nothing claimed is
+    touched), three released (their instances go, 1 and 2 stay)."""
+    create_appdef(kube, ns, min_instances=5)
+    converge(kube, ns, lambda: all(instance_count(kube, ns, k) == 5 for k in range(1, 6)),
+             what="five free instances")
+    for i in range(1, 6):
+        create_session(kube, ns, f"s{i}", USERS[i])
+    converge(kube, ns, lambda: sorted(filter(None, (held_instance(kube, ns, f"s{i}")
+                                                    for i in range(1, 6)))) == [1, 2, 3, 4, 5],
+             what="five claims")
+    held: dict[str, int] = {}
+    for i in range(1, 6):
+        k = held_instance(kube, ns, f"s{i}")
+        assert k is not None
+        held[f"s{i}"] = k
+    for name in held:
+        assert session(kube, ns, name)["status"]["operatorStatus"] == v.STATUS_HANDLED
+    untouched = {k: snapshot(kube, ns, "java", k) for k in (1, 2)}
+
+    # minInstances lowered below the claimed ids. What proves the workers have seen it: a
+    # lease taken after the patch (the fence counter moved on) and then a quiet queue.
+    since = lease_mark(client, settings)
+    patch_appdef_spec(kube, ns, "java", minInstances=2)
+    wait_for(lambda: ran_and_quiet_since(client, settings, since), timeout=90, interval=0.3,
+             message="a worker run after the patch, then a quiet queue")
+    converge(kube, ns, lambda: True, what="minInstances lowered below claimed ids")
+    for name, k in held.items():
+        objects = instance_objects(kube, ns, "java", k)
+        assert len(objects) == 5, f"instance {k} lost objects: {sorted(objects)}"
+        assert emails(kube, ns, "java", k) == USERS[int(name[1:])]
+        for obj in objects.values():
+            assert owner_kinds(obj) == ["AppDefinition", "Session"]
+    for k in (1, 2):
+        assert snapshot(kube, ns, "java", k) == untouched[k], f"instance {k} was touched"
+
+    released = [name for name, k in held.items() if k > 2]
+    assert sorted(released) == ["s3", "s4", "s5"]
+    for name in released:
+        delete_session(kube, ns, name)
+    converge(kube, ns, lambda: all(instance_count(kube, ns, held[n]) == 0 for n in released),
+             what="released instances above minInstances deleted")
+    for k in (1, 2):
+        assert instance_count(kube, ns, k) == 5
+
+
 def http_status(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
@@ -609,42 +656,7 @@ def test_s1_end_to_end_as_the_serviceaccount_with_the_manifests_commands(
     assert run_probe("readinessProbe", enter=False, env={
         "WARMPOOL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}) != 0
 
-    # S1 (pool-spec §6).
-    create_appdef(kube, ns, min_instances=5)
-    converge(kube, ns, lambda: all(instance_count(kube, ns, k) == 5 for k in range(1, 6)),
-             what="five free instances")
-    for i in range(1, 6):
-        create_session(kube, ns, f"s{i}", USERS[i])
-    converge(kube, ns, lambda: sorted(filter(None, (held_instance(kube, ns, f"s{i}")
-                                                    for i in range(1, 6)))) == [1, 2, 3, 4, 5],
-             what="five claims")
-    held = {f"s{i}": held_instance(kube, ns, f"s{i}") for i in range(1, 6)}
-    for name in held:
-        status = session(kube, ns, name)["status"]
-        assert status["operatorStatus"] == v.STATUS_HANDLED
-    untouched = {k: snapshot(kube, ns, "java", k) for k in (1, 2)}
-
-    since = lease_mark(client, settings)
-    patch_appdef_spec(kube, ns, "java", minInstances=2)
-    wait_for(lambda: ran_and_quiet_since(client, settings, since), timeout=90, interval=0.3,
-             message="a worker run after the patch, then a quiet queue")
-    converge(kube, ns, lambda: True, what="minInstances lowered below claimed ids")
-    for name, k in held.items():
-        objects = instance_objects(kube, ns, "java", k)
-        assert len(objects) == 5, f"instance {k} lost objects: {sorted(objects)}"
-        assert emails(kube, ns, "java", k) == USERS[int(name[1:])]
-        for obj in objects.values():
-            assert owner_kinds(obj) == ["AppDefinition", "Session"]
-    for k in (1, 2):
-        assert snapshot(kube, ns, "java", k) == untouched[k], f"instance {k} was touched"
-
-    released = [name for name, k in held.items() if k > 2]
-    for name in released:
-        delete_session(kube, ns, name)
-    converge(kube, ns, lambda: all(instance_count(kube, ns, held[n]) == 0 for n in released),
-             what="released instances above minInstances deleted")
-    for k in (1, 2):
-        assert instance_count(kube, ns, k) == 5
+    pool_spec_s1(kube, ns, client, settings)
 
     # Bad input: an ERROR status and an Event (the error path's verbs).
     create_session(kube, ns, "lost", USERS[9], appdef="nosuchapp")

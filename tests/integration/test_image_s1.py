@@ -44,36 +44,18 @@ from tests.integration.test_deploy_cluster import (
     apply_rbac,
     dump,
     kubectl,
-    lease_mark,
-    ran_and_quiet_since,
+    pool_spec_s1,
     render,
     sa_kubeconfig,
 )
-from tests.pool_world import (
-    converge,
-    emails,
-    held_instance,
-    instance_count,
-    instance_objects,
-    owner_kinds,
-    session,
-    snapshot,
-)
+from tests.pool_world import held_instance
 from tests.unit.test_deploy_manifests import parse_cli
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo, free_port
 from warmpool.invariants import check
 from warmpool.kube.api import Kube
-from warmpool.pool import vocabulary as v
 from warmpool.queue import Layout, QueueSettings
 from warmpool.queue.inspect import Inspector
-from warmpool.testing.world import (
-    USERS,
-    create_appdef,
-    create_session,
-    delete_session,
-    patch_appdef_spec,
-)
 
 pytestmark = [pytest.mark.image, pytest.mark.redis]
 
@@ -310,47 +292,7 @@ def test_s1_from_the_image_scheduler_and_two_workers_as_containers(
     assert scheduler.exec("python3", "-c", "open('/opt/venv/x', 'w')") != 0
 
     # S1 (pool-spec §6), with the shared HTTPRoute the AppDefinition names.
-    create_appdef(kube, ns, min_instances=5)
-    converge(kube, ns, lambda: all(instance_count(kube, ns, k) == 5 for k in range(1, 6)),
-             what="five free instances")
-    for i in range(1, 6):
-        create_session(kube, ns, f"s{i}", USERS[i])
-    converge(kube, ns, lambda: sorted(filter(None, (held_instance(kube, ns, f"s{i}")
-                                                    for i in range(1, 6)))) == [1, 2, 3, 4, 5],
-             what="five claims")
-    held: dict[str, int] = {}
-    for i in range(1, 6):
-        k = held_instance(kube, ns, f"s{i}")
-        assert k is not None
-        held[f"s{i}"] = k
-    for name in held:
-        assert session(kube, ns, name)["status"]["operatorStatus"] == v.STATUS_HANDLED
-    untouched = {k: snapshot(kube, ns, "java", k) for k in (1, 2)}
-
-    # minInstances lowered below the claimed ids. What proves the workers have seen it: a
-    # lease taken after the patch (the fence counter moved on) and then a quiet queue.
-    since = lease_mark(client, settings)
-    patch_appdef_spec(kube, ns, "java", minInstances=2)
-    wait_for(lambda: ran_and_quiet_since(client, settings, since), timeout=90, interval=0.3,
-             message="a worker run after the patch, then a quiet queue")
-    converge(kube, ns, lambda: True, what="minInstances lowered below claimed ids")
-    for name, k in held.items():
-        objects = instance_objects(kube, ns, "java", k)
-        assert len(objects) == 5, f"instance {k} lost objects: {sorted(objects)}"
-        assert emails(kube, ns, "java", k) == USERS[int(name[1:])]
-        for obj in objects.values():
-            assert owner_kinds(obj) == ["AppDefinition", "Session"]
-    for k in (1, 2):
-        assert snapshot(kube, ns, "java", k) == untouched[k], f"instance {k} was touched"
-
-    released = [name for name, k in held.items() if k > 2]
-    assert sorted(released) == ["s3", "s4", "s5"]
-    for name in released:
-        delete_session(kube, ns, name)
-    converge(kube, ns, lambda: all(instance_count(kube, ns, held[n]) == 0 for n in released),
-             what="released instances above minInstances deleted")
-    for k in (1, 2):
-        assert instance_count(kube, ns, k) == 5
+    pool_spec_s1(kube, ns, client, settings)
     # Nothing orphaned: every pool object of the namespace belongs to instance 1 or 2.
     assert check(kube, ns) == []
     for name in ("s1", "s2"):
