@@ -24,30 +24,26 @@ from warmpool.pool.model import (
     parse_session,
     session_error,
 )
+from warmpool.testing.world import appdef_body, appdef_spec, session_body, session_spec
 
 WEIRD: list[Any] = [None, "", "²", "١٢", "1" * 5000, "-1", "0", "007", " 7", "7\n", 7, 7.5,
                     True, [], ["1"], {}, {"a": 1}, float("nan"), "x" * 100_000, "\u212a"]
 
 
 def session_obj() -> dict[str, Any]:
-    return {
-        "metadata": {"name": "s1", "namespace": "ns", "uid": "uid-s1",
-                     "creationTimestamp": "2026-01-01T00:00:01Z", "resourceVersion": "5",
-                     "annotations": {v.ANNOTATION_INSTANCE_ID: "3"}},
-        "spec": {"name": "s1", "appDefinition": "java", "user": "jane@example.com"},
-        "status": {"operatorStatus": "HANDLED", "operatorMessage": "ok"},
-    }
+    return session_body("ns", "s1", session_spec("s1", "jane@example.com", workspace=None),
+                        metadata={"uid": "uid-s1", "creationTimestamp": "2026-01-01T00:00:01Z",
+                                  "resourceVersion": "5",
+                                  "annotations": {v.ANNOTATION_INSTANCE_ID: "3"}},
+                        status={"operatorStatus": "HANDLED", "operatorMessage": "ok"})
 
 
 def appdef_obj() -> dict[str, Any]:
-    return {
-        "metadata": {"name": "java", "namespace": "ns", "uid": "aaaa-bbbb-381261d79c23",
-                     "generation": 2, "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": {"name": "java-17", "image": "img", "port": 3000, "uid": 101,
-                 "minInstances": 1, "maxInstances": 3, "imagePullPolicy": "Always",
-                 "requestsCpu": "100m", "requestsMemory": "64Mi", "limitsCpu": "1",
-                 "limitsMemory": "512Mi"},
-    }
+    spec = appdef_spec("java", min_instances=1, max_instances=3, spec_name="java-17",
+                       image="img", ingressname=None, imagePullPolicy="Always")
+    return appdef_body("ns", "java", spec, metadata={
+        "uid": "aaaa-bbbb-381261d79c23", "generation": 2,
+        "creationTimestamp": "2026-01-01T00:00:00Z"})
 
 
 def test_a_superscript_instance_id_is_not_an_id() -> None:

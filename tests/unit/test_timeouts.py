@@ -38,6 +38,7 @@ from warmpool.pool.timeouts import (
     tracker_for,
     whole_minutes,
 )
+from warmpool.testing.world import session_spec
 
 CREATED = "2026-03-01T10:00:00Z"
 T0 = datetime(2026, 3, 1, 10, 0, 0, tzinfo=UTC).timestamp()
@@ -51,11 +52,9 @@ def session_obj(name: str = "s1", *, status: str | None = "HANDLED", created: st
                             "creationTimestamp": created}
     if deleting:
         meta["deletionTimestamp"] = "2026-03-01T10:01:00Z"
-    obj: dict[str, Any] = {
-        "metadata": meta,
-        "spec": {"name": name, "appDefinition": appdef, "user": "jane@example.com",
-                 "sessionSecret": "s3cr3t-token"},
-    }
+    spec = {**session_spec(name, "jane@example.com", appdef, workspace=None),
+            "sessionSecret": "s3cr3t-token"}
+    obj: dict[str, Any] = {"metadata": meta, "spec": spec}
     if status is not None:
         obj["status"] = {"operatorStatus": status}
         if last_activity is not None:
