@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import redis
 
@@ -49,38 +50,35 @@ end
 return {1, cur or ''}
 """
 
-# KEYS[1] pool:waiting; ARGV: field, appdef. Keeps the first time (and updates the appdef).
+# Times: ARGV `now` is the Redis server's clock in ms, as `PoolState.clock` reads it (one
+# reading of the server's clock per process, not a TIME per script: the same clock the
+# queue's heartbeats carry, and one a test can set).
+
+# KEYS[1] pool:waiting; ARGV: field, appdef, now. Keeps the first time (and updates the appdef).
 _WAIT = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 local since
 if cur then since = string.match(cur, '|(%d+)$') end
-if not since then
-  local t = redis.call('TIME')
-  since = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-end
+if not since then since = ARGV[3] end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. '|' .. since)
 if cur then return 0 end
 return 1
 """
 
-# KEYS[1] the contention marker; ARGV: ttl ms. Sets it to now unless set.
+# KEYS[1] the contention marker; ARGV: ttl ms, now. Sets it to now unless set.
 _CONTENDED = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('SET', KEYS[1], tostring(now), 'PX', ARGV[1])
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
 end
 return 1
 """
 
-# KEYS[1] the contention marker. Returns ms since it was set and deletes it, or -1.
+# KEYS[1] the contention marker; ARGV: now. Returns ms since it was set and deletes it, or -1.
 _ACQUIRED = """
 local v = redis.call('GET', KEYS[1])
 if not v then return -1 end
 redis.call('DEL', KEYS[1])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return now - tonumber(v)
+return tonumber(ARGV[1]) - tonumber(v)
 """
 
 
@@ -100,12 +98,17 @@ class PoolSnapshot:
     appdefs: set[str] = field(default_factory=set)
 
 
+class Clock(Protocol):
+    def now_ms(self) -> int: ...
+
+
 class PoolState:
     """`clock`: the process's reading of the Redis server's clock (a worker passes its lease
-    book's, the one it stamps heartbeats with); by default a fresh `TIME` at each reading."""
+    book's, the one it stamps heartbeats with; a test, one it sets); by default a fresh `TIME`
+    at each reading."""
 
     def __init__(self, client: redis.Redis, settings: QueueSettings,
-                 clock: ServerClock | None = None) -> None:
+                 clock: Clock | None = None) -> None:
         self.client = client
         self.clock = clock or ServerClock(client, refresh=0.0)
         layout = Layout.of(settings)  # the key names' one definition
@@ -132,7 +135,8 @@ class PoolState:
 
     def waiting(self, session_key: str, appdef: str) -> bool:
         """Record the Session waiting (since when it first did); whether it just began."""
-        return bool(self._wait(keys=[self.waiting_key], args=[session_key, appdef]))
+        return bool(self._wait(keys=[self.waiting_key],
+                               args=[session_key, appdef, self.now_ms()]))
 
     def not_waiting(self, session_key: str) -> None:
         self.client.hdel(self.waiting_key, session_key)
@@ -166,11 +170,12 @@ class PoolState:
 
     def contended(self, job_key: str) -> None:
         """`job_key`'s job found a lease it needs busy (the first time counts)."""
-        self._contended(keys=[self.contended_prefix + job_key], args=[CONTENTION_TTL_MS])
+        self._contended(keys=[self.contended_prefix + job_key],
+                        args=[CONTENTION_TTL_MS, self.now_ms()])
 
     def acquired(self, job_key: str) -> float | None:
         """`job_key`'s job got a lease: seconds since it first found one busy, else None."""
-        ms = int(self._acquired(keys=[self.contended_prefix + job_key]))
+        ms = int(self._acquired(keys=[self.contended_prefix + job_key], args=[self.now_ms()]))
         return None if ms < 0 else max(0.0, ms / 1000)
 
     # --- read by collectors ----------------------------------------------------------------

@@ -106,14 +106,25 @@ def test_prune_forgets_only_this_pools_sessions_gone_before_the_resync(
     assert left == {S1, S3, "session/ns1/s9", "session/ns1/s7"}
 
 
-def test_contention_wait_is_measured_once(state: PoolState, client: redis.Redis) -> None:
+class SetClock:
+    """The server's clock as a test sets it (ms)."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now = now_ms
+
+    def now_ms(self) -> int:
+        return self.now
+
+
+def test_contention_wait_is_measured_once(client: redis.Redis, settings: QueueSettings) -> None:
+    clock = SetClock(1_000_000)
+    state = PoolState(client, settings, clock)
     assert state.acquired(S1) is None  # no contention: nothing observed
-    state.contended(S1)
-    key = state.contended_prefix + S1
-    client.set(key, str(state.now_ms() - 1500))  # found busy 1.5 s ago
+    state.contended(S1)  # found busy now
+    clock.now += 700
     state.contended(S1)  # a second busy try keeps the first time
-    waited = state.acquired(S1)
-    assert waited is not None and 1.4 <= waited <= 5
+    clock.now += 800
+    assert state.acquired(S1) == 1.5
     assert state.acquired(S1) is None
 
 
