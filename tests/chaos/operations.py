@@ -155,7 +155,7 @@ class Operations:
             return "no AppDefinition"
         ns, name = self._new_session(self.rng.choice(self.live_appdefs()))
         wait = self.rng.uniform(0, 0.3)
-        time.sleep(wait)
+        time.sleep(wait)  # stimulus: deleted 0-300 ms after its creation, mid-claim
         self.kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
         del self.model.sessions[(ns, name)]
         return f"{ns}/{name} deleted after {wait * 1000:.0f} ms"

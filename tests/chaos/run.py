@@ -199,7 +199,7 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
             if len(pending) > 3:  # its group stays busy: drop the oldest
                 faults.skipped[pending.pop(0)[0]] += 1
             ops.step()
-            time.sleep(rng.uniform(0, cfg.pace))
+            time.sleep(rng.uniform(0, cfg.pace))  # stimulus: the seeded pace of operations
             last = i == cfg.ops - 1
             if (i + 1) % cfg.round_ops == 0 or last:
                 rounds += 1
