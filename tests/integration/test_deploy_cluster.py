@@ -48,11 +48,11 @@ from tests.pool_world import (
 )
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo, free_port
+from warmpool.harness.quiet import mark, wait_quiet
 from warmpool.invariants import check
 from warmpool.kube.api import Kube, KubeError
 from warmpool.pool import vocabulary as v
 from warmpool.queue import Layout, QueueSettings
-from warmpool.queue.inspect import Inspector
 from warmpool.testing.world import (
     USERS,
     create_appdef,
@@ -490,20 +490,6 @@ class Role:
             return None
 
 
-def lease_mark(client: redis.Redis, settings: QueueSettings) -> int:
-    """The queue's fence counter now: every lease taken later has a higher fence."""
-    return int(client.get(Layout.of(settings).fence) or 0)
-
-
-def ran_and_quiet_since(client: redis.Redis, settings: QueueSettings, since: int) -> bool:
-    """A worker took a lease after `lease_mark()` returned `since`, and the queue is idle now:
-    the work a change made after the mark caused has run. For workers started as the manifests
-    start them (no `workers.runlog` to ask), so a test judges "nothing changed" only once the
-    workers have looked, not after a sleep that slow workers would outlast."""
-    s = Inspector(client, settings).stats()
-    return lease_mark(client, settings) > since and not (s.waiting or s.running or s.delayed)
-
-
 def pool_spec_s1(kube: Kube, ns: str, client: redis.Redis, settings: QueueSettings) -> None:
     """Scenario S1 of pool-spec §6 on a running system (whatever started it): five free
     instances, five claims, minInstances lowered below the claimed ids (nothing claimed is
@@ -525,12 +511,12 @@ def pool_spec_s1(kube: Kube, ns: str, client: redis.Redis, settings: QueueSettin
         assert session(kube, ns, name)["status"]["operatorStatus"] == v.STATUS_HANDLED
     untouched = {k: snapshot(kube, ns, "java", k) for k in (1, 2)}
 
-    # minInstances lowered below the claimed ids. What proves the workers have seen it: a
-    # lease taken after the patch (the fence counter moved on) and then a quiet queue.
-    since = lease_mark(client, settings)
+    # minInstances lowered below the claimed ids. What proves the workers have seen it
+    # (they log no runs, as the manifests start them): a lease taken after the patch, then
+    # a quiet queue (warmpool.harness.quiet, without keys).
+    since = mark(client, settings)
     patch_appdef_spec(kube, ns, "java", minInstances=2)
-    wait_for(lambda: ran_and_quiet_since(client, settings, since), timeout=90, interval=0.3,
-             message="a worker run after the patch, then a quiet queue")
+    wait_quiet(client, settings, since, timeout=90)
     converge(kube, ns, lambda: True, what="minInstances lowered below claimed ids")
     for name, k in held.items():
         objects = instance_objects(kube, ns, "java", k)

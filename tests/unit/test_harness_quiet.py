@@ -21,11 +21,16 @@ def client() -> redis.Redis:
 
 
 def started(client: redis.Redis, key: str) -> None:
-    client.rpush(LAYOUT.runs_started, f"1.0 {key}")  # as workers.runlog logs a start
+    """What a worker's run does to these keys when it starts: its lease (a fence from the
+    counter, the key in flight), then the run log's start, as `workers.runlog` writes it."""
+    fence = client.incr(LAYOUT.fence)
+    client.zadd(LAYOUT.inflight, {key: fence})
+    client.rpush(LAYOUT.runs_started, f"1.0 {key}")
 
 
 def ended(client: redis.Redis, key: str) -> None:
     client.rpush(LAYOUT.runs_ended, f"2.0 {key}")
+    client.zrem(LAYOUT.inflight, key)
 
 
 def test_a_run_under_way_at_the_mark_does_not_count(client: redis.Redis) -> None:
@@ -51,8 +56,21 @@ def test_without_keys_one_run_must_have_ended(client: redis.Redis) -> None:
     since = mark(client, SETTINGS)
     assert quiet(client, SETTINGS, since).no_run_yet
     started(client, "pool/ns/java")
-    assert quiet(client, SETTINGS, since).no_run_yet
+    assert quiet(client, SETTINGS, since).queue is not None  # it runs
     ended(client, "pool/ns/java")
+    assert not quiet(client, SETTINGS, since)
+
+
+def test_without_keys_workers_need_no_run_log(client: redis.Redis) -> None:
+    """Workers deployed as in production log no runs: a lease taken since the mark (the
+    fence counter moved on) and an idle queue are the proof a run began and ended."""
+    client.incr(LAYOUT.fence)  # earlier work
+    since = mark(client, SETTINGS)
+    assert quiet(client, SETTINGS, since).no_run_yet
+    client.incr(LAYOUT.fence)  # a worker takes a lease
+    client.zadd(LAYOUT.inflight, {"pool/ns/java": 2})
+    assert quiet(client, SETTINGS, since).queue is not None
+    client.zrem(LAYOUT.inflight, "pool/ns/java")
     assert not quiet(client, SETTINGS, since)
 
 

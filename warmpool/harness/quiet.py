@@ -12,9 +12,11 @@ What `quiet` (and so `wait_quiet`) guarantees once it returns:
   records which keys were running then. (A key's runs never overlap while its lease holds, so
   its i-th end belongs to its i-th start; a holder frozen past its lease, as the chaos runner's
   `worker_stop` does, can break that pairing for that key.)
-- with no keys: at least one run has ended since the mark.
-- and, read twice in a row with no run ending in between: nothing waiting (`dirty`), running
-  (a lease held) or delayed (a retry or requeue_after) in the queue.
+- with no keys: at least one lease was taken since the mark (the queue's fence counter moved
+  on), so a run began after it; with nothing running, it has ended. This part needs no run
+  log: it holds for workers started as production starts them (without `workers.runlog`).
+- and, read twice in a row with no run ending or beginning in between: nothing waiting
+  (`dirty`), running (a lease held) or delayed (a retry or requeue_after) in the queue.
 
 What it does NOT guarantee:
 
@@ -27,7 +29,8 @@ What it does NOT guarantee:
 - anything about the future: a delayed follow-up scheduled after the check, a resync, or an
   event still in a watch stream may add work later.
 - anything across a Redis that lost its data after the mark (flush, restart without
-  persistence, failover): the run log is gone with it; `quiet` says so and the wait times out.
+  persistence, failover): the run log and the fence counter go with it; `quiet` says so and
+  the wait times out.
 - anything if the workers do not log their runs (no `workers.runlog`): the keys never appear.
 """
 
@@ -53,27 +56,35 @@ class NotQuiet(WaitTimeout):
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """A moment in the run log: its lengths then, and the keys whose run was under way."""
+    """A moment in the run log: its lengths then, the keys whose run was under way, and the
+    queue's fence counter (every lease taken later carries a higher fence)."""
 
     starts: int
     ends: int
     running: frozenset[str]
+    fence: int = 0
 
 
 def _key_of(raw: bytes | str) -> str:
     return text(raw).partition(" ")[2]
 
 
+def _fence(raw: bytes | str | None) -> int:
+    return int(text(raw) or 0) if raw is not None else 0
+
+
 def mark(client: redis.Redis, settings: QueueSettings) -> Mark:
-    """Now, in the run log (both lists read in one MULTI, so at one moment)."""
+    """Now, in the run log and the fence counter (read in one MULTI, so at one moment)."""
     layout = Layout.of(settings)
     with client.pipeline(transaction=True) as p:
         p.lrange(layout.runs_started, 0, -1)
         p.lrange(layout.runs_ended, 0, -1)
-        starts, ends = p.execute()
+        p.get(layout.fence)
+        starts, ends, fence = p.execute()
     open_runs = Counter(_key_of(r) for r in starts)
     open_runs.subtract(_key_of(r) for r in ends)
-    return Mark(len(starts), len(ends), frozenset(k for k, n in open_runs.items() if n > 0))
+    return Mark(len(starts), len(ends), frozenset(k for k, n in open_runs.items() if n > 0),
+                _fence(fence))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +92,10 @@ class Pending:
     """What `quiet` found still outstanding (empty: quiet)."""
 
     keys_not_run: tuple[str, ...] = ()
-    no_run_yet: bool = False  # no keys named, and no run has ended since the mark
+    no_run_yet: bool = False  # no keys named, and no lease has been taken since the mark
     queue: QueueStats | None = None  # the stats when the queue was not idle
-    log_lost: bool = False  # the run log is shorter than at the mark: Redis lost its data
-    busy: bool = False  # idle twice, but a run ended between the two reads
+    log_lost: bool = False  # the run log or the fence counter went back: Redis lost its data
+    busy: bool = False  # idle twice, but a run ended or began between the two reads
 
     def __bool__(self) -> bool:
         return bool(self.keys_not_run or self.no_run_yet or self.queue is not None
@@ -93,12 +104,13 @@ class Pending:
     def __str__(self) -> str:
         parts = []
         if self.log_lost:
-            parts.append("the run log is shorter than at the mark (Redis lost its data?)")
+            parts.append("the run log or the fence counter is behind the mark "
+                         "(Redis lost its data?)")
         if self.keys_not_run:
             parts.append(f"keys with no run started after the mark and ended: "
                          f"{list(self.keys_not_run)}")
         if self.no_run_yet:
-            parts.append("no run has ended since the mark")
+            parts.append("no lease taken since the mark: no run has happened")
         if self.queue is not None:
             q = self.queue
             parts.append(f"queue not idle: {q.waiting} waiting, {q.running} running, "
@@ -118,15 +130,20 @@ def quiet(client: redis.Redis, settings: QueueSettings, since: Mark,
         p.lrange(layout.runs_started, since.starts, -1)
         p.lrange(layout.runs_ended, since.ends, -1)
         p.llen(layout.runs_ended)
-        starts, ends, n_ends = p.execute()
-    if int(n_ends) < since.ends:
+        p.get(layout.fence)
+        starts, ends, n_ends, raw_fence = p.execute()
+    fence = _fence(raw_fence)
+    if int(n_ends) < since.ends or fence < since.fence:
         return Pending(tuple(wanted), not wanted, None, log_lost=True)
     started = Counter(_key_of(r) for r in starts)
     ended = Counter(_key_of(r) for r in ends)
     # A key running at the mark ends once more before a run started after it can end.
     not_run = tuple(k for k in wanted
                     if started[k] < 1 or ended[k] - (k in since.running) < 1)
-    no_run = not wanted and not ends
+    # No keys named: a lease taken since the mark is a run that began after it, and with
+    # nothing running (below) it has ended. This needs no run log, so it holds for workers
+    # started as production starts them too (the manifests' deployment test).
+    no_run = not wanted and fence <= since.fence
     inspector = Inspector(client, settings)
     stats = inspector.stats()
     if stats.idle:
@@ -136,7 +153,11 @@ def quiet(client: redis.Redis, settings: QueueSettings, since: Mark,
         again = inspector.stats()
         if not again.idle:
             return Pending(not_run, no_run, again)
-        busy = int(client.llen(layout.runs_ended)) != int(n_ends)
+        with client.pipeline(transaction=True) as p:
+            p.llen(layout.runs_ended)
+            p.get(layout.fence)
+            ends_now, fence_now = p.execute()
+        busy = int(ends_now) != int(n_ends) or _fence(fence_now) != fence
         return Pending(not_run, no_run, None, busy=busy)
     return Pending(not_run, no_run, stats)
 
