@@ -233,7 +233,7 @@ class FaultInjector:
 
     def _worker_kill(self, f: Fault, worker: int, down: float) -> None:
         self.system.kill_worker(worker)
-        time.sleep(down)
+        time.sleep(down)  # the stimulus: how long the worker stays dead
         self.system.restart_worker(worker)
         f.end = self.history.now()
         f.tail = self.cfg.lease_ttl + 2.0  # its leases lapse, then recovery re-queues its keys
@@ -300,7 +300,7 @@ class FaultInjector:
         self.history.add("fault", f"killing scheduler {i} "
                          f"({'the leader' if leader is not None else 'no leader found'})")
         self.system.kill_scheduler(i)
-        time.sleep(down)
+        time.sleep(down)  # the stimulus: how long the scheduler stays dead
         self.system.restart_scheduler(i)
         f.end = self.history.now()
         f.tail = self.cfg.scheduler_lease + 3.0  # the standby's lease wait, then its resync
@@ -348,7 +348,7 @@ class FaultInjector:
         keys = list(settings)
         proxy.set(**settings)
         try:
-            time.sleep(seconds)
+            time.sleep(seconds)  # the stimulus: how long the API misbehaves
         finally:
             proxy.set(**{k: getattr(ProxyFaults(), k) for k in keys})
         f.end = self.history.now()
@@ -384,7 +384,7 @@ class FaultInjector:
         proxy = self.proxy
         proxy.outage(None, mode=mode)
         try:
-            time.sleep(seconds)
+            time.sleep(seconds)  # the stimulus: how long the API is unreachable
         finally:
             proxy.end_outage()
         f.end = self.history.now()

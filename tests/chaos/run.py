@@ -264,7 +264,7 @@ def _settle(kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig, history: 
             took = time.monotonic() - t0
             history.add("settle", f"quiet after {took:.1f}s: {summary(kube, namespaces)}")
             return took
-        time.sleep(0.5)
+        time.sleep(0.5)  # the poll interval of the settle loop (it has a deadline)
     dog.violate(f"did not settle in {time.monotonic() - t0:.0f}s: " + "; ".join(problems[:12]),
                 f" ({queue_notes(system)})")
     return time.monotonic() - t0

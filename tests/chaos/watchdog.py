@@ -271,7 +271,7 @@ class DeletionAudit:
         while not self.deleted_by_controller(path, obj["metadata"]["uid"]):
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(0.05)
+            time.sleep(0.05)  # the poll interval of a deadline loop
         return True
 
     def _check(self, ns: str, obj: dict[str, Any]) -> None:
