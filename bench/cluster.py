@@ -19,6 +19,7 @@ from warmpool.cluster import local
 from warmpool.kube.api import Kube, connect
 from warmpool.pool import vocabulary as v
 from warmpool.testing import apiproxy
+from warmpool.testing.world import create_namespace
 
 
 def quiet_warnings() -> None:
@@ -95,14 +96,8 @@ def new_namespace(kube: Kube, prefix: str) -> str:
     """A fresh namespace, with the `oauth2-proxy-config` ConfigMap a Theia Cloud namespace
     has (without it every reconcile's template read is a 404)."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    create_namespace(kube, name)  # returns once Pods can be made there
     kube.create({"apiVersion": "v1", "kind": "ConfigMap",
                  "metadata": {"name": v.NAMESPACE_PROXY_TEMPLATE, "namespace": name},
                  "data": {v.PROXY_CONFIG_KEY: PROXY_TEMPLATE}})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # Pods are refused until the default SA has its token
-        sa = kube.get("v1", "ServiceAccount", name, "default")
-        if sa is not None and sa.get("secrets"):
-            break
-        time.sleep(0.2)
     return name
