@@ -142,12 +142,12 @@ def test_the_scripts_write_where_a_non_default_layout_says() -> None:
 
 
 def test_the_outcomes_the_scripts_spell_are_the_enums() -> None:
-    """`done.lua`'s outcomes and `start.lua`'s skip reasons are exactly `Outcome` and `Skip`:
+    """`done.lua`'s outcomes and `start.lua`'s skip reasons are exactly `DoneOutcome` and `Skip`:
     the enums are the Python side of those words (a StrEnum, so equal to them)."""
     done = BODIES["done"]
     spelt = set(re.findall(r'outcome(?:, delay, failures)? = "(\w+)"', done))
     spelt |= set(re.findall(r'return \{"(\w+)"', done))
-    assert spelt == {o.value for o in scripts.Outcome}
+    assert spelt == {o.value for o in scripts.DoneOutcome}
     start = BODIES["start"]
     skips = set(re.findall(r'return "(\w+)"', start)) | set(re.findall(r'return \{"(busy)"', start))
     assert skips == {s.value for s in scripts.Skip}
@@ -157,5 +157,5 @@ def test_the_outcomes_the_scripts_spell_are_the_enums() -> None:
     s.add([("pool/a/b", "r1", b"body1")])
     started = s.start("pool/a/b", "tok", 10_000)
     assert isinstance(started, scripts.Started)
-    assert s.done("pool/a/b", "not-the-value", "ok").outcome is scripts.Outcome.LOST
-    assert s.done("pool/a/b", started.value, "ok").outcome is scripts.Outcome.SUCCESS
+    assert s.done("pool/a/b", "not-the-value", "ok").outcome is scripts.DoneOutcome.LOST
+    assert s.done("pool/a/b", started.value, "ok").outcome is scripts.DoneOutcome.SUCCESS

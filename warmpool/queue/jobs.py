@@ -29,7 +29,7 @@ from warmpool.queue.scripts import (
     UNTRIGGERED,
     Busy,
     Done,
-    Outcome,
+    DoneOutcome,
     Skip,
     Started,
     merge_trigger,
@@ -278,7 +278,7 @@ class Jobs:
         own = {lease.key: writes} if writes else None
         done = self.scripts.done(lease.key, lease.value, "release", writes=own)
         self._requeue(lease.key, done)
-        if done.outcome is Outcome.LOST:
+        if done.outcome is DoneOutcome.LOST:
             self.observer.on_lease_lost(lease.key)
         return done
 
@@ -301,9 +301,9 @@ class Jobs:
     def _report(self, key: str, done: Done, seconds: float, error: BaseException | None) -> None:
         obs = self.observer
         obs.on_done(key, done.outcome, seconds)
-        if done.outcome is Outcome.RETRY and done.delay_ms is not None:
+        if done.outcome is DoneOutcome.RETRY and done.delay_ms is not None:
             obs.on_retry(key, done.delay_ms / 1000, done.failures)
-        elif done.outcome is Outcome.DEAD:
+        elif done.outcome is DoneOutcome.DEAD:
             obs.on_dead_letter(key, repr(error))
-        elif done.outcome is Outcome.LOST:
+        elif done.outcome is DoneOutcome.LOST:
             obs.on_lease_lost(key)

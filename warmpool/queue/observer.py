@@ -20,7 +20,7 @@ class QueueObserver(Protocol):
         wrote)."""
 
     def on_done(self, key: str, result: str, work_seconds: float) -> None:
-        """result: a `scripts.Outcome` (a str), success | retry | dead | lost | released."""
+        """result: a `scripts.DoneOutcome` (a str), success | retry | dead | lost | released."""
 
     def on_retry(self, key: str, delay_seconds: float, failures: int) -> None: ...
 

@@ -175,7 +175,7 @@ class Busy:
     holder: str
 
 
-class Outcome(enum.StrEnum):
+class DoneOutcome(enum.StrEnum):
     """How `done` left a key (the script's reply, spelled as `done.lua` spells it)."""
 
     SUCCESS = "success"  # the run succeeded: failures and error cleared
@@ -195,7 +195,7 @@ class Skip(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    outcome: Outcome
+    outcome: DoneOutcome
     rerun: bool
     delay_ms: int | None
     failures: int
@@ -316,10 +316,10 @@ class Scripts:
             own += (target, *flat_triggers(fields))
         r = self._call("done", key, value, mode, *ack, *own, *extra)
         if not isinstance(r, list):
-            return Done(Outcome(_s(r)), False, None, 0)
+            return Done(DoneOutcome(_s(r)), False, None, 0)
         delay = int(r[2])
         return Done(
-            Outcome(_s(r[0])), bool(int(r[1])), None if delay < 0 else delay, int(r[3]),
+            DoneOutcome(_s(r[0])), bool(int(r[1])), None if delay < 0 else delay, int(r[3]),
             bool(int(r[4])),
         )
 
