@@ -21,6 +21,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from tests.waiting import wait_for
 from warmpool.cluster import local
+from warmpool.kube.api import Kube
 
 GROUP = "theia.cloud"
 APPDEF = {"version": "v1beta11", "plural": "appdefinitions"}
@@ -109,6 +110,24 @@ def test_stale_resource_version_is_a_409_conflict(core_v1: client.CoreV1Api,
             {"metadata": {"name": "cas", "resourceVersion": stale}, "data": {"v": "2"}})
     assert err.value.status == 409
     assert core_v1.read_namespaced_config_map("cas", namespace).data == {"v": "1"}
+
+
+def test_an_empty_precondition_is_refused_before_any_write(kube: Kube, namespace: str) -> None:
+    """The server takes an empty resourceVersion or uid as no precondition: a guarded write
+    built from an object read without its version would be applied unguarded. `Kube`
+    refuses it and the object is untouched."""
+    cm = kube.create({"apiVersion": "v1", "kind": "ConfigMap",
+                      "metadata": {"name": "guarded", "namespace": namespace},
+                      "data": {"k": "1"}})
+    with pytest.raises(ValueError, match="resource_version"):
+        kube.merge_patch("v1", "ConfigMap", namespace, "guarded", {"data": {"k": "2"}},
+                         resource_version="")
+    for uid, rv in (("", None), (None, "")):
+        with pytest.raises(ValueError, match="precondition"):
+            kube.delete("v1", "ConfigMap", namespace, "guarded", uid=uid, resource_version=rv)
+    now = kube.get("v1", "ConfigMap", namespace, "guarded")
+    assert now is not None and now["data"] == {"k": "1"}
+    assert now["metadata"]["resourceVersion"] == cm["metadata"]["resourceVersion"]
 
 
 def test_garbage_collector_deletes_dependents_of_core_and_custom_owners(

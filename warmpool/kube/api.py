@@ -85,6 +85,14 @@ def connect(kubeconfig: str | None = None) -> ApiClient:
 WATCH_READ_MARGIN = 30
 
 
+def _check_preconditions(kind: str, name: str, **preconditions: str | None) -> None:
+    """Refuse a precondition asked for but empty: it would be sent as none at all."""
+    empty = sorted(k for k, val in preconditions.items() if val == "")
+    if empty:
+        raise ValueError(f"{kind} {name}: empty {' and '.join(empty)} precondition (the "
+                         "object was read without it): the write would not be guarded")
+
+
 class Kube:
     """Get, list, create, merge-patch, delete and watch any kind, namespaced, as dicts."""
 
@@ -173,7 +181,12 @@ class Kube:
         self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any],
         *, resource_version: str | None = None, status: bool = False,
     ) -> Obj:
-        """A JSON merge patch; with `resource_version` the server refuses it (409) if stale."""
+        """A JSON merge patch; with `resource_version` the server refuses it (409) if stale.
+
+        An empty `resource_version` raises ValueError: the server would take it as no
+        precondition at all, so a write meant to be guarded would be applied unguarded (an
+        object read without its version); None is how a caller asks for no precondition."""
+        _check_preconditions(kind, name, resource_version=resource_version)
         body = dict(patch)
         if resource_version is not None:
             body["metadata"] = {**body.get("metadata", {}), "resourceVersion": resource_version}
@@ -199,9 +212,11 @@ class Kube:
         self, api_version: str, kind: str, namespace: str, name: str, *,
         uid: str | None = None, resource_version: str | None = None,
     ) -> bool:
-        """Delete with preconditions; False if it was already gone. A stale precondition: 409."""
+        """Delete with preconditions; False if it was already gone. A stale precondition: 409.
+        An empty precondition raises ValueError, as in `merge_patch` (None: not asked for)."""
+        _check_preconditions(kind, name, uid=uid, resource_version=resource_version)
         preconditions = {k: val for k, val in (("uid", uid), ("resourceVersion", resource_version))
-                         if val}
+                         if val is not None}
         body: dict[str, Any] = {
             "kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background",
         }
