@@ -104,10 +104,10 @@ def reconcile_instance(
     Sessions, as many as are free now."""
     ns = key.namespace
 
-    def result(plan: Plan, attempts: int, writes: int, follow_ups: list[FollowUp] | None = None,
+    def result(plan: Plan, attempts: int, follow_ups: list[FollowUp] | None = None,
                outcome: Outcome = Outcome.RECONCILED) -> Result:
         return Result(outcome, follow_ups or [], written={str(key): written}, plan=plan,
-                      instance=key, attempts=attempts, writes=writes)
+                      instance=key, attempts=attempts)
 
     written: Writes = []
     fresh = False
@@ -121,7 +121,7 @@ def reconcile_instance(
         appdef = reader.appdef(ns, key.appdef, fresh=appdef_confirmed)
         if isinstance(appdef, Invalid):
             # Bad input never deletes anything: leave the instance exactly as it is.
-            return result(Plan(State.INVALID, None), attempt, 0, outcome=Outcome.REFUSED)
+            return result(Plan(State.INVALID, None), attempt, outcome=Outcome.REFUSED)
         sessions = reader.sessions(ns, key.appdef)
         view = reader.instance(ns, key.appdef, appdef, key.id, sessions, fresh=fresh)
         if fresh:
@@ -164,13 +164,13 @@ def reconcile_instance(
                 if not (isinstance(a, ResetPods) and a.app_selector in reset)])
         executor = Executor(kube, ns, guard, sink=reader, prober=prober)
         try:
-            writes = executor.apply(plan.actions)
+            executor.apply(plan.actions)
         except RouteWriteFailed as exc:
             written += executor.written
             _route_failed(kube, plan, exc)
             if not _permanent(exc.status):
                 raise  # the job fails and its key is retried with backoff
-            return result(plan, attempt, len(executor.written))
+            return result(plan, attempt)
         except Conflict as exc:
             log.info("instance %s: conflict (%s), reading it again", key, exc)
             written += executor.written
@@ -184,7 +184,7 @@ def reconcile_instance(
             # A retirement leaves room for a burst: someone waiting at maxInstances may go.
             follow_ups = _wake_waiting(reader, ns, appdef, sessions, dict(written),
                                        settings.burst)
-        return result(plan, attempt, writes, follow_ups)
+        return result(plan, attempt, follow_ups)
     raise Conflict(f"instance {key}: still conflicting after {MAX_ATTEMPTS} attempts")
 
 
@@ -520,7 +520,7 @@ def claim_session(
                     fence = g.fence
                 return Result(Outcome.HELD, written=result.written, plan=result.plan,
                               instance=ikey, fence=fence, attempts=result.attempts,
-                              writes=result.writes, appdef=session.appdef,
+                              appdef=session.appdef,
                               session_created=session.created)
             case ClaimBurst(instance_id=k):
                 assert isinstance(appdef, AppDefinition)
@@ -537,7 +537,7 @@ def claim_session(
                     return Result(Outcome.CLAIMED,
                                   written={str(ikey): [*made, *result.written_under(ikey)]},
                                   plan=result.plan, instance=ikey, fence=g.fence,
-                                  attempts=result.attempts, writes=result.writes,
+                                  attempts=result.attempts,
                                   appdef=session.appdef, session_created=session.created,
                                   start=Start.COLD)
             case ClaimTry(candidates=candidates):
@@ -566,7 +566,7 @@ def claim_session(
                                 _wake_waiting(reader, ns, appdef, rest, dict(written),
                                               settings.burst) if hand_on else [],
                                 written={str(ikey): written}, plan=result.plan, instance=ikey,
-                                fence=g.fence, attempts=result.attempts, writes=result.writes,
+                                fence=g.fence, attempts=result.attempts,
                                 appdef=session.appdef, session_created=session.created,
                                 start=Start.WARM)
                         # Refused or taken: decide again from the top rather than try the

@@ -86,8 +86,6 @@ class Result:
     fence: int | None = None
     # Observe-decide-execute rounds the instance took (more than one: a conflict).
     attempts: int = 1
-    # Writes the plan made.
-    writes: int = 0
     # Why a Session waits, was refused or skipped, or why the job deferred.
     message: str = ""
     # A claim's AppDefinition and the Session's creationTimestamp (claim latency).
