@@ -38,6 +38,7 @@ from warmpool.kube.api import Kube, KubeError
 from warmpool.kube.observe import POOL_WATCHES
 from warmpool.kube.reflector import Backoff, Reflector, Watched
 from warmpool.pool import vocabulary as v
+from warmpool.pool.meta import namespace_of
 from warmpool.pool.model import AppDefinition, Invalid, parse_appdefinition
 from warmpool.pool.schedule import (
     effective_target,
@@ -244,7 +245,7 @@ class Scheduler:
         """The AppDefinitions of `namespace` whose spec.ingressname is `route`."""
         return sorted(str(stub["metadata"]["name"]) for r in self._appdefs
                       if r.namespace in (None, namespace) for stub in r.items()
-                      if (stub.get("metadata") or {}).get("namespace") == namespace
+                      if namespace_of(stub) == namespace
                       and (stub.get("spec") or {}).get("ingressname") == route)
 
     def _handler(self, kind: str) -> Callable[[str, dict[str, Any], dict[str, Any] | None], None]:
@@ -287,7 +288,7 @@ class Scheduler:
         found: set[PoolKey] = set()
         for r in self.reflectors:
             for stub in r.items():
-                ns = (stub.get("metadata") or {}).get("namespace")
+                ns = namespace_of(stub)
                 if ns:
                     found |= {PoolKey(ns, n) for n in mapping.appdef_names(r.watched.kind, stub)}
         return sorted(found, key=str)
@@ -400,7 +401,7 @@ class Scheduler:
         out: dict[str, list[dict[str, Any]]] = {}
         for r in reflectors:
             for stub in r.items():
-                ns = (stub.get("metadata") or {}).get("namespace")
+                ns = namespace_of(stub)
                 if ns:
                     out.setdefault(str(ns), []).append(stub)
         return out

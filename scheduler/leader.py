@@ -136,7 +136,6 @@ class LeaderElector:
         self._renewed_at = -float("inf")
         self._observed: Record | None = None
         self._observed_at = -float("inf")
-        self._observed_rv: str | None = None
         self.acquired_count = 0
         self.last_error: str | None = None
         self._wake = threading.Event()
@@ -213,7 +212,6 @@ class LeaderElector:
                              self.config.name, self._observed.holder, record.holder)
                 self._observed = record
                 self._observed_at = at
-            self._observed_rv = resource_version_of(lease)
 
     def _expires_in(self) -> float | None:
         """Seconds until another holder's lease expires as we observe it (None: not held by

@@ -22,7 +22,6 @@ dramatiq's maintenance drops them after 7 days, like any other dead message.
 from __future__ import annotations
 
 import enum
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,7 +30,7 @@ import redis
 from dramatiq.message import Message
 
 from warmpool.queue.layout import Layout
-from warmpool.queue.messages import MessageFactory
+from warmpool.queue.messages import MessageFactory, new_id
 from warmpool.queue.observer import QueueObserver, get_observer
 from warmpool.queue.redis_conn import connect
 from warmpool.queue.replies import raw, scored, text
@@ -196,7 +195,7 @@ class KeyedQueue:
         if key is not None:
             result = self.scripts.redrive(rid, key, *self.messages.body(key))
         else:
-            new_rid = str(uuid.uuid4())
+            new_rid = new_id()
             options = {k: v for k, v in msg.options.items() if k not in ("traceback", "retries")}
             fresh: Message[Any] = Message(
                 queue_name=msg.queue_name,
