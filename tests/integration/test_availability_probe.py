@@ -327,8 +327,7 @@ def test_the_workers_write_the_url_once_the_instance_answers_through_its_route(
 
     path = "/java-app-1/"
     server.answers.set(path, 503)
-    env = {"WARMPOOL_NAMESPACE": namespace,
-           "WARMPOOL_INSTANCES_HOST": server.host, "WARMPOOL_URL_PROBE": "on",
+    env = {"WARMPOOL_INSTANCES_HOST": server.host, "WARMPOOL_URL_PROBE": "on",
            "WARMPOOL_URL_PROBE_CA_BUNDLE": str(pki.ca),
            "WARMPOOL_URL_PROBE_SCHEDULE": "400x0.1", "WARMPOOL_URL_PROBE_TIMEOUT": "2"}
     with System(cluster, namespaces=[namespace], workers=1, threads=4, resync_period=20,

@@ -123,8 +123,7 @@ def demo(keep: bool, workers: int, threads: int, timeout: float) -> None:
             workdir=state, log_dir=state / "logs",
             # No gateway in the local stack routes to an instance: the URL comes with
             # HANDLED (session-lifecycle §2, the probe switched off).
-            env={"WARMPOOL_URL_PROBE": os.environ.get("WARMPOOL_URL_PROBE", "off"),
-                 "WARMPOOL_NAMESPACE": NAMESPACE}))
+            env={"WARMPOOL_URL_PROBE": os.environ.get("WARMPOOL_URL_PROBE", "off")}))
         system.start()
         running = True
         timeline.add("Redis " + ("from WARMPOOL_REDIS_URL" if redis_url else "embedded"))

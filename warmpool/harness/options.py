@@ -20,8 +20,8 @@ AUTO = "auto"
 class SystemOptions:
     """Everything optional; `System(cluster, namespaces=[ns])` is a whole system.
 
-    namespaces: what the schedulers watch (empty: all namespaces); the first holds the
-        leader-election Lease.
+    namespaces: what the schedulers watch and the workers cache (empty: all namespaces); the
+        first holds the leader-election Lease.
     workers, threads: worker processes (one group) and job threads in each.
     worker_groups: instead of `workers`, groups with environments of their own (indices run
         over the groups in order).

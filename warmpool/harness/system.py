@@ -199,7 +199,7 @@ class System:
             raise RuntimeError("workers are running: stop_workers() first")
         opts, settings = self.options, self.settings
         if opts.worker_command:
-            env = {**os.environ, **self._process_env(), **opts.worker_env,
+            env = {**os.environ, **self._process_env(), **self._served_env(), **opts.worker_env,
                    **self._kube_env(), "PYTHONUNBUFFERED": "1"}
             self.worker_command = WorkerCommand(
                 processes=sum(g.processes for g in opts.groups()), threads=opts.threads,
@@ -221,10 +221,17 @@ class System:
             pools.append(WorkerPool(
                 settings, processes=group.processes, threads=opts.threads,
                 modules=opts.worker_modules, log_level=level,
-                env={**opts.env, **opts.worker_env, **group.env, **kube_env}))
+                env={**opts.env, **self._served_env(), **opts.worker_env, **group.env,
+                     **kube_env}))
         self._workers = Workers(pools)
         with self._lock, stderr_to(self.worker_log):
             self._workers.start(timeout=opts.start_timeout)
+
+    def _served_env(self) -> dict[str, str]:
+        """The workers cache the namespaces the schedulers watch (`WARMPOOL_NAMESPACE`,
+        `workers.handlers.served_namespaces`), not the whole cluster."""
+        names = self.options.namespaces
+        return {"WARMPOOL_NAMESPACE": ",".join(names)} if names else {}
 
     def _process_env(self) -> dict[str, str]:
         """What every child started by command gets: the queue, the code, the caller's env."""
