@@ -9,7 +9,6 @@ re-created Session alone, and gives up with a Warning event and `status.error` 5
 from __future__ import annotations
 
 import http.server
-import socket
 import ssl
 import subprocess
 import threading
@@ -22,6 +21,7 @@ import pytest
 
 from tests.pool_world import session
 from tests.waiting import wait_for
+from warmpool.cluster.local import free_port
 from warmpool.controller.availability import ProbeRunner, SessionWrites, fetch_status
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
@@ -73,6 +73,7 @@ class Answers:
     statuses: dict[str, list[int]] = field(default_factory=dict)
     seen: list[tuple[str, int]] = field(default_factory=list)  # (path, status answered)
     release: threading.Event = field(default_factory=threading.Event)  # for /hang/
+    arrived: threading.Event = field(default_factory=threading.Event)  # /hang/ was asked
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set(self, path: str, *statuses: int) -> None:
@@ -114,6 +115,7 @@ def server(pki: Pki) -> Iterator[Server]:
 
         def do_GET(self) -> None:
             if self.path == "/hang/":
+                answers.arrived.set()
                 answers.release.wait(30)
             status = answers.next(self.path)
             self.send_response(status)
@@ -175,15 +177,14 @@ def test_the_probe_follows_no_redirect(server: Server, pki: Pki) -> None:
 def test_the_probe_times_out_and_gets_no_status_from_a_closed_port(server: Server,
                                                                   pki: Pki) -> None:
     server.answers.set("/hang/", 200)
-    # The server holds the request until `release`: an answer now can only be the timeout's.
+    # The server holds the request until `release`: the request reached it, and no answer
+    # was sent, so the None can only be the client's timeout.
     assert fetch_status(f"{server.host}/hang/", ca_bundle=str(pki.ca), timeout=0.3) is None
-    assert not server.answers.release.is_set()
+    assert server.answers.arrived.is_set() and server.answers.answered("/hang/") == []
     server.answers.release.set()
     # Nothing listens on a port just bound and closed again.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        free = s.getsockname()[1]
-    assert fetch_status(f"localhost:{free}/x/", ca_bundle=str(pki.ca), timeout=1) is None
+    assert fetch_status(f"localhost:{free_port()}/x/", ca_bundle=str(pki.ca),
+                        timeout=1) is None
 
 
 def test_an_unreadable_ca_bundle_fails_the_runner_at_once(tmp_path: Path) -> None:
