@@ -490,18 +490,19 @@ class Role:
             return None
 
 
-def pool_spec_s1(kube: Kube, ns: str, client: redis.Redis, settings: QueueSettings) -> None:
+def pool_spec_s1(kube: Kube, ns: str, client: redis.Redis, settings: QueueSettings, *,
+                 timeout: float = 120) -> None:
     """Scenario S1 of pool-spec §6 on a running system (whatever started it): five free
     instances, five claims, minInstances lowered below the claimed ids (nothing claimed is
     touched), three released (their instances go, 1 and 2 stay)."""
     create_appdef(kube, ns, min_instances=5)
     converge(kube, ns, lambda: all(instance_count(kube, ns, k) == 5 for k in range(1, 6)),
-             what="five free instances")
+             what="five free instances", timeout=timeout)
     for i in range(1, 6):
         create_session(kube, ns, f"s{i}", USERS[i])
     converge(kube, ns, lambda: sorted(filter(None, (held_instance(kube, ns, f"s{i}")
                                                     for i in range(1, 6)))) == [1, 2, 3, 4, 5],
-             what="five claims")
+             what="five claims", timeout=timeout)
     held: dict[str, int] = {}
     for i in range(1, 6):
         k = held_instance(kube, ns, f"s{i}")
@@ -517,7 +518,7 @@ def pool_spec_s1(kube: Kube, ns: str, client: redis.Redis, settings: QueueSettin
     since = mark(client, settings)
     patch_appdef_spec(kube, ns, "java", minInstances=2)
     wait_quiet(client, settings, since, timeout=90)
-    converge(kube, ns, lambda: True, what="minInstances lowered below claimed ids")
+    converge(kube, ns, lambda: True, what="minInstances lowered below claimed ids", timeout=timeout)
     for name, k in held.items():
         objects = instance_objects(kube, ns, "java", k)
         assert len(objects) == 5, f"instance {k} lost objects: {sorted(objects)}"
@@ -532,7 +533,7 @@ def pool_spec_s1(kube: Kube, ns: str, client: redis.Redis, settings: QueueSettin
     for name in released:
         delete_session(kube, ns, name)
     converge(kube, ns, lambda: all(instance_count(kube, ns, held[n]) == 0 for n in released),
-             what="released instances above minInstances deleted")
+             what="released instances above minInstances deleted", timeout=timeout)
     for k in (1, 2):
         assert instance_count(kube, ns, k) == 5
 

@@ -292,7 +292,7 @@ def test_s1_from_the_image_scheduler_and_two_workers_as_containers(
     assert scheduler.exec("python3", "-c", "open('/opt/venv/x', 'w')") != 0
 
     # S1 (pool-spec §6), with the shared HTTPRoute the AppDefinition names.
-    pool_spec_s1(kube, ns, client, settings)
+    pool_spec_s1(kube, ns, client, settings, timeout=150)  # containers start slower
     # Nothing orphaned: every pool object of the namespace belongs to instance 1 or 2.
     assert check(kube, ns) == []
     for name in ("s1", "s2"):
