@@ -3,7 +3,6 @@ and the queue views' reading of Redis (fakeredis, real Lua)."""
 
 from __future__ import annotations
 
-import fakeredis
 import pytest
 
 from warmpool.cli import output
@@ -52,11 +51,6 @@ def test_a_narrower_terminal_is_respected(monkeypatch, capsys) -> None:
     monkeypatch.setenv("COLUMNS", "50")
     output.console().print("word " * 30)
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 50
-
-
-@pytest.fixture
-def client() -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis()
 
 
 def test_views_read_only_their_own_prefix_even_with_glob_characters(client) -> None:

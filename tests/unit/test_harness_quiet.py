@@ -3,7 +3,6 @@ change made after the mark has run", on the run log's lists as `workers.runlog` 
 
 from __future__ import annotations
 
-import fakeredis
 import pytest
 import redis
 
@@ -13,11 +12,6 @@ from warmpool.queue.settings import QueueSettings
 
 SETTINGS = QueueSettings(redis_url="redis://unused", prefix="q:warmpool:", namespace="q:dramatiq")
 LAYOUT = Layout.of(SETTINGS)
-
-
-@pytest.fixture
-def client() -> redis.Redis:
-    return fakeredis.FakeRedis()
 
 
 def started(client: redis.Redis, key: str) -> None:

@@ -27,11 +27,6 @@ S3 = "session/ns2/s1"
 
 
 @pytest.fixture
-def client() -> redis.Redis:
-    return fakeredis.FakeRedis()
-
-
-@pytest.fixture
 def settings() -> QueueSettings:
     return QueueSettings(redis_url="redis://unused", prefix="p1:warmpool:",
                          namespace="p1:dramatiq", max_failures=2, backoff_cap=0.01)

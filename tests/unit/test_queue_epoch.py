@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 
 import fakeredis
-import pytest
 import redis
 
 from warmpool.queue.epoch import Epoch
@@ -21,11 +20,6 @@ from warmpool.queue.settings import QueueSettings
 
 SETTINGS = QueueSettings(redis_url="redis://unused")
 LAYOUT = Layout.of(SETTINGS)
-
-
-@pytest.fixture
-def client() -> redis.Redis:
-    return fakeredis.FakeRedis()
 
 
 def creator(client: redis.Redis, name: str = "e") -> Epoch:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import fakeredis
 import pytest
 import redis
 
@@ -44,11 +43,6 @@ class HeldGuard:
 
     def lift_fence(self, seen: int) -> None:
         self.lifted.append(seen)
-
-
-@pytest.fixture
-def client() -> redis.Redis:
-    return fakeredis.FakeRedis()
 
 
 @pytest.fixture

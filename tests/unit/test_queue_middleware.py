@@ -3,7 +3,6 @@ maintenance run with our heartbeat timeout -- driven by hand on fakeredis."""
 
 from __future__ import annotations
 
-import fakeredis
 import pytest
 import redis
 from dramatiq.broker import MessageProxy
@@ -20,11 +19,6 @@ from warmpool.queue.settings import QueueSettings
 from workers.runtime import build_worker_broker
 
 KEY = "instance/ns/app/1"
-
-
-@pytest.fixture
-def client() -> redis.Redis:
-    return fakeredis.FakeRedis()
 
 
 @pytest.fixture

@@ -16,11 +16,6 @@ WORKER = "w1"
 
 
 @pytest.fixture
-def client() -> redis.Redis:
-    return fakeredis.FakeRedis()
-
-
-@pytest.fixture
 def jobs(client: redis.Redis) -> Jobs:
     return Jobs(client, QueueSettings(redis_url="redis://unused"), router=lambda key: "job")
 

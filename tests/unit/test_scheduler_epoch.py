@@ -59,11 +59,6 @@ class Elector:
 
 
 @pytest.fixture
-def client() -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis()
-
-
-@pytest.fixture
 def made() -> Any:
     schedulers: list[Scheduler] = []
     yield schedulers
