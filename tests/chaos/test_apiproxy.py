@@ -12,7 +12,7 @@ import http.client
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -224,18 +224,34 @@ def test_a_silent_watch_ends_on_the_client_read_timeout(
     assert box and box[0] != "ended", "a silent watch must end with an error, not cleanly"
 
 
+def recording_timers(proxy: ApiProxy) -> list[float]:
+    """The delays of the timers the proxy starts (they still fire, on real time)."""
+    delays: list[float] = []
+
+    def timer(seconds: float, fn: Callable[[], None]) -> threading.Timer:
+        delays.append(seconds)
+        return threading.Timer(seconds, fn)
+
+    proxy.timer = timer
+    return delays
+
+
 def test_watch_dropped_after_a_random_time(proxy: ApiProxy, via: Kube, namespace: str) -> None:
+    delays = recording_timers(proxy)
     _, rv = via.list("v1", "ConfigMap", namespace)
     proxy.set(p_drop_watch=1.0, drop_watch_after=0.5)
     box: list[Any] = []
     _watch_until_error(via, namespace, rv, box)  # its server-side timeout: 30 s
     assert box[0] != "ended", "the watch ended by its timeout, not cut by the proxy"
     assert proxy.stats()["watch_cut"] == 1
+    assert len(delays) == 1 and 0 <= delays[0] <= 0.5  # cut after uniform(0, 0.5) s
 
 
 def test_outage_refuses_connections_then_recovers(proxy: ApiProxy, via: Kube,
                                                   namespace: str) -> None:
+    delays = recording_timers(proxy)
     proxy.outage(1.0, mode="refuse")
+    assert delays == [1.0]  # the outage ends after the second asked for
     assert proxy.in_outage == "refuse"
     with pytest.raises(ConnectionRefusedError), socket.create_connection(
             (proxy.host, proxy.port), timeout=2):

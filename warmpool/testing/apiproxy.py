@@ -647,6 +647,7 @@ class ApiProxy:
         events: int = 2000,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        timer: Callable[[float, Callable[[], None]], threading.Timer] = threading.Timer,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "https" or not parts.hostname:
@@ -668,6 +669,7 @@ class ApiProxy:
         self._counts: Counter[str] = Counter()
         self.clock = clock  # when a delayed watch chunk is due (a test may move it by hand)
         self.sleep = sleep  # how a request waits its latency (a test may record it instead)
+        self.timer = timer  # ends an outage, cuts a watch (a test may record the delays)
         self._requests: Counter[tuple[str, str]] = Counter()  # (client, verb) -> requests
         self._bytes: Counter[tuple[str, str]] = Counter()  # (client, verb) -> body bytes
         self._shapes: Counter[tuple[str, str, int]] = Counter()  # see `shapes`
@@ -829,7 +831,7 @@ class ApiProxy:
         else:
             self.cut_watches()
         if seconds is not None:
-            self._outage_timer = threading.Timer(seconds, self.end_outage)
+            self._outage_timer = self.timer(seconds, self.end_outage)
             self._outage_timer.daemon = True
             self._outage_timer.start()
 
@@ -1001,7 +1003,7 @@ class ApiProxy:
                 if not stream.cut and stream in self._watches:
                     self._record("watch_cut", "GET", stream.path)
                     stream.cut_now()
-            timer = threading.Timer(cut_after, cut)
+            timer = self.timer(cut_after, cut)
             timer.daemon = True
             timer.start()
 
