@@ -106,9 +106,7 @@ def demo(keep: bool, workers: int, threads: int, timeout: float) -> None:
     running = False
     try:
         console.print("[bold]warmpool demo[/]: starting the local control plane …")
-        if not local.binaries_present():
-            local.build(progress=True)
-        cluster = local.up(state / "cluster")
+        cluster = local.up(state / "cluster")  # builds the binaries first if missing
         timeline.add("control plane up")
         kube = Kube(connect(str(cluster.kubeconfig)))
         _fresh_namespace(kube)

@@ -65,11 +65,9 @@ class PrivateRedis:
         if keep:
             with contextlib.suppress(redis.RedisError):
                 self.client().save()
-        else:
-            dump.unlink(missing_ok=True)
         self.server.terminate()  # SIGKILL: no shutdown save
         if not keep:
-            dump.unlink(missing_ok=True)
+            dump.unlink(missing_ok=True)  # after the kill: nothing can write it again
         time.sleep(down_for)  # the stimulus: how long the server stays away
         for attempt in range(20):
             try:
