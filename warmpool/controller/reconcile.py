@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from warmpool.controller.guard import Leases, Unguarded
@@ -117,6 +118,7 @@ def reconcile_instance(
     # come in since, so the pods are still clean.
     reset: set[str] = set()
     appdef_confirmed = False
+    report_fences = _fence_reporter(kube, ns)
     for attempt in range(1, MAX_ATTEMPTS + 1):
         appdef = reader.appdef(ns, key.appdef, fresh=appdef_confirmed)
         if isinstance(appdef, Invalid):
@@ -129,7 +131,7 @@ def reconcile_instance(
                 reader.session(ns, s.name, fresh=True)
             sessions = reader.sessions(ns, key.appdef)
         sessions = _known_holders(reader, ns, view, sessions)
-        check_fence(view, guard)
+        check_fence(view, guard, report_fences)
         template = reader.proxy_template(ns) if appdef is not None else None
         # Which other instances a claimant holds matters only when it is not annotated with
         # this one (a claim in flight, or a double claim): ask only then.
@@ -186,6 +188,22 @@ def reconcile_instance(
                                        settings.burst)
         return result(plan, attempt, follow_ups)
     raise Conflict(f"instance {key}: still conflicting after {MAX_ATTEMPTS} attempts")
+
+
+def _fence_reporter(kube: Kube, namespace: str) -> Callable[[list[Report]], None]:
+    """How `check_fence` reports a foreign or far-lifted fence annotation: Warning events
+    through the executor's one event path, each message once per job (a job that decides
+    again after a conflict reads the same annotation again). Events are not guarded writes:
+    a stale one only repeats what the object still shows."""
+    sent: set[str] = set()
+
+    def report(reports: list[Report]) -> None:
+        new = [r for r in reports if r.message not in sent]
+        sent.update(r.message for r in new)
+        if new:
+            Executor(kube, namespace, Unguarded()).apply(new)
+
+    return report
 
 
 def _permanent(status: int | None) -> bool:
@@ -300,7 +318,7 @@ def _deciding_write(
     view = reader.instance(appdef.namespace, appdef.name, appdef, k, sessions)
     if not is_free(view, appdef, HolderIndex(appdef.name, sessions)):
         return False
-    check_fence(view, guard)
+    check_fence(view, guard, _fence_reporter(kube, appdef.namespace))
     ext = view.get(Part.EXTERNAL_SERVICE)
     assert ext is not None
     owners = [*owner_refs(ext), session.owner_reference()]

@@ -9,7 +9,7 @@ lease has expired can tell that a newer holder has been here (see ``check_fence`
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -30,8 +30,9 @@ from warmpool.pool.actions import (
     SetSessionStatus,
 )
 from warmpool.pool.availability import ProbeTarget
+from warmpool.pool.fence import fence_reports, read_fences
 from warmpool.pool.instances import InstanceView
-from warmpool.pool.meta import annotations_of, name_of, resource_version_of, uid_of
+from warmpool.pool.meta import name_of, resource_version_of, uid_of
 from warmpool.pool.parts import Part
 
 log = logging.getLogger(__name__)
@@ -47,16 +48,16 @@ class FenceRegression(Exception):
     the counter)."""
 
 
-def observed_fence(view: InstanceView) -> int:
-    best = 0
-    for _, obj in view.existing():
-        raw = annotations_of(obj).get(v.ANNOTATION_FENCE, "")
-        if raw.isdigit():
-            best = max(best, int(raw))
-    return best
+def observed_fence(view: InstanceView, ours: int = 0) -> int:
+    """The highest fence the instance's objects carry, for a holder of fence `ours`: only
+    values of the bounded grammar of `warmpool.pool.fence` count (ASCII digits, at most 19,
+    no more than a lift can reach unless not above `ours`); a foreign one counts as none."""
+    return read_fences(view, ours).seen
 
 
-def check_fence(view: InstanceView, guard: Guard) -> None:
+def check_fence(
+    view: InstanceView, guard: Guard, report: Callable[[list[Report]], None] | None = None,
+) -> None:
     """Refuse to act on an instance written under a fence higher than ours.
 
     A higher fence is never harmless, even while our lease looks valid by our own clock: if
@@ -65,8 +66,18 @@ def check_fence(view: InstanceView, guard: Guard) -> None:
     counter to the fence seen (``guard.lift_fence``): the retry's lease then carries a higher
     fence than every object of the instance, and goes on. The lift is best effort: if it
     fails, the retry is refused again and lifts then.
+
+    The annotations are written by anyone with `patch` on the objects: they are read with
+    the bounded grammar of `warmpool.pool.fence` (what bounds them is said there). A foreign
+    value is ignored here (it can neither stop this instance nor lift the counter every key
+    shares) and, like a lift far above ours, handed to `report` as a Warning event naming
+    the object and the field (the caller's executor sends it; None: not reported).
     """
-    seen = observed_fence(view)
+    reading = read_fences(view, guard.fence)
+    reports = fence_reports(view.id, reading, guard.fence)
+    if reports and report is not None:
+        report(reports)
+    seen = reading.seen
     if seen <= guard.fence:
         return
     try:

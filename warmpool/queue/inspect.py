@@ -33,6 +33,7 @@ from warmpool.queue.clock import ServerClock
 from warmpool.queue.layout import Layout
 from warmpool.queue.lease import fence_of, holder_of, process_of
 from warmpool.queue.replies import members, raw, scored, text
+from warmpool.queue.scripts import reply_int
 from warmpool.queue.settings import QueueSettings
 
 #: Most keys read from one set or key pattern by a listing (the counts stay exact beyond it).
@@ -145,7 +146,8 @@ class Inspector:
         return self.clock.now_ms()
 
     def _waited(self, now: int, added_ms: Any) -> float:
-        return max(0.0, (now - int(added_ms)) / 1000)
+        # Redis contents are not trusted: a time that is not a bounded integer reads as now.
+        return max(0.0, (now - reply_int(added_ms, now)) / 1000)
 
     def _alive_since(self, now: int) -> int:
         return now - int(self.settings.heartbeat_timeout * 1000)
@@ -242,7 +244,7 @@ class Inspector:
             if dead
             else "idle"
         )
-        count = int(failures or 0)
+        count = reply_int(failures or 0)  # bounded: someone else's text counts 0
         last_error = error.decode() if error is not None else None
         letter = text(dead_rid) if dead else None
         if letter is not None:  # dead-lettering moves the count and the error into the letter
@@ -306,7 +308,8 @@ class Inspector:
                                                SCAN_CAP)]
             rest = [k for k in rest if k not in seen]
             added = client.hmget(lo.added_at, rest) if rest else []
-            by_age = sorted(zip(rest, added, strict=True), key=lambda ka: int(ka[1] or now))
+            by_age = sorted(zip(rest, added, strict=True),
+                            key=lambda ka: reply_int(ka[1] or now, now))
             ordered += [k for k, _ in by_age[: limit - len(ordered)]]
         added = client.hmget(lo.added_at, ordered) if ordered else []
         return [(k, self._waited(now, a) if a else None)

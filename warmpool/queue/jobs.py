@@ -22,7 +22,7 @@ import traceback
 import redis
 
 from warmpool.queue.keyed import KeyedQueue
-from warmpool.queue.lease import Lease, LeaseBook, fence_of, holder_of
+from warmpool.queue.lease import Lease, LeaseBook, holder_of
 from warmpool.queue.observer import QueueObserver
 from warmpool.queue.routing import Router, actor_for_key
 from warmpool.queue.scripts import (
@@ -33,6 +33,7 @@ from warmpool.queue.scripts import (
     Skip,
     Started,
     merge_trigger,
+    own_fence,
 )
 from warmpool.queue.settings import QueueSettings
 
@@ -192,7 +193,7 @@ class Jobs:
         if isinstance(r, Busy) and holder_of(r.holder) == token:
             # Our own start went through but its reply was lost and the call retried (its
             # triggers went with the lost reply: run untriggered, i.e. fully).
-            r = Started(r.holder, fence_of(r.holder), None, 0)
+            r = Started(r.holder, own_fence(key, r.holder), None, 0)
         if not isinstance(r, Started):
             reason = Skip.BUSY if isinstance(r, Busy) else r
             self.observer.on_skip(key, reason)
@@ -267,7 +268,7 @@ class Jobs:
             if holder_of(r.holder) != token:
                 self.observer.on_contention(key, holder_of(r.holder))
                 return None
-            r = (r.holder, fence_of(r.holder))
+            r = (r.holder, own_fence(key, r.holder))
         value, fence = r
         return self.book.track(Lease(key, value, fence, self.book.valid_until(sent_at), False))
 

@@ -24,7 +24,7 @@ import redis
 
 from warmpool.queue.clock import ServerClock
 from warmpool.queue.observer import QueueObserver
-from warmpool.queue.scripts import Scripts
+from warmpool.queue.scripts import Scripts, parse_lease
 from warmpool.queue.settings import QueueSettings
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,11 @@ def holder_of(value: str) -> str:
     return value.split("|", 1)[-1]
 
 
-def fence_of(value: str) -> int:
-    return int(value.split("|", 1)[0])
+def fence_of(value: str) -> int | None:
+    """The fence of a lease value, or None when it is not one (Redis contents are not
+    trusted: `scripts.parse_lease` bounds the parse)."""
+    parsed = parse_lease(value)
+    return parsed[0] if parsed is not None else None
 
 
 def process_of(holder: str) -> str:

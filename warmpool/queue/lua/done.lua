@@ -11,7 +11,7 @@
 -- only.
 local key, value, mode = ARGV[1], ARGV[2], ARGV[3]
 ack(key, ARGV[4], ARGV[5])
-if redis.call("GET", LEASE .. key) ~= value then return {"lost", 0, -1, 0, 0} end
+if lease_value(key) ~= value then return {"lost", 0, -1, 0, 0} end
 redis.call("DEL", LEASE .. key)
 redis.call("ZREM", INFLIGHT, key)
 if mode ~= "release" then redis.call("DEL", OWN .. key) end

@@ -52,8 +52,46 @@ local function is_dirty(key)
   return redis.call("SISMEMBER", DIRTY, key) == 1
 end
 
+-- Redis contents are not trusted: every number read back is checked before use (a script
+-- that fails half way leaves its earlier writes in place, and a parse that fails on one key's
+-- garbage must not stop the others). A lease value is "<fence>|<token>", the fence at most 19
+-- digits, the whole at most 1024 bytes.
+local function shown(raw)
+  if #raw > 40 then return string.format("%q (%d bytes)", string.sub(raw, 1, 40), #raw) end
+  return string.format("%q", raw)
+end
+
+-- The repair notes of one script call, joined for its reply ("" when nothing was repaired).
+local function notes(...)
+  local out = {}
+  for i = 1, select("#", ...) do  -- not ipairs: it stops at the first nil
+    local p = select(i, ...)
+    if p and p ~= "" then out[#out + 1] = p end
+  end
+  return table.concat(out, "; ")
+end
+
+-- Decimal digits without leading zeros, or nil: at most 19 of them (int64's width).
+local function canonical(text)
+  local digits = string.match(text, "^0*(%d+)$")
+  if digits and #digits <= 19 then return digits end
+  return nil
+end
+
+-- The key's lease value and nil, or nil and what is wrong with what is there (another type,
+-- text that is not a lease value: someone else's write). Nothing is changed here.
+local function lease_value(key)
+  local raw = redis.pcall("GET", LEASE .. key)
+  if type(raw) == "table" then return nil, "lease key of another type deleted" end
+  if not raw then return nil end
+  local fence = string.match(raw, "^(%d+)|.")
+  if fence and #raw <= 1024 and canonical(fence) == fence then return raw end
+  return nil, string.format("unreadable lease value deleted: %s", shown(raw))
+end
+
+-- Leased by a holder of ours: what is not a lease value holds nothing (`start` repairs it).
 local function leased(key)
-  return redis.call("EXISTS", LEASE .. key) == 1
+  return lease_value(key) ~= nil
 end
 
 -- a >= b for resourceVersions (decimal strings of any length); other text only if equal.
@@ -126,12 +164,53 @@ local function own_covers(key, trig)
   return true
 end
 
+-- The counter as an exact decimal string, or nil with what was wrong when it is not one we can
+-- INCR safely (text someone wrote, another type, a value within reach of int64's end): then
+-- it is deleted, as if Redis had lost it, and the objects' fences lift it back (check_fence).
+local function fence_counter()
+  local raw = redis.pcall("GET", FENCE)
+  if type(raw) == "table" then
+    redis.call("DEL", FENCE)
+    return nil, "fence counter of another type deleted"
+  end
+  if not raw then return nil end
+  local digits = canonical(raw)
+  if not digits or not rv_ge(FENCE_SAFE, digits) then
+    redis.call("DEL", FENCE)
+    return nil, string.format("unusable fence counter deleted: %s", shown(raw))
+  end
+  return digits
+end
+
+-- INCR, then the counter's exact decimal text: never a Lua number (a double, which prints
+-- 10^14 as "1e+14" and is not exact above 2^53). Returns value, fence text, repair note.
 local function acquire(key, token, ttl)
-  local fence = redis.call("INCR", FENCE)
+  local _, problem = fence_counter()
+  redis.call("INCR", FENCE)
+  local fence = redis.call("GET", FENCE)
   local value = fence .. "|" .. token
   redis.call("SET", LEASE .. key, value, "PX", ttl)
   redis.call("ZADD", INFLIGHT, NOW + tonumber(ttl), key)
-  return value, fence
+  return value, fence, problem
+end
+
+-- A lease read for taking the key: anything there that is not a lease value of ours is
+-- deleted (else it would block the key until it expired, or for good without a TTL) and
+-- reported. Returns the holder's value or nil, and the repair note or nil.
+local function take_lease_of(key)
+  local value, problem = lease_value(key)
+  if problem then redis.call("DEL", LEASE .. key) end
+  return value, problem
+end
+
+-- Consecutive failures of a key; a count that is not a small number (someone else's text) is
+-- dropped, as after a success, so HINCRBY cannot fail on it. Returns count, repair note.
+local function failures_of(key)
+  local raw = redis.call("HGET", FAILURES, key)
+  if not raw then return 0 end
+  if string.match(raw, "^%d+$") and #raw <= 9 then return tonumber(raw) end
+  redis.call("HDEL", FAILURES, key)
+  return 0, string.format("unreadable failure count dropped: %s", shown(raw))
 end
 
 local function clear_dead(key)
@@ -155,6 +234,7 @@ end
 
 -- Count a failure; dead-letter at max. Returns failures, dead?
 local function fail(key, err, max, dead_rid, dead_body)
+  failures_of(key)  -- garbage there would make HINCRBY fail: counted from 0 instead
   local n = redis.call("HINCRBY", FAILURES, key, 1)
   redis.call("HSET", ERRORS, key, err)
   if n >= tonumber(max) then

@@ -3,7 +3,7 @@ local ttl = tonumber(ARGV[1])
 local out = {}
 for i = 2, #ARGV, 2 do
   local key, value = ARGV[i], ARGV[i + 1]
-  if redis.call("GET", LEASE .. key) == value then
+  if lease_value(key) == value then  -- another type there fails no one's renewal
     redis.call("PEXPIRE", LEASE .. key, ttl)
     redis.call("ZADD", INFLIGHT, "XX", NOW + ttl, key)
     out[#out + 1] = 1

@@ -1,5 +1,7 @@
 -- ARGV: key, token, ttl_ms, acks key, delivered rid -> {"busy", holder} | "stale" | "own" |
---   {"started", lease value, queued ms or -1, failures so far, trigger field, value, ...}
+--   {"started", lease value, queued ms or -1, failures so far, repairs, trigger field, value,
+--   ...}; repairs: "" or what was found unreadable in Redis and repaired on the way (a lease
+--   value or counter someone else wrote: see lib.lua), for the caller to log.
 -- (the fence is the lease value's head; replies are flat, as few elements as will do: each
 -- one is parsed in Python on every job)
 -- A skipped delivery (busy, stale, own) is acked here; a busy one also stops counting as the
@@ -8,7 +10,7 @@
 -- the next run's. "own": every trigger is a version this key's own runs wrote, so the run
 -- would only read back its own writes: the key is done waiting without running.
 local key, token, ttl, acks, rid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local holder = redis.call("GET", LEASE .. key)
+local holder, lease_problem = take_lease_of(key)
 if holder then
   if rid ~= "" and redis.call("HGET", PENDING, key) == rid then redis.call("HDEL", PENDING, key) end
   ack(key, acks, rid)
@@ -30,9 +32,13 @@ if #trig > 0 then
     return "own"
   end
 end
-local value = acquire(key, token, ttl)
+local value, _, fence_problem = acquire(key, token, ttl)
 local queued = -1
-if added then queued = NOW - tonumber(added) end
-local out = {"started", value, queued, tonumber(redis.call("HGET", FAILURES, key) or "0")}
-for i = 1, #trig do out[i + 4] = trig[i] end
+-- A time of ours is 13 digits of ms; anything else someone wrote reads as "not known".
+if added and string.match(added, "^%d+$") and #added <= 15 then
+  queued = math.max(0, NOW - tonumber(added))
+end
+local failures, count_problem = failures_of(key)
+local out = {"started", value, queued, failures, notes(lease_problem, fence_problem, count_problem)}
+for i = 1, #trig do out[i + 5] = trig[i] end
 return out
