@@ -23,6 +23,7 @@ from warmpool.pool.actions import Report
 from warmpool.pool.instances import InstanceView
 from warmpool.pool.parts import PARTS, Part
 from warmpool.queue.jobs import JobContext, Jobs
+from warmpool.queue.maintenance import Maintenance
 from warmpool.queue.scripts import FENCE_CEILING
 from warmpool.queue.settings import QueueSettings
 
@@ -121,3 +122,19 @@ def test_garbage_in_the_lease_and_counter_keys_is_repaired_by_the_next_start(
     assert "unusable fence counter deleted" in caplog.text
     jobs.finish(ctx)
     assert run(jobs, UNRELATED).fence == 2
+
+
+def test_a_lease_written_without_expiry_is_found_and_repaired_by_the_audit(jobs: Jobs) -> None:
+    """Issue #27, point 6: a lease key with no TTL blocked its key forever, unnoticed."""
+    lo = jobs.queue.layout
+    jobs.queue.add(POISONED)
+    rid = jobs.client.lpop(lo.messages_list)
+    jobs.client.hdel(lo.messages, rid)  # its message taken by a holder that never ran
+    jobs.client.set(lo.lease(POISONED), "5|elsewhere:1:2:n.1")  # no PX
+    held = run(jobs, UNRELATED)
+    maintenance = Maintenance(jobs)
+    assert maintenance.repair_unexpiring_leases() == 1
+    assert jobs.client.exists(lo.lease(POISONED)) == 0
+    assert jobs.client.get(lo.lease(UNRELATED)) == held.lease.value.encode()
+    assert maintenance.audit() == 1
+    assert run(jobs, POISONED).fence > held.fence

@@ -17,6 +17,7 @@ import redis
 
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.jobs import JobContext, Jobs
+from warmpool.queue.maintenance import Maintenance
 from warmpool.queue.scripts import FENCE_CEILING, parse_lease, reply_int
 
 KEY = "instance/ns/java/3"
@@ -137,3 +138,39 @@ def test_redis_errors_still_surface(jobs: Jobs) -> None:
     """Only garbage is repaired: a lift with a non-number is a caller's bug, refused."""
     with pytest.raises(redis.ResponseError, match="not a fence"):
         jobs.scripts._call("lift_fence", "1e14")
+
+
+# --- lease keys without an expiry (issue #27, point 6) ---------------------------------------
+
+
+def test_a_lease_without_expiry_is_deleted_and_its_waiting_key_runs_again(
+    jobs: Jobs, caplog: pytest.LogCaptureFixture,
+) -> None:
+    lo = jobs.queue.layout
+    jobs.queue.add(KEY)
+    rid = jobs.client.lpop(lo.messages_list)  # taken (and acked) by a holder that never ran
+    jobs.client.hdel(lo.messages, rid)
+    jobs.client.set(lo.lease(KEY), "7|someone:1:2:n.1")  # a sound value, but no TTL
+    assert jobs.queue.add(KEY) == "deduplicated"  # blocked: add sees it leased
+    maintenance = Maintenance(jobs)
+    assert maintenance.audit() == 0  # leased: the orphan audit alone would never help
+    with caplog.at_level(logging.WARNING, logger="warmpool.queue.maintenance"):
+        assert maintenance.repair_unexpiring_leases() == 1
+    assert lease_of(jobs) is None and "had no expiry" in caplog.text and KEY in caplog.text
+    assert maintenance.audit() == 1  # the waiting key gets its message back
+    assert isinstance(jobs.begin(KEY), JobContext)
+
+
+def test_a_run_in_flight_keeps_its_lease_with_the_lease_ttl(
+    jobs: Jobs, started_job: Callable[[str], JobContext],
+) -> None:
+    lo = jobs.queue.layout
+    ctx = started_job(KEY)
+    other = started_job("instance/ns/java/4")
+    jobs.client.persist(lo.lease(KEY))
+    maintenance = Maintenance(jobs)
+    assert maintenance.repair_unexpiring_leases() == 1
+    assert lease_of(jobs) == ctx.lease.value.encode()
+    assert 0 < jobs.client.pttl(lo.lease(KEY)) <= jobs.settings.lease_ttl_ms
+    assert jobs.client.pttl(lo.lease(other.key)) > 0  # leases with a TTL are not touched
+    assert maintenance.repair_unexpiring_leases() == 0

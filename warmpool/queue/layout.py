@@ -37,6 +37,7 @@ This class is the one definition of these names: the Lua scripts receive theirs 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from warmpool.queue.routing import is_claim_key
@@ -120,6 +121,11 @@ class Layout:
 
     def lease(self, key: str) -> str:
         return self.lease_prefix + key
+
+    @property
+    def lease_pattern(self) -> str:
+        """A SCAN MATCH pattern for every lease key (the prefix's glob characters escaped)."""
+        return re.sub(r"([*?\[\]\\])", r"\\\1", self.lease_prefix) + "*"
 
     def maintenance_lock(self, task: str) -> str:
         return self._p(f"maintenance:{task}")

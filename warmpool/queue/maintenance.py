@@ -12,8 +12,11 @@ Every `recovery_period`, in one process at a time (a short SET NX PX lock):
     instead of on dramatiq's 0.1 % of calls with a 60 s timeout, for both queues (claims and
     bulk) and their delay queues.
 
-Every `audit_period`, likewise once: dirty keys with no lease and no queued message (the
-message was purged, dead-lettered by dramatiq, or lost in a failover) get a new one.
+Every `audit_period`, likewise once: lease keys with no expiry (written by someone else, or
+made to persist: every lease of ours has a TTL) are repaired, since nothing else would ever
+free their key (`repair_unexpiring_leases`); then dirty keys with no lease and no queued
+message (the message was purged, dead-lettered by dramatiq, or lost in a failover) get a new
+one.
 
 Every `epoch_period`, in every process: read the Redis epoch (`warmpool.queue.epoch`); a
 missing or changed one is reported to the observer (logged, counted): Redis lost its data,
@@ -26,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from itertools import islice
 
 import redis
 from dramatiq.brokers.redis import RedisBroker
@@ -37,6 +41,8 @@ from warmpool.queue.replies import text
 
 log = logging.getLogger(__name__)
 
+#: Lease names one audit pass looks at, at most (a scan of the whole keyspace is bounded).
+SCAN_LIMIT = 100_000
 CRASH_ERROR = "lease expired: the worker holding this key stopped renewing it (crashed?)"
 
 
@@ -110,6 +116,35 @@ class Maintenance:
             ]
             dispatch(keys=[broker.namespace], args=args)
 
+    def repair_unexpiring_leases(self) -> int:
+        """Find lease keys without an expiry (PTTL -1) and repair each (`unexpiring.lua`): a
+        run in flight keeps it with the lease TTL, anything else loses it. Returns how many
+        were repaired. The scan is bounded (`SCAN_LIMIT` names a pass); the rest waits for
+        the next audit."""
+        layout = self.jobs.queue.layout
+        names = [text(n) for n in islice(
+            self.client.scan_iter(match=layout.lease_pattern, count=1000), SCAN_LIMIT)]
+        if not names:
+            return 0
+        with self.client.pipeline(transaction=False) as p:
+            for name in names:
+                p.pttl(name)
+            ttls = p.execute()
+        prefix = len(layout.lease_prefix)
+        stuck = [name[prefix:] for name, ttl in zip(names, ttls, strict=True) if ttl == -1]
+        repaired = 0
+        for i in range(0, len(stuck), self.settings.batch):
+            keys = stuck[i:i + self.settings.batch]
+            for key, result in zip(keys, self.scripts.unexpiring(self.settings.lease_ttl_ms,
+                                                                 keys), strict=True):
+                if result != "ok":
+                    repaired += 1
+                    log.warning("lease of %s had no expiry (not written by a holder of ours) "
+                                "and blocked it for good: %s", key,
+                                "given the lease TTL (a run is in flight)"
+                                if result == "expiring" else "deleted")
+        return repaired
+
     def audit(self) -> int:
         """Give a message back to dirty keys that have neither a lease nor a message."""
         repaired = 0
@@ -155,6 +190,7 @@ class Maintenance:
         if now >= self._next_audit:
             self._next_audit = now + s.audit_period
             if self._once("audit", s.audit_period):
+                self.repair_unexpiring_leases()
                 self.audit()
         if now >= self._next_epoch:
             self._next_epoch = now + s.epoch_period

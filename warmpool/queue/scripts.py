@@ -408,6 +408,13 @@ class Scripts:
     def redrive(self, dead_rid: str, key: str | None, rid: str, body: bytes) -> str:
         return _s(self._call("redrive", dead_rid, key or "", rid, body))
 
+    def unexpiring(self, ttl_ms: int, keys: Sequence[str]) -> list[str]:
+        """Repair the lease keys of `keys` that still have no expiry (`unexpiring.lua`):
+        "expiring" (given `ttl_ms`: a run is in flight), "deleted" or "ok", per key."""
+        if not keys:
+            return []
+        return [_s(r) for r in self._call("unexpiring", ttl_ms, *keys)]
+
     def lift_fence(self, seen: int) -> int:
         """Raise the fence counter to at least `seen`, capped at `FENCE_CEILING` (atomically;
         never lowers it); returns the counter, so the next acquisition's fence is above it.
