@@ -120,6 +120,31 @@ def test_passwords_never_show() -> None:
     assert config.redact_url("unix:///tmp/r.sock") == "unix:///tmp/r.sock"
 
 
+@pytest.mark.parametrize("url, shown", [
+    # issue #27, point 6: each of these showed (part of) its password before
+    ("REDIS://:s3cret@h:1/0", "REDIS://:***@h:1/0"),
+    ("Rediss://u:s3cret@h/0", "Rediss://u:***@h/0"),
+    ("redis://:s3@cret@h:1/0", "redis://:***@h:1/0"),
+    ("redis://:s3/cret@h:1/0", "redis://:***@h:1/0"),
+    ("redis://u:a/b@c:d@h/0?password=s3cret", "redis://u:***@h/0?password=***"),
+    ("redis://:s3?cret@h/0", "redis://:***@h/0"),
+    ("redis://s3cret@h/0", "redis://***@h/0"),
+    ("redis://:s3cret@[::1]:6379/0", "redis://:***@[::1]:6379/0"),
+    ("redis://h/0?PASSWORD=s3cret&db=1", "redis://h/0?PASSWORD=***&db=1"),
+    ("redis://h/0?password=s3@cret&db=1", "redis://h/0?password=***&db=1"),
+    ("REDIS+SENTINEL://:s3cret@s1:26379,s2/svc?Sentinel_Password=s3cret",
+     "REDIS+SENTINEL://:***@s1:26379,s2/svc?Sentinel_Password=***"),
+])
+def test_passwords_never_show_whatever_they_contain(url: str, shown: str) -> None:
+    assert config.redact_url(url) == shown
+    assert "cret" not in config.redact_url(url)
+
+
+def test_a_password_with_an_at_in_the_query_too_leaks_nothing() -> None:
+    """Ambiguous (an `@` on both sides of a `?`): more is hidden than needed, never less."""
+    assert "s3" not in config.redact_url("redis://:s3@x@h/0?password=s3@y")
+
+
 def test_queue_layout_comes_from_the_workers_environment() -> None:
     s = config.queue_settings("redis://h/0", {"WARMPOOL_QUEUE_PREFIX": "t1:warmpool:",
                                               "WARMPOOL_QUEUE_NAMESPACE": "t1:dramatiq"})

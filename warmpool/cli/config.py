@@ -239,12 +239,35 @@ def resolve_redis_url(flag: str | None, environ: Mapping[str, str] | None = None
     return DEFAULT_REDIS_URL, "the default"
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}")
+#: What may follow a URL's userinfo: a host list (Sentinel URLs name several, with ports,
+#: IPv6 in brackets), then a path or query or nothing. A password's own text rarely looks so.
+_AFTER_USERINFO = re.compile(r"[A-Za-z0-9.\-\[\]:,_%]*(?:[/?#].*)?", re.DOTALL)
+_QUERY_PASSWORD = re.compile(r"([?&](?:sentinel_)?password=)[^&#]*", re.IGNORECASE)
+
+
 def redact_url(url: str) -> str:
     """The URL without its passwords, for messages and output: the one in the user part
-    (any scheme, redis+sentinel:// included) and `password=` / `sentinel_password=` in the
-    query, where a Sentinel URL carries the Sentinels' password."""
-    url = re.sub(r"(^[a-z][a-z0-9+.-]*://[^/@]*?:)[^/@]*@", r"\1***@", url)
-    return re.sub(r"([?&](?:sentinel_)?password=)[^&]*", r"\1***", url)
+    (any scheme, in any case, redis+sentinel:// included) and `password=` /
+    `sentinel_password=` in the query, where a Sentinel URL carries the Sentinels' password.
+
+    Bounded parse, not a regular expression over the whole URL: a password may hold an
+    unencoded `@`, `/`, `:` or `?` (redis-py would misread such a URL, but the text must not
+    leak). The userinfo ends at the last `@` after which only a host list and a path or query
+    follow (else at the last `@` before the first `?`); everything after its first `:` is
+    hidden, and a userinfo without `:` (which some clients take for a password) entirely."""
+    scheme, sep, rest = url.partition("://")
+    if sep and _SCHEME.fullmatch(scheme) and "@" in rest:
+        at = rest.rfind("@")
+        if _AFTER_USERINFO.fullmatch(rest[at + 1:]) is None:
+            query = rest.find("?")
+            at = rest.rfind("@", 0, query) if query >= 0 else at
+        if at >= 0:
+            user, colon, _ = rest[:at].partition(":")
+            shown = f"{user}:***" if colon else "***"
+            rest = f"{shown}@{rest[at + 1:]}"
+        url = f"{scheme}://{rest}"
+    return _QUERY_PASSWORD.sub(r"\1***", url)
 
 
 def queue_settings(url: str, environ: Mapping[str, str] | None = None) -> QueueSettings:
@@ -321,9 +344,16 @@ def check_servers(redis_url: str | None, *, kube: bool, kubeconfig: str | None =
     watches: Redis answers; with `kube`, the API server answers and accepts the credentials,
     the namespaces exist and every one of `kinds` ((apiVersion, kind, advice):
     `warmpool.kube.kinds.required`) is served. Servers still coming up get `STARTUP_WAIT`
-    seconds."""
+    seconds. A Redis whose maxmemory-policy evicts keys is reported loudly, not refused
+    (`warmpool.queue.eviction` says why)."""
     if redis_url is not None:
-        patiently(lambda: connect_redis(redis_url, "--redis-url or $WARMPOOL_REDIS_URL")).close()
+        from warmpool.queue.eviction import warn_if_evicting
+
+        server = patiently(lambda: connect_redis(redis_url, "--redis-url or $WARMPOOL_REDIS_URL"))
+        try:
+            warn_if_evicting(server)
+        finally:
+            server.close()
     if kube:
         target = resolve_kube_target(kubeconfig)
         client = patiently(lambda: connect_kube(target))
