@@ -42,6 +42,7 @@ from warmpool.invariants import check
 from warmpool.keys import SessionKey
 from warmpool.kube.api import Kube, KubeError
 from warmpool.pool import builders, naming
+from warmpool.pool import fence as fence_grammar
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import AppDefinition, parse_appdefinition
 from warmpool.pool.parts import Part
@@ -879,3 +880,106 @@ def test_configuration_error_exits_with_one_clear_line(
 def _tail(out: str, err: str, lines: int = 15) -> str:
     text = (out + err).strip().splitlines()
     return "\n".join(text[:3] + (["..."] if len(text) > lines else []) + text[-lines:])
+
+
+# --- fences and queue (issue #27) --------------------------------------------------------------
+# A `warmpool.io/fence` annotation is on objects anyone with `patch` can write. Before the fix,
+# 99999999999999 on one pool object stopped every job on the Redis for good (the counter was
+# lifted, Lua wrote the next lease as "1e+14|...", every start raised), and '²' or 5,000 digits
+# stopped its instance. Now a foreign value is ignored for the fence check and reported on its
+# object naming the field; a valid but huge one is lifted to (exactly) and reported; in both
+# cases the pool, the other pools and the control Session go on being served.
+
+FENCE_FIELD = f"metadata.annotations[{v.ANNOTATION_FENCE}]"
+
+
+def _fence_counter(ctl: Controller) -> bytes | None:
+    from warmpool.queue.layout import Layout
+
+    counter = ctl.system.client.get(Layout.of(ctl.system.settings).fence)
+    return counter if isinstance(counter, bytes) else None
+
+
+def _annotated_pool(ctl: Controller, name: str, fence: str) -> str:
+    """A pool `name` with a free instance 1, whose Deployment gets `fence` as its fence
+    annotation by hand; returns the Deployment's name."""
+    kube, ns = ctl.kube, ctl.ns
+    create_appdef(kube, ns, name, min_instances=1, max_instances=2, spec_name=name)
+    wait_for(lambda: len(instance_objects(kube, ns, name, 1)) == 5, timeout=SETTLE,
+             message=f"pool {name} built")
+    (deployment,) = [key.split("/", 1)[1] for key in instance_objects(kube, ns, name, 1)
+                     if key.startswith("Deployment/")]
+    kube.merge_patch("apps/v1", "Deployment", ns, deployment,
+                     {"metadata": {"annotations": {v.ANNOTATION_FENCE: fence}}})
+    return deployment
+
+
+def _fence_on(ctl: Controller, deployment: str) -> str:
+    obj = ctl.kube.get("apps/v1", "Deployment", ctl.ns, deployment)
+    assert obj is not None
+    return str((obj["metadata"].get("annotations") or {}).get(v.ANNOTATION_FENCE))
+
+
+FOREIGN_FENCES = [
+    ("superscript-two", "\u00b2"),
+    ("five-thousand-digits", "9" * 5000),
+    ("negative", "-1"),
+    ("exponent", "1e14"),
+    ("leading-space", " 7"),
+    ("empty", ""),
+    ("above-int64", "99999999999999999999999"),
+    ("above-the-ceiling", str(10**19)),
+    ("arabic-indic-digits", "\u0661\u0662"),
+]
+
+
+@pytest.mark.parametrize(("case", "fence"), FOREIGN_FENCES, ids=[c for c, _ in FOREIGN_FENCES])
+def test_a_foreign_fence_is_reported_on_its_object_and_the_pool_still_serves(
+    ctl: Controller, case: str, fence: str,
+) -> None:
+    kube, ns = ctl.kube, ctl.ns
+    name = f"fence-{case}"
+    before = _fence_counter(ctl)
+    deployment = _annotated_pool(ctl, name, fence)
+    wait_for(lambda: any(FENCE_FIELD in m for m in events_about(kube, ns, deployment,
+                                                              "ForeignFence")),
+             timeout=SETTLE, message=lambda: f"a ForeignFence event on {deployment}: "
+             f"{events_about(kube, ns, deployment, 'ForeignFence')}")
+    (message, *_) = events_about(kube, ns, deployment, "ForeignFence")
+    assert f"Deployment {deployment}" in message and len(message) < 600
+    # The annotated instance is not stuck: a Session claims it, and the claim's writes
+    # replace the foreign value with a fence of ours.
+    create_session(kube, ns, f"s-{name}", USERS[20], name)
+    wait_status(kube, ns, f"s-{name}", "HANDLED", "Instance 1")
+    wait_for(lambda: fence_grammar.parse_fence(_fence_on(ctl, deployment)) is not None,
+             timeout=SETTLE, message=lambda: f"fence on {deployment}: "
+             f"{_fence_on(ctl, deployment)[:40]!r}")
+    # The counter every key shares was not lifted by it.
+    counter = _fence_counter(ctl)
+    assert counter is not None and counter.isdigit()
+    assert int(counter) < fence_grammar.FENCE_CEILING
+    assert before is None or int(counter) - int(before) < 10**6
+
+
+def test_a_huge_valid_fence_is_lifted_exactly_reported_and_every_pool_still_serves(
+    ctl: Controller,
+) -> None:
+    """The defect of issue #27, point 1, end to end: the annotation lifts the shared counter
+    past 10^14, and the next job of any key, in this pool or another, still runs."""
+    kube, ns = ctl.kube, ctl.ns
+    huge = "99999999999999"
+    deployment = _annotated_pool(ctl, "fence-huge", huge)
+    wait_for(lambda: any(huge in m for m in events_about(kube, ns, deployment, "FenceLifted")),
+             timeout=SETTLE, message=lambda: f"a FenceLifted event on {deployment}: "
+             f"{events_about(kube, ns, deployment, 'FenceLifted')}")
+    create_session(kube, ns, "s-fence-huge", USERS[21], "fence-huge")
+    wait_status(kube, ns, "s-fence-huge", "HANDLED", "Instance 1")
+    create_appdef(kube, ns, "fence-other", min_instances=1, max_instances=2,
+                  spec_name="fence-other")
+    create_session(kube, ns, "s-fence-other", USERS[22], "fence-other")
+    wait_status(kube, ns, "s-fence-other", "HANDLED", "Instance 1")
+    counter = _fence_counter(ctl)
+    assert counter is not None and counter.isdigit() and int(counter) > int(huge)
+    wait_for(lambda: int(_fence_on(ctl, deployment)) > int(huge), timeout=SETTLE,
+             message=lambda: f"fence on {deployment}: {_fence_on(ctl, deployment)}")
+    assert check(kube, ns) == []
