@@ -36,11 +36,13 @@ CONTENTION_TTL_MS = 600_000
 
 # KEYS[1] pool:state; ARGV: field, "<appdef>|<state>" ("" deletes), fence.
 # Returns {1 written | 0 refused (stored fence is newer), previous value or ""}.
+# Fences are compared as decimal strings (length, then text), never as Lua numbers: a double
+# is not exact above 2^53, and a lift may take the counter to 10^18 (issue #27).
 _RECORD = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur then
-  local f = tonumber(string.match(cur, '|(%d+)$'))
-  if f and f > tonumber(ARGV[3]) then return {0, cur} end
+  local f, mine = string.match(cur, '|0*(%d+)$'), string.match(ARGV[3], '^0*(%d+)$')
+  if f and mine and (#f > #mine or (#f == #mine and f > mine)) then return {0, cur} end
 end
 if ARGV[2] == '' then
   redis.call('HDEL', KEYS[1], ARGV[1])

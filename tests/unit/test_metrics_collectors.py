@@ -65,6 +65,17 @@ def test_instance_records_are_fenced_and_retired_ones_deleted(state: PoolState) 
     assert state.record_instance(I1, "java", "free", fence=3) is None  # a new life
 
 
+def test_instance_records_compare_fences_exactly_past_2_to_the_53(state: PoolState) -> None:
+    """Issue #27: a lift may take the fence counter to 10^18; as doubles, 10^18 + 1 and
+    10^18 + 2 are equal, and the stale record would have been written."""
+    high = 10**18
+    state.record_instance(I1, "java", "claimed", fence=high + 2)
+    with pytest.raises(Stale):
+        state.record_instance(I1, "java", "free", fence=high + 1)
+    assert state.record_instance(I1, "java", "free", fence=high + 3) == "claimed"
+    assert state.client.hget(state.state_key, I1) == f"java|free|{high + 3}".encode()
+
+
 def test_the_keys_live_under_the_queue_prefix(state: PoolState, settings: QueueSettings) -> None:
     state.record_instance(I1, "java", "free", fence=1)
     state.waiting(S1, "java")
