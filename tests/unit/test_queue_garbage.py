@@ -124,6 +124,9 @@ def test_the_inspector_reads_garbage_as_unknown(jobs: Jobs) -> None:
     assert state.fence is None and state.failures == 0
     assert inspector.stats().waiting == 1
     assert [lock.fence for lock in inspector.locks()] == [None]
+    jobs.client.set(lo.lease(KEY), b"\xff\xfe|not utf-8")
+    assert inspector.key(KEY).fence is None and inspector.reruns() == []
+    assert [lock.holder for lock in inspector.locks()] == ["not utf-8"]
 
 
 def test_the_python_side_parses_bounded() -> None:

@@ -130,6 +130,12 @@ def longest_wait(waits: Iterable[float]) -> float | None:
     return max(waits, default=None)
 
 
+def lease_text(value: bytes | str) -> str:
+    """A lease (or lock) value as text: bytes that are not UTF-8 (someone else's write; ours
+    are ASCII) are replaced, so a tool reading them shows them instead of failing."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
 def _glob_escape(pattern: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", pattern)
 
@@ -231,7 +237,7 @@ class Inspector:
             p.hget(lo.added_at, key)
             dirty, lease, pttl, ready, dead_rid, failures, error, added = p.execute()
         dead = dead_rid is not None and self.client.zscore(lo.xq, dead_rid) is not None
-        value = lease.decode() if lease is not None else None
+        value = lease_text(lease) if lease is not None else None
         delayed = None if ready is None else max(0.0, (ready - now) / 1000)
         state = (
             "running"
@@ -277,7 +283,7 @@ class Inspector:
         """(key, lease holder or None if just released) of up to `limit` rerun keys."""
         rerun = self._rerun_of(self._running())[:limit]
         holders = self.client.mget([self.layout.lease(k) for k in rerun]) if rerun else []
-        return [(k, holder_of(text(h)) if h else None)
+        return [(k, holder_of(lease_text(h)) if h else None)
                 for k, h in zip(rerun, holders, strict=True)]
 
     def pending(self, limit: int = 100) -> list[tuple[str, float | None]]:
@@ -341,7 +347,7 @@ class Inspector:
             found, pttl = replies[2 * i], replies[2 * i + 1]
             if found is None:  # released between the scan and the read
                 continue
-            value = text(found)
+            value = lease_text(found)
             lease = kind == "lease"
             out.append(LockInfo(
                 key=name[len(lo.lease_prefix if lease else maintenance):],
