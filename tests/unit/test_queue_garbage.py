@@ -18,7 +18,7 @@ import redis
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.jobs import JobContext, Jobs
 from warmpool.queue.maintenance import Maintenance
-from warmpool.queue.scripts import FENCE_CEILING, parse_lease, reply_int
+from warmpool.queue.scripts import FENCE_CEILING, Skip, parse_lease, reply_int
 
 KEY = "instance/ns/java/3"
 
@@ -84,6 +84,15 @@ def test_an_unreadable_lease_value_is_repaired_and_the_job_runs(
         ctx = started_job(KEY)
     assert lease_of(jobs) == ctx.lease.value.encode()
     assert "unreadable lease value deleted" in caplog.text and KEY in caplog.text
+
+
+def test_a_repair_on_a_skipped_delivery_is_logged_too(
+    jobs: Jobs, caplog: pytest.LogCaptureFixture,
+) -> None:
+    jobs.client.set(jobs.queue.layout.lease(KEY), "garbage")  # the key is not waiting
+    with caplog.at_level(logging.WARNING, logger="warmpool.queue.scripts"):
+        assert jobs.begin(KEY) is Skip.STALE
+    assert lease_of(jobs) is None and "unreadable lease value deleted" in caplog.text
 
 
 def test_a_lease_key_of_another_type_stops_no_one(jobs: Jobs) -> None:

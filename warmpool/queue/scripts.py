@@ -324,6 +324,9 @@ class Scripts:
             return Skip(_s(r))  # stale | own
         if _s(r[0]) == Skip.BUSY:
             return Busy(_s(r[1]))
+        if _s(r[0]) in (Skip.STALE, Skip.OWN):  # skipped, after repairing a lease key
+            _repaired(key, r[1])
+            return Skip(_s(r[0]))
         value = _s(r[1])
         _repaired(key, r[4])
         queued = reply_int(r[2], -1)

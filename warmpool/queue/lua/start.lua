@@ -1,4 +1,5 @@
 -- ARGV: key, token, ttl_ms, acks key, delivered rid -> {"busy", holder} | "stale" | "own" |
+--   {"stale" or "own", repairs} (a skip that repaired something on the way) |
 --   {"started", lease value, queued ms or -1, failures so far, repairs, trigger field, value,
 --   ...}; repairs: "" or what was found unreadable in Redis and repaired on the way (a lease
 --   value or counter someone else wrote: see lib.lua), for the caller to log.
@@ -18,6 +19,7 @@ if holder then
 end
 if not is_dirty(key) then
   ack(key, acks, rid)
+  if lease_problem then return {"stale", lease_problem} end
   return "stale"
 end
 redis.call("SREM", DIRTY, key)
@@ -29,6 +31,7 @@ if #trig > 0 then
   redis.call("DEL", TRIG .. key)
   if own_covers(key, trig) then
     ack(key, acks, rid)
+    if lease_problem then return {"own", lease_problem} end
     return "own"
   end
 end
