@@ -76,7 +76,10 @@ def check_fence(
     reading = read_fences(view, guard.fence)
     reports = fence_reports(view.id, reading, guard.fence)
     if reports and report is not None:
-        report(reports)
+        try:
+            report(reports)
+        except Exception:  # an event must never stop a reconcile (as `Kube.event`)
+            log.exception("instance %s: reporting its fence annotations failed", view.id)
     seen = reading.seen
     if seen <= guard.fence:
         return
