@@ -32,6 +32,7 @@ from warmpool.pool.actions import (
 from warmpool.pool.availability import ProbeTarget
 from warmpool.pool.instances import InstanceView
 from warmpool.pool.meta import annotations_of, name_of, resource_version_of, uid_of
+from warmpool.pool.model import Session
 from warmpool.pool.parts import Part
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,13 @@ class Executor:
         # (which the first write has made old). The first write checked the read.
         self._versions: dict[tuple[str, str], str] = {}
 
+    def session_version(self, session: Session | None) -> str | None:
+        """The resourceVersion `session` is at as far as this plan knows: the one its own
+        last write of the Session left, else the one the plan was decided on."""
+        if session is None:
+            return None
+        return self._versions.get((v.SESSION_KIND, session.name), session.resource_version)
+
     def _wrote(self, kind: str, obj: dict[str, Any]) -> None:
         obj.setdefault("kind", kind)
         rv = resource_version_of(obj)
@@ -208,27 +216,38 @@ class Executor:
         return pods
 
     def _set_status(
-        self, name: str, status: Mapping[str, Any], uid: str, first: bool
+        self, name: str, status: Mapping[str, Any], uid: str, first: bool, rv: str
     ) -> dict[str, Any]:
-        """Merge `status` into the Session's, if it still has `uid`: a JSON patch that tests
-        the uid, then adds each field (or, for a Session without a status yet, the status)."""
+        """Merge `status` into the Session's, if it still has `uid` (and, with `rv`, is still
+        at that resourceVersion): a JSON patch that tests them, then adds each field (or, for
+        a Session without a status yet, the status). The status subresource honours no
+        resourceVersion in a merge patch, so the version is a `test` too; a failed test and a
+        missing /status are one 422 to the server, without detail, so a 422 is told apart by
+        reading the Session: another uid (re-created), another version (Conflict: the caller
+        reads again and decides again, never overwrites), else the status was missing."""
         if not uid:
             return self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
                                          name, {"status": dict(status)}, status=True)
-        test: dict[str, Any] = {"op": "test", "path": "/metadata/uid", "value": uid}
-        whole = [test, {"op": "add", "path": "/status", "value": dict(status)}]
-        fields = [test, *({"op": "add", "path": f"/status/{k}", "value": val}
-                          for k, val in status.items())]
+        tests: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+        if rv:
+            tests.append({"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+        whole = [*tests, {"op": "add", "path": "/status", "value": dict(status)}]
+        fields = [*tests, *({"op": "add", "path": f"/status/{k}", "value": val}
+                            for k, val in status.items())]
         try:
             return self.kube.json_patch(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
                                         name, whole if first else fields, status=True)
         except KubeError as exc:
-            # A failed test and a missing /status are one 422 to the server, without detail.
-            if first or exc.status != 422:
+            if exc.status != 422:
                 raise
             current = self.kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
                                     name)
             if current is None or uid_of(current) != uid:
+                raise
+            if rv and resource_version_of(current) != rv:
+                raise Conflict(f"Session {name} changed since its status was decided "
+                               f"(version {rv}, now {resource_version_of(current)})") from exc
+            if first:
                 raise
         # Read with a status that it no longer has: write the whole of it.
         return self.kube.json_patch(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
@@ -347,13 +366,18 @@ class Executor:
                 elif self.sink is not None:
                     self.sink.wrote(annotated)
                 log.info("annotated Session %s with %s", name, annotations)
-            case SetSessionStatus(session=name, status=status, uid=uid, first=first):
-                # A status write decides nothing that a stale read could make wrong: it reports
-                # the decision of this run, and the next run rewrites it if it has changed. It
-                # tests the Session's uid: a Session re-created under the name since must not
-                # be told it holds its predecessor's instance.
+            case SetSessionStatus(session=name, status=status, uid=uid, first=first,
+                                  resource_version=rv):
+                # Safe on a stale read: it tests the Session's uid (a Session re-created under
+                # the name since must not be told it holds its predecessor's instance) and
+                # the resourceVersion the decision read (or the one this plan's own write of
+                # the Session left): a Session changed since gets a Conflict, and the caller
+                # reads it again and decides again; a stale claim cannot write HANDLING or
+                # ERROR over HANDLED.
                 try:
-                    updated = self._set_status(name, status, uid, first)
+                    updated = self._set_status(
+                        name, status, uid, first,
+                        self._versions.get((v.SESSION_KIND, name), rv) if rv else "")
                 except KubeError as exc:
                     if exc.status == 422 and uid:
                         log.info("Session %s was re-created: its status is not ours to write",
@@ -362,6 +386,8 @@ class Executor:
                     if exc.status != 404:  # a Session deleted meanwhile needs no status
                         raise
                 else:
+                    if rv and resource_version_of(updated):
+                        self._versions[(v.SESSION_KIND, name)] = resource_version_of(updated)
                     if self.sink is not None:
                         self.sink.wrote(updated)
                 if "operatorStatus" in status:

@@ -29,6 +29,7 @@ from warmpool.kube.cache import ClusterCache
 from warmpool.pool import builders, naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import PoolFacts, pool_facts
+from warmpool.pool.emails import same_user
 from warmpool.pool.instances import InstanceView, is_appdef_ref, is_session_ref, refs
 from warmpool.pool.meta import name_of, uid_of
 from warmpool.pool.model import (
@@ -84,8 +85,12 @@ class Reader(Protocol):
         cache keeps what it read."""
         ...
 
-    def user_sessions(self, namespace: str, user: str) -> list[Session]:
-        """The namespace's Sessions of `user`, of every AppDefinition."""
+    def user_sessions(self, namespace: str, user: str, *, fresh: bool = False
+                      ) -> list[Session]:
+        """The namespace's Sessions of `user` (as oauth2-proxy compares addresses:
+        `emails.user_key`), of every AppDefinition; `fresh`: straight from the API server
+        (one LIST of the namespace's Sessions: spec.user has no label or field selector on
+        a CRD, so the user's are picked from it here)."""
         ...
 
     def instance(
@@ -187,8 +192,9 @@ class LiveReader:
     def claimed_on_server(self, namespace: str, session_uid: str) -> list[tuple[str, int]]:
         return _holdings(_labelled_services(self.kube, namespace, session_uid), session_uid)
 
-    def user_sessions(self, namespace: str, user: str) -> list[Session]:
-        return [s for s in observe.list_sessions(self.kube, namespace) if s.user == user]
+    def user_sessions(self, namespace: str, user: str, *, fresh: bool = False
+                      ) -> list[Session]:
+        return _of_user(observe.list_sessions(self.kube, namespace), user)
 
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
@@ -276,6 +282,10 @@ def _holdings(objects: Iterable[Obj], session_uid: str) -> list[tuple[str, int]]
         if k is not None:
             out |= {(str(r["name"]), k) for r in owners if is_appdef_ref(r) and r.get("name")}
     return sorted(out)
+
+
+def _of_user(sessions: Iterable[Session], user: str) -> list[Session]:
+    return [s for s in sessions if same_user(s.user, user)]
 
 
 def _name_rests(appdef: AppDefinition, part: Part) -> list[tuple[int | None, str]]:
@@ -381,8 +391,13 @@ class CachedReader:
             self.cache.offer(svc)
         return _holdings(services, session_uid)
 
-    def user_sessions(self, namespace: str, user: str) -> list[Session]:
-        return self.cache.sessions_of_user(namespace, user)
+    def user_sessions(self, namespace: str, user: str, *, fresh: bool = False
+                      ) -> list[Session]:
+        if not fresh:
+            return self.cache.sessions_of_user(namespace, user)
+        # Not offered to the cache: a LIST is one snapshot, and a Session the cache saw
+        # deleted since must not come back from it. The caller decides on this answer.
+        return _of_user(observe.list_sessions(self.kube, namespace), user)
 
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,

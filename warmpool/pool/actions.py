@@ -72,6 +72,11 @@ class SetSessionStatus:
     uid: str = ""
     # The Session had no status of ours when read (NEW): the write creates the status.
     first: bool = False
+    # The Session's resourceVersion the decision read: the write is refused (Conflict) if the
+    # Session changed since, so a stale decision cannot write HANDLING or ERROR over the
+    # HANDLED a later one wrote. Empty: no such test (a write that reports no decision of a
+    # claim, such as the URL probe's status.url, which tests the holder itself).
+    resource_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)

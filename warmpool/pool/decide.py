@@ -188,7 +188,8 @@ def _claimed(
                 "operatorStatus": v.STATUS_HANDLED,
                 "operatorMessage": f"Instance {instance.id} of {holder.appdef} ({ext_name}); "
                                    "its AppDefinition was deleted: kept until the Session ends"},
-                uid=holder.uid, first=holder.status == v.STATUS_NEW))
+                uid=holder.uid, first=holder.status == v.STATUS_NEW,
+                resource_version=holder.resource_version))
         elif holder.status != v.STATUS_ERROR and (holder.instance_id != instance.id
                                                   or holder.status != v.STATUS_HANDLED):
             # The claim was in flight (deciding write made, Session not yet annotated, or an
@@ -199,7 +200,8 @@ def _claimed(
             actions.append(SetSessionStatus(holder.name, {"operatorStatus": v.STATUS_ERROR,
                                                           "operatorMessage": message},
                                             uid=holder.uid,
-                                            first=holder.status == v.STATUS_NEW))
+                                            first=holder.status == v.STATUS_NEW,
+                                            resource_version=holder.resource_version))
             actions.append(Report("ClaimNotCompleted", f"Session {holder.name}: {message}"))
         return Plan(State.CLAIMED, holder, actions)
 
@@ -271,7 +273,8 @@ def _claimed(
         if holder.status != v.STATUS_HANDLING or holder.message != missing:
             actions.append(SetSessionStatus(holder.name, {
                 "operatorStatus": v.STATUS_HANDLING, "operatorMessage": missing},
-                uid=holder.uid, first=holder.status == v.STATUS_NEW))
+                uid=holder.uid, first=holder.status == v.STATUS_NEW,
+                resource_version=holder.resource_version))
     else:
         url = settings.session_url(appdef, instance.id)
         if holder.status != v.STATUS_HANDLED:
@@ -285,7 +288,8 @@ def _claimed(
             if not settings.url_probe:
                 status["url"] = url  # nothing will probe it: it comes with HANDLED
             actions.append(SetSessionStatus(holder.name, status, uid=holder.uid,
-                                            first=holder.status == v.STATUS_NEW))
+                                            first=holder.status == v.STATUS_NEW,
+                                            resource_version=holder.resource_version))
         if settings.url_probe and not holder.url and not holder.error:
             # Level-triggered: every run for a holder without its URL asks again (a probe
             # lost with its process is started anew), and a running probe is left alone.
