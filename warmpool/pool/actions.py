@@ -43,16 +43,26 @@ class Delete:
 
 @dataclass(frozen=True, slots=True)
 class ResetPods:
-    """Delete the instance's pods so that the Deployment starts a clean one (release)."""
+    """Delete the instance's pods so that the Deployment starts a clean one (release).
+
+    Only pods of the Deployment the decision saw (`deployment`, `deployment_uid`): those a
+    ReplicaSet owned by that very Deployment controls, with that ReplicaSet's
+    pod-template-hash. Anything else that carries the `app=` label (a pod of someone else's,
+    or of a Deployment re-created since) is left alone, with a Warning."""
 
     app_selector: str
+    deployment: str = ""
+    deployment_uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class RefreshPods:
-    """Stamp the instance's pods so the kubelet re-reads the mounted allow-list sooner."""
+    """Stamp the instance's pods so the kubelet re-reads the mounted allow-list sooner; the
+    same pods as `ResetPods` would reset, no others."""
 
     app_selector: str
+    deployment: str = ""
+    deployment_uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
