@@ -1,9 +1,12 @@
 """Apply a plan's actions, in order, each one only while the lease is still held.
 
-Every write carries a precondition (resourceVersion, or uid + resourceVersion for deletes), so a
-plan decided on a stale read fails with Conflict instead of clobbering; the caller then observes
-and decides again. Every write also stamps the lease's fence on the object, so a holder whose
-lease has expired can tell that a newer holder has been here (see ``check_fence``).
+Every write carries a precondition (resourceVersion, or uid + resourceVersion for deletes, or
+must-not-exist for creates), so a plan decided on a stale read fails with Conflict instead of
+clobbering; the caller then observes and decides again. Every create and patch of an instance's
+own objects and routes also stamps the lease's fence on the object, so a holder whose lease has
+expired can tell that a newer holder has been here (see ``check_fence``). What is not the
+instance's gets its precondition alone: a Session (resourceVersion and uid), its pods (uid and
+resourceVersion, only the instance's own Deployment's: `warmpool.pool.pods`), the shared Ingress.
 """
 
 from __future__ import annotations
