@@ -969,10 +969,12 @@ class _LaggingReader(LiveReader):
         super().__init__(kube)
         self.unseen = unseen
 
-    def user_sessions(self, namespace: str, user: str, *, fresh: bool = False
-                      ) -> list[Session]:
-        found = super().user_sessions(namespace, user)
-        return found if fresh else [s for s in found if s.name not in self.unseen]
+    def user_sessions(self, namespace: str, user: str) -> list[Session]:
+        return [s for s in super().user_sessions(namespace, user)
+                if s.name not in self.unseen]
+
+    def user_sessions_as_of(self, namespace: str, user: str, version: str) -> list[Session]:
+        return super().user_sessions(namespace, user)  # the server, as LiveReader answers
 
 
 def test_a_claim_decided_on_a_cache_that_missed_the_older_session_is_refused(

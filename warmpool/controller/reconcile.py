@@ -476,7 +476,7 @@ def claim_session(
     ns = key.namespace
     confirmed = False
     asked_server = False
-    # The user's Sessions as the server listed them, once a claim under sessionsPerUser was
+    # The user's Sessions as the server had them, once a claim under sessionsPerUser was
     # about to write (`needs_user_recheck`): (the user as compared, the Sessions).
     users_on_server: tuple[str, list[Session]] | None = None
     for _ in range(MAX_ATTEMPTS):
@@ -538,13 +538,14 @@ def claim_session(
         if needs_user_recheck(decision, limit) and (
                 users_on_server is None or users_on_server[0] != user_key(session.user)):
             # About to make a deciding write under sessionsPerUser, on a read that may lag:
-            # an older Session of the user (or one served since) it has not seen would let
-            # both claim, and nothing on the server refuses the second deciding write. So
-            # the user's Sessions are read from the server once, and the claim decides again
-            # on them (one LIST of the namespace's Sessions per claim that writes, only
-            # where a limit is set; a waiting or refused Session asks nothing).
-            users_on_server = (user_key(session.user),
-                               reader.user_sessions(ns, session.user, fresh=True))
+            # an older Session of the user it has not seen would let both claim, and nothing
+            # on the server refuses the second deciding write. So the user's Sessions are
+            # confirmed as the server had them at this Session's version (from a cache whose
+            # Session watch is past it, else one LIST of the namespace's Sessions), the
+            # younger ones' holdings are asked of the server, and the claim decides again.
+            # Only where a limit is set; a waiting or refused Session asks nothing.
+            users_on_server = (user_key(session.user), reader.user_sessions_as_of(
+                ns, session.user, session.resource_version))
             continue
         match decision:
             case ClaimSkip(reason=reason):

@@ -330,6 +330,21 @@ class ClusterCache:
             return False
         return True
 
+    def watched_past(self, kind: str, namespace: str, version: str) -> bool:
+        """Whether the watch of `kind` in `namespace` has brought every change up to
+        resourceVersion `version` into this cache (its `last_rv` is at least that): then
+        every object of that kind the server had at `version` is here, and so are their
+        deletions. False when unsure (no such watch; a version that is not a plain number of
+        at most 20 digits, which no API server writes)."""
+        try:
+            reflector = self._reflector(self._watched(kind, ""), namespace)
+        except KeyError:
+            return False
+        past = reflector.last_rv
+        if not (_plain_version(version) and past is not None and _plain_version(past)):
+            return False
+        return int(past) >= int(version)
+
     def wait_fresh(self, namespace: str, triggers: Mapping[str, str], timeout: float) -> bool:
         """Wait (at most `timeout` s) until `fresh`; every change the watches bring wakes it."""
         if not triggers:
@@ -478,6 +493,11 @@ class ClusterCache:
             return
         for ref in _session_refs(obj):
             self._holders.setdefault(ref, set()).add((ns, name))
+
+
+def _plain_version(raw: str) -> bool:
+    """A resourceVersion this cache compares: ASCII digits, at most 20 (etcd's int64)."""
+    return 0 < len(raw) <= 20 and raw.isascii() and raw.isdigit()
 
 
 def _session_refs(obj: Mapping[str, Any] | None) -> Iterable[str]:

@@ -85,12 +85,16 @@ class Reader(Protocol):
         cache keeps what it read."""
         ...
 
-    def user_sessions(self, namespace: str, user: str, *, fresh: bool = False
-                      ) -> list[Session]:
+    def user_sessions(self, namespace: str, user: str) -> list[Session]:
         """The namespace's Sessions of `user` (as oauth2-proxy compares addresses:
-        `emails.user_key`), of every AppDefinition; `fresh`: straight from the API server
-        (one LIST of the namespace's Sessions: spec.user has no label or field selector on
-        a CRD, so the user's are picked from it here)."""
+        `emails.user_key`), of every AppDefinition."""
+        ...
+
+    def user_sessions_as_of(self, namespace: str, user: str, version: str) -> list[Session]:
+        """`user_sessions`, with every Session the API server had at resourceVersion
+        `version` (the claiming Session's, as read): from a cache whose Session watch is
+        past `version`, else from the server (one LIST of the namespace's Sessions: a CRD's
+        spec.user has no label or field selector, so the user's are picked from it here)."""
         ...
 
     def instance(
@@ -192,9 +196,11 @@ class LiveReader:
     def claimed_on_server(self, namespace: str, session_uid: str) -> list[tuple[str, int]]:
         return _holdings(_labelled_services(self.kube, namespace, session_uid), session_uid)
 
-    def user_sessions(self, namespace: str, user: str, *, fresh: bool = False
-                      ) -> list[Session]:
+    def user_sessions(self, namespace: str, user: str) -> list[Session]:
         return _of_user(observe.list_sessions(self.kube, namespace), user)
+
+    def user_sessions_as_of(self, namespace: str, user: str, version: str) -> list[Session]:
+        return self.user_sessions(namespace, user)
 
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
@@ -391,9 +397,15 @@ class CachedReader:
             self.cache.offer(svc)
         return _holdings(services, session_uid)
 
-    def user_sessions(self, namespace: str, user: str, *, fresh: bool = False
-                      ) -> list[Session]:
-        if not fresh:
+    def user_sessions(self, namespace: str, user: str) -> list[Session]:
+        return self.cache.sessions_of_user(namespace, user)
+
+    def user_sessions_as_of(self, namespace: str, user: str, version: str) -> list[Session]:
+        # Watch events come in resourceVersion order: a Session watch past `version` has
+        # brought every Session created (or deleted, or failed) before it. The usual case
+        # for a claim, whose Session came by that watch: no request. A Session read directly
+        # (the cache had not seen it yet) is newer than the watch: ask the server.
+        if self.cache.watched_past(v.SESSION_KIND, namespace, version):
             return self.cache.sessions_of_user(namespace, user)
         # Not offered to the cache: a LIST is one snapshot, and a Session the cache saw
         # deleted since must not come back from it. The caller decides on this answer.
