@@ -177,6 +177,7 @@ def reconcile_instance(
                 # plan's to write. Read again and decide again (the route write with it).
                 log.info("instance %s: the holder changed before its route failure was "
                          "reported, reading it again", key)
+                reset |= executor.reset
                 fresh = True
                 continue
             if not _permanent(exc.status):
