@@ -929,8 +929,12 @@ def _sessions_in_one_second(kube: Kube, ns: str, users: tuple[str, str]) -> tupl
     raise AssertionError("five pairs of Sessions made back to back each straddled a second")
 
 
+@pytest.mark.parametrize("spellings", [("Jane@Example.COM", "jane@example.com"),
+                                       ("U@X.IO", "u@x.io"),
+                                       ("same@example.com", "same@example.com")],
+                         ids=["mixed-case", "upper-lower", "same-spelling"])
 def test_two_sessions_of_one_user_in_one_second_spelt_in_two_cases_one_is_served(
-    kube: Kube, namespace: str
+    kube: Kube, namespace: str, spellings: tuple[str, str]
 ) -> None:
     """sessionsPerUser=1: ``Jane@Example.COM`` and ``jane@example.com`` are one user to
     oauth2-proxy. Created in the same second, exactly one is served, whichever claim runs
@@ -938,7 +942,7 @@ def test_two_sessions_of_one_user_in_one_second_spelt_in_two_cases_one_is_served
     ns = namespace
     create_appdef(kube, ns, min_instances=3)
     run_until_quiet(kube, ns, LIMIT_ONE)
-    a, b = _sessions_in_one_second(kube, ns, ("Jane@Example.COM", "jane@example.com"))
+    a, b = _sessions_in_one_second(kube, ns, spellings)
     create_session(kube, ns, "other-user", USERS[7])
 
     run_until_quiet(kube, ns, LIMIT_ONE)
@@ -1006,11 +1010,14 @@ def test_a_claim_decided_on_a_cache_that_missed_the_older_session_is_refused(
     assert status_of(kube, ns, second.name).get("operatorStatus") == "ERROR"
 
 
+@pytest.mark.parametrize("forgery", ["label-only", "template-hash-of-another-controller"])
 def test_a_pod_with_a_colliding_app_label_survives_a_reset_with_a_warning(
-    kube: Kube, namespace: str
+    kube: Kube, namespace: str, forgery: str
 ) -> None:
     """A release resets the instance's own pods (its Deployment's, by the ownership chain);
-    a foreign pod that carries the same `app=` label is left alone and reported."""
+    a foreign pod that carries the same `app=` label (and, forged, the same
+    pod-template-hash, under another controller: without one the ReplicaSet controller
+    would adopt it, and then it is the Deployment's) is left alone and reported."""
     ns = namespace
     create_appdef(kube, ns, min_instances=2)  # both within the pool: a release resets
     run_until_quiet(kube, ns)
@@ -1021,10 +1028,19 @@ def test_a_pod_with_a_colliding_app_label_survives_a_reset_with_a_warning(
     assert k in (1, 2)
     wait_for(lambda: _instance_pods(kube, ns, k), timeout=30, message=f"instance {k}'s pod")
     own = _instance_pods(kube, ns, k)
+    labels = {v.LABEL_APP: naming.app_selector("java-app", k)}
+    meta: dict[str, Any] = {"name": "not-an-instance", "namespace": ns, "labels": labels}
+    if forgery == "template-hash-of-another-controller":
+        pod = kube.get("v1", "Pod", ns, next(iter(own)))
+        assert pod is not None
+        labels["pod-template-hash"] = pod["metadata"]["labels"]["pod-template-hash"]
+        other = kube.create({"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": "someone-elses", "namespace": ns}})
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap",
+                                    "name": "someone-elses", "uid": other["metadata"]["uid"],
+                                    "controller": True}]
     foreign = kube.create({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "not-an-instance", "namespace": ns,
-                     "labels": {v.LABEL_APP: naming.app_selector("java-app", k)}},
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
         "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
 
     kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1")
@@ -1036,6 +1052,35 @@ def test_a_pod_with_a_colliding_app_label_survives_a_reset_with_a_warning(
     reports = events_about(kube, ns, "not-an-instance", "ForeignPod")
     assert reports and "left alone" in reports[0]
     assert _served(kube, ns, "other-user")
+
+
+def test_a_pod_with_a_colliding_app_label_is_not_refreshed_by_a_claim(
+    kube: Kube, namespace: str
+) -> None:
+    """A claim stamps the instance's own pods so they re-read the allow-list; a foreign pod
+    with the same label gets no stamp (nor anything else), only a Warning about it."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=1, max_instances=1)
+    run_until_quiet(kube, ns)
+    wait_for(lambda: _instance_pods(kube, ns, 1), timeout=30, message="instance 1's pod")
+    foreign = kube.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "lookalike", "namespace": ns,
+                     "labels": {v.LABEL_APP: naming.app_selector("java-app", 1)}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    create_session(kube, ns, "s1", USERS[1])
+
+    run_until_quiet(kube, ns)
+
+    assert _served(kube, ns, "s1")
+    now = kube.get("v1", "Pod", ns, "lookalike")
+    assert now is not None and now["metadata"]["uid"] == foreign["metadata"]["uid"]
+    assert v.ANNOTATION_REFRESH not in (now["metadata"].get("annotations") or {})
+    own = [kube.get("v1", "Pod", ns, name) for name in _instance_pods(kube, ns, 1)
+           if name != "lookalike"]
+    assert own and all(v.ANNOTATION_REFRESH in (p["metadata"].get("annotations") or {})
+                       for p in own if p is not None)
+    assert events_about(kube, ns, "lookalike", "ForeignPod")
 
 
 def test_a_stale_status_write_is_refused_and_handled_stays(kube: Kube, namespace: str) -> None:
