@@ -983,3 +983,259 @@ def test_a_huge_valid_fence_is_lifted_exactly_reported_and_every_pool_still_serv
     wait_for(lambda: int(_fence_on(ctl, deployment)) > int(huge), timeout=SETTLE,
              message=lambda: f"fence on {deployment}: {_fence_on(ctl, deployment)}")
     assert check(kube, ns) == []
+
+# --- users and unfenced writes (issue #27) ---------------------------------------------------
+#
+# Each case runs the controller in-process and sequentially (`run_until_quiet`, the pool
+# scenarios' driver) in its own namespace, against the real control plane: the decisions and
+# the writes are the workers', and a case checks one write's guard deterministically. Each
+# asserts the clear outcome (status, event) and that another user's Session is still served.
+
+from warmpool.controller.guard import LocalLeases, Unguarded  # noqa: E402
+from warmpool.controller.reconcile import _set_status, claim_session  # noqa: E402
+from warmpool.controller.sequential import run_until_quiet  # noqa: E402
+from warmpool.kube.api import Conflict  # noqa: E402
+from warmpool.kube.executor import Executor  # noqa: E402
+from warmpool.kube.reader import LiveReader  # noqa: E402
+from warmpool.pool.actions import SetSessionStatus  # noqa: E402
+from warmpool.pool.builders import PoolSettings  # noqa: E402
+from warmpool.pool.claim import claim_order  # noqa: E402
+from warmpool.pool.model import Session, parse_session  # noqa: E402
+
+LIMIT_ONE = PoolSettings(sessions_per_user=1)
+MORE_SESSIONS = "553:No more sessions allowed for this user, you reached your limit."
+
+
+def _served(kube: Kube, ns: str, name: str) -> bool:
+    return status_of(kube, ns, name).get("operatorStatus") == "HANDLED"
+
+
+def _instance_pods(kube: Kube, ns: str, k: int, spec_name: str = "java-app") -> dict[str, str]:
+    """name -> uid of the live pods labelled as instance k's."""
+    items, _ = kube.list("v1", "Pod", ns,
+                         label_selector=f"{v.LABEL_APP}={naming.app_selector(spec_name, k)}")
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in items
+            if not p["metadata"].get("deletionTimestamp")}
+
+
+def _sessions_in_one_second(kube: Kube, ns: str, users: tuple[str, str]) -> tuple[str, str]:
+    """Two Sessions whose creationTimestamps are the same second (the API server keeps
+    seconds), made back to back; a pair that straddles a second is deleted and made again."""
+    for attempt in range(5):
+        names = (f"same-{attempt}-a", f"same-{attempt}-b")
+        made = [create_session(kube, ns, name, user)
+                for name, user in zip(names, users, strict=True)]
+        if made[0]["metadata"]["creationTimestamp"] == made[1]["metadata"]["creationTimestamp"]:
+            return names
+        for name in names:
+            kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+    raise AssertionError("five pairs of Sessions made back to back each straddled a second")
+
+
+@pytest.mark.parametrize("spellings", [("Jane@Example.COM", "jane@example.com"),
+                                       ("U@X.IO", "u@x.io"),
+                                       ("same@example.com", "same@example.com")],
+                         ids=["mixed-case", "upper-lower", "same-spelling"])
+def test_two_sessions_of_one_user_in_one_second_spelt_in_two_cases_one_is_served(
+    kube: Kube, namespace: str, spellings: tuple[str, str]
+) -> None:
+    """sessionsPerUser=1: ``Jane@Example.COM`` and ``jane@example.com`` are one user to
+    oauth2-proxy. Created in the same second, exactly one is served, whichever claim runs
+    first; the other gets Theia Cloud's exact error."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=3)
+    run_until_quiet(kube, ns, LIMIT_ONE)
+    a, b = _sessions_in_one_second(kube, ns, spellings)
+    create_session(kube, ns, "other-user", USERS[7])
+
+    run_until_quiet(kube, ns, LIMIT_ONE)
+
+    served = [name for name in (a, b) if _served(kube, ns, name)]
+    assert len(served) == 1, {n: status_of(kube, ns, n) for n in (a, b)}
+    (refused,) = {a, b} - set(served)
+    st = status_of(kube, ns, refused)
+    assert st.get("operatorStatus") == "ERROR"
+    assert st.get("operatorMessage") == "Max sessions reached."
+    assert st.get("error") == MORE_SESSIONS
+    assert held_instance_of(kube, ns, refused) is None
+    assert events_about(kube, ns, refused, "SessionLimit")
+    assert _served(kube, ns, "other-user")  # nothing else stopped
+
+
+def held_instance_of(kube: Kube, ns: str, name: str) -> str | None:
+    obj = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+    assert obj is not None
+    return (obj["metadata"].get("annotations") or {}).get(v.ANNOTATION_INSTANCE_ID)
+
+
+class _LaggingReader(LiveReader):
+    """The API server, except that its (non-fresh) answer to "the user's Sessions" lacks
+    the ones named in `unseen`: a worker's cache that has not yet seen them."""
+
+    def __init__(self, kube: Kube, unseen: set[str]) -> None:
+        super().__init__(kube)
+        self.unseen = unseen
+
+    def user_sessions(self, namespace: str, user: str) -> list[Session]:
+        return [s for s in super().user_sessions(namespace, user)
+                if s.name not in self.unseen]
+
+    def user_sessions_as_of(self, namespace: str, user: str, version: str) -> list[Session]:
+        return super().user_sessions(namespace, user)  # the server, as LiveReader answers
+
+
+def test_a_claim_decided_on_a_cache_that_missed_the_older_session_is_refused(
+    kube: Kube, namespace: str
+) -> None:
+    """The older Session waits (its claim has not run yet); the younger one's claim reads a
+    lagging cache without it. Its re-check on the server finds the older one first."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns, LIMIT_ONE)
+    create_session(kube, ns, "older", USERS[3])
+    create_session(kube, ns, "younger", USERS[3].upper())
+    create_session(kube, ns, "other-user", USERS[4])
+    # Which of the two is older is the total order's (creationTimestamp, then uid): both
+    # may fall in one second.
+    first, second = sorted(
+        (parse_session(kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name))
+         for name in ("older", "younger")), key=claim_order)
+    reader = _LaggingReader(kube, {first.name})
+    result = claim_session(reader, kube, SessionKey(ns, second.name), LocalLeases(), LIMIT_ONE,
+                           hand_on=False)
+
+    assert result.outcome.value == "refused", result
+    st = status_of(kube, ns, second.name)
+    assert (st.get("operatorStatus"), st.get("error")) == ("ERROR", MORE_SESSIONS)
+    assert held_instance_of(kube, ns, second.name) is None
+    run_until_quiet(kube, ns, LIMIT_ONE)
+    assert _served(kube, ns, first.name) and _served(kube, ns, "other-user")
+    assert status_of(kube, ns, second.name).get("operatorStatus") == "ERROR"
+
+
+@pytest.mark.parametrize("forgery", ["label-only", "template-hash-of-another-controller"])
+def test_a_pod_with_a_colliding_app_label_survives_a_reset_with_a_warning(
+    kube: Kube, namespace: str, forgery: str
+) -> None:
+    """A release resets the instance's own pods (its Deployment's, by the ownership chain);
+    a foreign pod that carries the same `app=` label (and, forged, the same
+    pod-template-hash, under another controller: without one the ReplicaSet controller
+    would adopt it, and then it is the Deployment's) is left alone and reported."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)  # both within the pool: a release resets
+    run_until_quiet(kube, ns)
+    create_session(kube, ns, "s1", USERS[1])
+    create_session(kube, ns, "other-user", USERS[2])
+    run_until_quiet(kube, ns)
+    k = int(held_instance_of(kube, ns, "s1") or 0)
+    assert k in (1, 2)
+    wait_for(lambda: _instance_pods(kube, ns, k), timeout=30, message=f"instance {k}'s pod")
+    own = _instance_pods(kube, ns, k)
+    labels = {v.LABEL_APP: naming.app_selector("java-app", k)}
+    meta: dict[str, Any] = {"name": "not-an-instance", "namespace": ns, "labels": labels}
+    if forgery == "template-hash-of-another-controller":
+        pod = kube.get("v1", "Pod", ns, next(iter(own)))
+        assert pod is not None
+        labels["pod-template-hash"] = pod["metadata"]["labels"]["pod-template-hash"]
+        other = kube.create({"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": "someone-elses", "namespace": ns}})
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap",
+                                    "name": "someone-elses", "uid": other["metadata"]["uid"],
+                                    "controller": True}]
+    foreign = kube.create({
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+
+    kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1")
+    run_until_quiet(kube, ns)
+
+    after = _instance_pods(kube, ns, k)
+    assert after.get("not-an-instance") == foreign["metadata"]["uid"], "the foreign pod was reset"
+    assert not set(own.values()) & set(after.values()), "the instance's own pod was not reset"
+    reports = events_about(kube, ns, "not-an-instance", "ForeignPod")
+    assert reports and "left alone" in reports[0]
+    assert _served(kube, ns, "other-user")
+
+
+def test_a_pod_with_a_colliding_app_label_is_not_refreshed_by_a_claim(
+    kube: Kube, namespace: str
+) -> None:
+    """A claim stamps the instance's own pods so they re-read the allow-list; a foreign pod
+    with the same label gets no stamp (nor anything else), only a Warning about it."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=1, max_instances=1)
+    run_until_quiet(kube, ns)
+    wait_for(lambda: _instance_pods(kube, ns, 1), timeout=30, message="instance 1's pod")
+    foreign = kube.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "lookalike", "namespace": ns,
+                     "labels": {v.LABEL_APP: naming.app_selector("java-app", 1)}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    create_session(kube, ns, "s1", USERS[1])
+
+    run_until_quiet(kube, ns)
+
+    assert _served(kube, ns, "s1")
+    now = kube.get("v1", "Pod", ns, "lookalike")
+    assert now is not None and now["metadata"]["uid"] == foreign["metadata"]["uid"]
+    assert v.ANNOTATION_REFRESH not in (now["metadata"].get("annotations") or {})
+    own = [kube.get("v1", "Pod", ns, name) for name in _instance_pods(kube, ns, 1)
+           if name != "lookalike"]
+    assert own and all(v.ANNOTATION_REFRESH in (p["metadata"].get("annotations") or {})
+                       for p in own if p is not None)
+    assert events_about(kube, ns, "lookalike", "ForeignPod")
+
+
+def test_a_stale_status_write_is_refused_and_handled_stays(kube: Kube, namespace: str) -> None:
+    """A claim that read the Session before it was served must not write HANDLING (or
+    ERROR) over HANDLED: the write carries the version it was decided on."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    stale = parse_session(create_session(kube, ns, "s1", USERS[1]))
+    create_session(kube, ns, "other-user", USERS[2])
+    run_until_quiet(kube, ns)
+    assert _served(kube, ns, "s1")
+
+    with pytest.raises(Conflict):
+        _set_status(kube, stale, "HANDLING", "Waiting for a free instance of java")
+    with pytest.raises(Conflict):
+        Executor(kube, ns, Unguarded()).apply([SetSessionStatus(
+            "s1", {"operatorStatus": "ERROR", "operatorMessage": "stale"}, uid=stale.uid,
+            first=True, resource_version=stale.resource_version)])
+
+    assert _served(kube, ns, "s1") and _served(kube, ns, "other-user")
+
+
+def test_a_user_change_while_the_external_service_is_missing_never_gets_the_old_pod(
+    kube: Kube, namespace: str
+) -> None:
+    """The corner of issue #15's choice: with the external Service deleted by hand there is
+    no claimed-for annotation to compare, and the new user was written into the old user's
+    running pod's allow-list. Now the allow-list says whom the pod served: the instance is
+    released (its pod reset) and the Session claims a clean one."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    create_session(kube, ns, "s1", USERS[1])
+    create_session(kube, ns, "other-user", USERS[5])
+    run_until_quiet(kube, ns)
+    k = int(held_instance_of(kube, ns, "s1") or 0)
+    wait_for(lambda: _instance_pods(kube, ns, k), timeout=30, message=f"instance {k}'s pod")
+    old_pods = set(_instance_pods(kube, ns, k).values())
+    (ext,) = [o for key, o in instance_objects(kube, ns, "java", k).items()
+              if key.startswith("Service/") and not key.endswith("-int")]
+    kube.delete("v1", "Service", ns, ext["metadata"]["name"])
+    kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1",
+                     {"spec": {"user": USERS[2]}})
+
+    run_until_quiet(kube, ns)
+
+    now = int(held_instance_of(kube, ns, "s1") or 0)
+    assert now >= 1 and emails(kube, ns, "java", now) == USERS[2]
+    wait_for(lambda: _instance_pods(kube, ns, now), timeout=30, message="the new pod")
+    assert not set(_instance_pods(kube, ns, now).values()) & old_pods, \
+        "the new user was handed the previous user's running pod"
+    for i in (1, 2):
+        assert USERS[1] != emails(kube, ns, "java", i)
+    assert _served(kube, ns, "s1") and _served(kube, ns, "other-user")

@@ -276,8 +276,65 @@ def test_a_claim_read_from_the_cache_makes_no_read_requests(
     reads = {verb: n for verb, n in counting.calls.items()
              if verb == "get" or verb.startswith("list")}
     # The reads: the Services labelled with the Session's uid (none: it has claimed nothing
-    # the cache could have missed) and the pod list of the instance's refresh (one pod).
-    assert reads == {"list Service": 1, "list Pod": 1}, counting.calls
+    # the cache could have missed) and the pod and ReplicaSet lists of the instance's refresh
+    # (one pod, stamped only as its Deployment's own: issue #27).
+    assert reads == {"list Service": 1, "list Pod": 1, "list ReplicaSet": 1}, counting.calls
     assert sum(counting.calls.values()) <= 12, counting.calls
     run_until_quiet(kube, ns)
     assert_invariants(kube, ns)
+
+
+# --- sessionsPerUser on a cache (issue #27) ---------------------------------------------------
+
+LIMIT_ONE = PoolSettings(sessions_per_user=1)
+
+
+def test_under_a_limit_a_claim_on_a_current_cache_lists_no_sessions(
+    kube: Kube, kube_api: Any, namespace: str, cache: ClusterCache
+) -> None:
+    """The re-check before a deciding write costs nothing when the cache's Session watch is
+    past the claiming Session's version (the usual case: the Session came by that watch)."""
+    ns = namespace
+    created = _pool_with_a_session_seen(kube, ns, cache, min_instances=2, objects=10)
+    counting = CountingKube(kube_api)
+
+    result = claim_session(CachedReader(cache, counting), counting, SessionKey(ns, "s1"),
+                           LocalLeases(), LIMIT_ONE)
+
+    assert result.outcome == "claimed", result
+    assert counting.calls["list Session"] == 0, counting.calls
+    assert created["metadata"]["name"] == "s1"
+
+
+def test_under_a_limit_a_claim_on_a_cache_that_missed_the_older_session_is_refused(
+    kube: Kube, kube_api: Any, namespace: str, cache: ClusterCache
+) -> None:
+    """Issue #27: the cache stopped before either Session of the user was made; the younger's
+    claim reads it directly (the cache had not seen it), so its version is past the watch: the
+    user's Sessions come from the server, which has the older one. The younger is refused."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns)
+    _wait_caught_up(kube, ns, cache, objects=10)
+    cache.stop()  # frozen: neither Session below is in it
+    create_session(kube, ns, "older", USERS[1])
+    create_session(kube, ns, "younger", USERS[1].upper())
+    # Which is older is the total order's (creationTimestamp, then uid): one second may hold
+    # both. Read here without the cache, which must learn of the second only by its claim.
+    first, second = sorted(
+        (parse_session(kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name))
+         for name in ("older", "younger")), key=lambda s: (s.created, s.uid))
+    counting = CountingKube(kube_api)
+    reader = CachedReader(cache, counting)
+
+    result = claim_session(reader, counting, SessionKey(ns, second.name), LocalLeases(),
+                           LIMIT_ONE)
+
+    assert result.outcome == "refused", result
+    assert counting.calls["list Session"] == 1, counting.calls
+    status = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, second.name)["status"]
+    assert (status["operatorStatus"], status["error"]) == (
+        "ERROR", "553:No more sessions allowed for this user, you reached your limit.")
+    run_until_quiet(kube, ns, LIMIT_ONE)
+    first_status = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, first.name)["status"]
+    assert first_status["operatorStatus"] == "HANDLED"

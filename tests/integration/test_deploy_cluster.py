@@ -218,6 +218,9 @@ ALLOWED = [
     *[(verb, resource) for resource in ("services", "configmaps", "deployments.apps")
       for verb in ("get", "list", "watch", "create", "patch", "delete")],
     *[(verb, "pods") for verb in ("list", "patch", "delete")],
+    # Which ReplicaSets an instance's Deployment controls (a reset or refresh touches only
+    # its pods, issue #27)
+    ("list", "replicasets.apps"),
     # Session routes (session-lifecycle §1): the shared route is only read
     *[(verb, "httproutes.gateway.networking.k8s.io")
       for verb in ("get", "list", "watch", "create", "patch", "delete")],
@@ -248,7 +251,8 @@ DENIED_HERE = [
                                         "rolebindings.rbac.authorization.k8s.io",
                                         "serviceaccounts") for verb in ("create", "patch")],
     ("create", "serviceaccounts", "token"),
-    ("update", "replicasets.apps"),
+    *[(verb, "replicasets.apps") for verb in ("get", "watch", "create", "update", "patch",
+                                              "delete")],
     ("patch", "statefulsets.apps"),
     ("create", "ingresses.networking.k8s.io"),
 ]

@@ -230,3 +230,33 @@ def test_a_claims_pool_facts_from_the_indexes_match_those_read_from_every_object
     assert got.existing == want.existing and got.clean == want.clean
     assert got.referenced == want.referenced & {s.uid for s in holders}
     assert any(k >= 100 for k in got.clean) and any(k < 10 for k in got.clean)
+
+
+def test_sessions_are_indexed_by_user_as_oauth2_proxy_compares_users(make_cache) -> None:
+    """Issue #27: ``A@B.C`` and ``a@b.c`` are one user to oauth2-proxy, and so to the
+    sessions-per-user limit; the index follows a change of spec.user too."""
+    def of_user(name: str, rv: int, user: str) -> dict[str, Any]:
+        return obj(v.SESSION_KIND, name, rv, spec={"appDefinition": "java", "user": user})
+
+    kube = Scripted({v.SESSION_KIND: [of_user("a", 5, "Jane@Example.COM"),
+                                      of_user("b", 6, "jane@example.com"),
+                                      of_user("c", 7, "bob@example.com")]})
+    c = make_cache(kube)
+    assert sorted(s.name for s in c.sessions_of_user(NS, "JANE@example.com")) == ["a", "b"]
+    kube.push(v.SESSION_KIND, "MODIFIED", of_user("b", 8, "Bob@Example.com"))
+    wait_for(lambda: [s.name for s in c.sessions_of_user(NS, "jane@example.com")] == ["a"],
+             timeout=5)
+    assert sorted(s.name for s in c.sessions_of_user(NS, "bob@example.com")) == ["b", "c"]
+
+
+def test_a_session_watch_is_past_a_version_only_once_it_brought_it(make_cache) -> None:
+    """What lets a claim under sessionsPerUser skip its LIST: the watch has brought every
+    Session up to the claiming one's version."""
+    kube = Scripted({v.SESSION_KIND: [session("a", 5)]})
+    c = make_cache(kube)
+    assert c.watched_past(v.SESSION_KIND, NS, "1")  # the list's version
+    assert not c.watched_past(v.SESSION_KIND, NS, "9")
+    kube.push(v.SESSION_KIND, "ADDED", session("b", 9))
+    wait_for(lambda: c.watched_past(v.SESSION_KIND, NS, "9"), timeout=5)
+    for odd in ("", "²", "9" * 21, "-1", "1e3"):
+        assert not c.watched_past(v.SESSION_KIND, NS, odd)

@@ -212,3 +212,84 @@ def test_the_limit_comes_from_the_environment_and_a_bad_value_names_the_variable
     assert PoolSettings.from_env({"WARMPOOL_SESSIONS_PER_USER": "-1"}).sessions_per_user == -1
     with pytest.raises(ValueError, match="WARMPOOL_SESSIONS_PER_USER must be an integer"):
         PoolSettings.from_env({"WARMPOOL_SESSIONS_PER_USER": "one"})
+
+
+# --- sessionsPerUser: one total order, users as oauth2-proxy compares them (issue #27) ------
+
+def _as(s, uid=None, user=None):
+    import dataclasses
+    return dataclasses.replace(s, uid=uid or s.uid, user=user or s.user)
+
+
+def test_two_sessions_of_one_second_agree_on_which_is_older_by_uid_not_name() -> None:
+    from warmpool.pool.claim import claim_order
+    same_second = "2026-01-01T00:00:05Z"
+    # Names and uids in opposite orders: the name would make each the older of the other
+    # for some pair; the uid decides, and both claims see the same order.
+    a = _as(session("zz", created=same_second), uid="0000-a")
+    b = _as(session("aa", created=same_second), uid="ffff-b")
+    assert claim_order(a) < claim_order(b)
+    everyone = [a, b]
+    assert isinstance(_limited(a, everyone, 1), ClaimTry)
+    assert _limited(b, everyone, 1) == ClaimError(
+        "Max sessions reached.",
+        "553:No more sessions allowed for this user, you reached your limit.")
+    # Whichever claim runs first, exactly one of the two is let through.
+    verdicts = [isinstance(_limited(s, everyone, 1), ClaimTry) for s in (b, a)]
+    assert verdicts.count(True) == 1
+
+
+def test_the_timestamp_comes_before_the_uid() -> None:
+    from warmpool.pool.claim import claim_order
+    early = _as(session("s1", created="2026-01-01T00:00:01Z"), uid="ffff")
+    late = _as(session("s2", created="2026-01-01T00:00:02Z"), uid="0000")
+    assert claim_order(early) < claim_order(late)
+    assert isinstance(_limited(early, [early, late], 1), ClaimTry)
+    assert isinstance(_limited(late, [early, late], 1), ClaimError)
+
+
+def test_addresses_that_differ_only_in_case_are_one_user() -> None:
+    from warmpool.pool.emails import same_user, user_key
+    assert user_key("Jane.Doe@Example.COM") == "jane.doe@example.com"
+    assert same_user("U@X.IO", "u@x.io")
+    assert not same_user("u@x.io", "v@x.io")
+    first = session("s1", user="Jane@Example.com", created="2026-01-01T00:00:01Z")
+    second = session("s2", user="jane@example.COM", created="2026-01-01T00:00:02Z")
+    a = appdef(min_instances=3)
+    assert decide_claim(second, a, pool(a), [first, second], user_sessions=[first, second],
+                        sessions_per_user=1) == ClaimError(
+        "Max sessions reached.",
+        "553:No more sessions allowed for this user, you reached your limit.")
+    assert isinstance(decide_claim(first, a, pool(a), [first, second],
+                                   user_sessions=[first, second], sessions_per_user=1),
+                      ClaimTry)
+    # Someone else entirely is not counted.
+    other = session("s0", user="jane@example.org", created="2026-01-01T00:00:00Z")
+    assert isinstance(_limited(first, [other, first], 1), ClaimTry)
+
+
+def test_a_younger_session_that_holds_an_instance_counts_against_an_older_one() -> None:
+    from warmpool.pool.claim import user_rivals, younger_rivals
+    older = session("s1", created="2026-01-01T00:00:01Z")
+    younger = session("s2", created="2026-01-01T00:00:02Z")
+    # The younger was served first (its claim could not see the older yet): the older is
+    # the one refused, so the user still holds one instance.
+    assert younger_rivals(older, [older, younger]) == [younger]
+    assert user_rivals(older, [older, younger], {younger.uid}).holding == ("s2",)
+    a = appdef(min_instances=3)
+    assert decide_claim(older, a, pool(a), [older, younger], user_sessions=[older, younger],
+                        sessions_per_user=1, holding={younger.uid}) == ClaimError(
+        "Max sessions reached.",
+        "553:No more sessions allowed for this user, you reached your limit.")
+    # Not holding: the older goes first, as ever.
+    assert isinstance(_limited(older, [older, younger], 1), ClaimTry)
+
+
+def test_only_a_claim_about_to_write_under_a_limit_asks_the_server() -> None:
+    from warmpool.pool.claim import ClaimBurst, needs_user_recheck
+    assert needs_user_recheck(ClaimTry((1,)), 1)
+    assert needs_user_recheck(ClaimBurst(4), 2)
+    for decision in (ClaimWait("w"), ClaimError("e"), ClaimHeld(1), ClaimSkip("s")):
+        assert not needs_user_recheck(decision, 1)
+    for unlimited in (None, -1, 0):  # 0 refuses everyone without asking anything
+        assert not needs_user_recheck(ClaimTry((1,)), unlimited)

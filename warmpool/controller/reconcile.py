@@ -47,10 +47,13 @@ from warmpool.pool.claim import (
     capacity,
     decide_claim,
     is_free,
+    needs_user_recheck,
     pool_facts,
     waiting_sessions,
+    younger_rivals,
 )
 from warmpool.pool.decide import Plan, State, decide_instance, unguarded_deletes
+from warmpool.pool.emails import user_key
 from warmpool.pool.ingress import INGRESS_MISSING
 from warmpool.pool.instances import HolderIndex, InstanceView, holders, is_session_ref, refs
 from warmpool.pool.meta import (
@@ -169,7 +172,16 @@ def reconcile_instance(
             executor.apply(plan.actions)
         except RouteWriteFailed as exc:
             written += executor.written
-            _route_failed(kube, plan, exc)
+            try:
+                _route_failed(kube, plan, exc, executor.session_version(plan.holder), reader)
+            except Conflict:
+                # The holder changed since the plan was decided: its status is not this
+                # plan's to write. Read again and decide again (the route write with it).
+                log.info("instance %s: the holder changed before its route failure was "
+                         "reported, reading it again", key)
+                reset |= executor.reset
+                fresh = True
+                continue
             if not _permanent(exc.status):
                 raise  # the job fails and its key is retried with backoff
             return result(plan, attempt)
@@ -211,17 +223,25 @@ def _permanent(status: int | None) -> bool:
     return status is not None and 400 <= status < 500 and status not in (408, 429)
 
 
-def _route_failed(kube: Kube, plan: Plan, exc: RouteWriteFailed) -> None:
+def _route_failed(
+    kube: Kube, plan: Plan, exc: RouteWriteFailed, session_version: str | None = None,
+    reader: Reader | None = None,
+) -> None:
     """Tell the holder its route could not be written (session-lifecycle §1, Ours): HANDLING
     while the failure may pass, ERROR (with a Warning) when the server refused the route
-    itself. The instance stays claimed until the Session is deleted, as in Java."""
+    itself. The instance stays claimed until the Session is deleted, as in Java.
+
+    `session_version`: the holder's resourceVersion after the plan's own writes of it (its
+    annotation), else the one the plan was decided on: the status write tests it, and a
+    Conflict (the Session changed since: a later run made it HANDLED) reaches the caller,
+    which reads again and decides again (`_set_status`)."""
     holder = plan.holder
     if holder is None:
         return
     permanent = _permanent(exc.status)
     log.warning("Session %s: its route could not be written (%s)", holder.name, exc)
     _set_status(kube, holder, v.STATUS_ERROR if permanent else v.STATUS_HANDLING,
-                ROUTE_FAILED)
+                ROUTE_FAILED, reader=reader, resource_version=session_version)
     if permanent:
         Executor(kube, holder.namespace, Unguarded()).apply([Report(
             "RouteRefused", f"Session {holder.name}: the API server refused its HTTPRoute "
@@ -270,18 +290,39 @@ def _wake_waiting(
 
 
 def _set_status(
-    kube: Kube, session: Session, status: str, message: str, error: str = ""
+    kube: Kube, session: Session, status: str, message: str, error: str = "", *,
+    reader: Reader | None = None, resource_version: str | None = None,
 ) -> None:
     """Write a Session's status only when it changes: a waiting Session must not churn.
-    `error`: status.error as Theia Cloud writes it ("<code>:<reason>"), where it has one."""
+    `error`: status.error as Theia Cloud writes it ("<code>:<reason>"), where it has one.
+
+    Safe on a stale read: the write tests the Session's uid and the resourceVersion the
+    decision read (`resource_version`, else the Session's as read), so a claim decided
+    before the Session became HANDLED cannot write HANDLING or ERROR over it: it gets a
+    Conflict, and its caller reads the Session again and decides again. `reader` hears of the
+    write, so the job's next decision is made on the version it left."""
     if session.status == status and session.message == message:
         return
     body = {"operatorStatus": status, "operatorMessage": message}
     if error:
         body["error"] = error
-    Executor(kube, session.namespace, Unguarded()).apply(
+    rv = session.resource_version if resource_version is None else resource_version
+    Executor(kube, session.namespace, Unguarded(), sink=reader).apply(
         [SetSessionStatus(session.name, body, uid=session.uid,
-                          first=session.status == v.STATUS_NEW)])
+                          first=session.status == v.STATUS_NEW, resource_version=rv)])
+
+
+def _holding(
+    reader: Reader, namespace: str, session: Session, user_sessions: list[Session], *,
+    on_server: bool,
+) -> frozenset[str]:
+    """The uids of `session`'s younger rivals under sessionsPerUser that hold an instance
+    (`claim.user_rivals`): from the cache's index, or, once the user's Sessions were read
+    from the server (`on_server`), from the server's labelled Services (one LIST per younger
+    rival, whose answer is that Session's claims; there is usually no younger rival)."""
+    held = reader.claimed_on_server if on_server else reader.holdings
+    return frozenset(s.uid for s in younger_rivals(session, user_sessions)
+                     if held(namespace, s.uid))
 
 
 def _disown_annotation(reader: Reader, kube: Kube, session: Session) -> None:
@@ -454,6 +495,9 @@ def claim_session(
     ns = key.namespace
     confirmed = False
     asked_server = False
+    # The user's Sessions as the server had them, once a claim under sessionsPerUser was
+    # about to write (`needs_user_recheck`): (the user as compared, the Sessions).
+    users_on_server: tuple[str, list[Session]] | None = None
     for _ in range(MAX_ATTEMPTS):
         session = reader.session(ns, key.session)
         if session is None or session.deleting:
@@ -471,10 +515,17 @@ def claim_session(
             own |= {session.instance_id}
         mine = reader.instances(ns, session.appdef, pool_appdef, own, sessions)
         limit = settings.sessions_per_user
+        user_sessions: list[Session] = []
+        holding: frozenset[str] = frozenset()
+        if limit is not None and limit > 0:
+            on_server = (users_on_server is not None
+                         and users_on_server[0] == user_key(session.user))
+            user_sessions = (users_on_server[1] if users_on_server is not None and on_server
+                             else reader.user_sessions(ns, session.user))
+            holding = _holding(reader, ns, session, user_sessions, on_server=on_server)
         decision = decide_claim(
             session, appdef, mine, sessions, facts, sessions_per_user=limit,
-            user_sessions=reader.user_sessions(ns, session.user)
-            if limit is not None and limit >= 0 else (),
+            user_sessions=user_sessions, holding=holding,
             routable=not (settings.routing or settings.ingress)
             or _shared_route(reader, pool_appdef, settings) is not None,
             unroutable=ROUTE_MISSING if settings.routing else INGRESS_MISSING,
@@ -503,12 +554,30 @@ def claim_session(
             asked_server = True
             if reader.claimed_on_server(ns, session.uid):
                 continue
+        if needs_user_recheck(decision, limit) and (
+                users_on_server is None or users_on_server[0] != user_key(session.user)):
+            # About to make a deciding write under sessionsPerUser, on a read that may lag:
+            # an older Session of the user it has not seen would let both claim, and nothing
+            # on the server refuses the second deciding write. So the user's Sessions are
+            # confirmed as the server had them at this Session's version (from a cache whose
+            # Session watch is past it, else one LIST of the namespace's Sessions), the
+            # younger ones' holdings are asked of the server, and the claim decides again.
+            # Only where a limit is set; a waiting or refused Session asks nothing.
+            users_on_server = (user_key(session.user), reader.user_sessions_as_of(
+                ns, session.user, session.resource_version))
+            continue
         match decision:
             case ClaimSkip(reason=reason):
                 return Result(Outcome.SKIPPED, message=reason)
             case ClaimError(message=message, code=code):
                 if session.status != v.STATUS_ERROR:
-                    _set_status(kube, session, v.STATUS_ERROR, message, code)
+                    try:
+                        _set_status(kube, session, v.STATUS_ERROR, message, code,
+                                    reader=reader)
+                    except Conflict:
+                        # Changed since the read (served meanwhile, say): decide again.
+                        reader.session(ns, key.session, fresh=True)
+                        continue
                     Executor(kube, ns, Unguarded()).apply([Report(
                         "SessionLimit" if code else "InvalidSession",
                         f"Session {session.name}: {message}" + (f" ({code})" if code else ""),
@@ -526,7 +595,12 @@ def claim_session(
                         f"{session.name} waits for it",
                         regarding={"kind": v.APPDEF_KIND, "name": appdef.name,
                                    "apiVersion": v.APPDEF_API_VERSION})])
-                _set_status(kube, session, v.STATUS_HANDLING, message)
+                try:
+                    _set_status(kube, session, v.STATUS_HANDLING, message, reader=reader)
+                except Conflict:
+                    # Changed since the read (served meanwhile, say): decide again.
+                    reader.session(ns, key.session, fresh=True)
+                    continue
                 _drop_route(reader, kube, session, settings)
                 return Result(Outcome.WAITING, message=message, appdef=session.appdef)
             case ClaimHeld(instance_id=k):

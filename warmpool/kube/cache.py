@@ -9,7 +9,8 @@ decisions read (an informer's transform), so a pool of thousands costs megabytes
 
 Indexes, kept up to date by every change:
 - (namespace, AppDefinition name) -> its Sessions, parsed once per version; (namespace,
-  spec.user) -> that user's Sessions (for the sessions-per-user limit);
+  spec.user as oauth2-proxy compares it, `emails.user_key`) -> that user's Sessions (for the
+  sessions-per-user limit);
 - Session uid -> the external Services that reference it (the deciding write of a claim), so
   a claim finds what a Session holds without looking at every instance;
 - (namespace, kind, name after ``instance-<k>-``) -> k -> whether that object carries a trace
@@ -40,6 +41,7 @@ from warmpool.kube.observe import POOL_WATCHES, classify
 from warmpool.kube.reflector import DELETED, Backoff, Reflector, Watched, rv_int
 from warmpool.pool import naming, routes
 from warmpool.pool import vocabulary as v
+from warmpool.pool.emails import user_key
 from warmpool.pool.instances import holder_trace, is_session_ref
 from warmpool.pool.meta import meta_of, name_of, namespace_of, owner_refs, uid_of
 from warmpool.pool.model import Session, parse_session
@@ -212,9 +214,10 @@ class ClusterCache:
                     if (namespace, n) in self._sessions]
 
     def sessions_of_user(self, namespace: str, user: str) -> list[Session]:
-        """The Sessions of `namespace` whose spec.user is `user`, whatever their AppDefinition."""
+        """The Sessions of `namespace` whose spec.user names `user` as oauth2-proxy compares
+        addresses (`emails.user_key`: case aside), whatever their AppDefinition."""
         with self._lock:
-            names = self._by_user.get((namespace, user), ())
+            names = self._by_user.get((namespace, user_key(user)), ())
             return [self._sessions[(namespace, n)] for n in names
                     if (namespace, n) in self._sessions]
 
@@ -326,6 +329,21 @@ class ClusterCache:
                 continue
             return False
         return True
+
+    def watched_past(self, kind: str, namespace: str, version: str) -> bool:
+        """Whether the watch of `kind` in `namespace` has brought every change up to
+        resourceVersion `version` into this cache (its `last_rv` is at least that): then
+        every object of that kind the server had at `version` is here, and so are their
+        deletions. False when unsure (no such watch; a version that is not a plain number of
+        at most 20 digits, which no API server writes)."""
+        try:
+            reflector = self._reflector(self._watched(kind, ""), namespace)
+        except KeyError:
+            return False
+        past = reflector.last_rv
+        if not (_plain_version(version) and past is not None and _plain_version(past)):
+            return False
+        return int(past) >= int(version)
 
     def wait_fresh(self, namespace: str, triggers: Mapping[str, str], timeout: float) -> bool:
         """Wait (at most `timeout` s) until `fresh`; every change the watches bring wakes it."""
@@ -448,7 +466,7 @@ class ClusterCache:
         previous = self._sessions.pop((ns, name), None)
         if previous is not None:
             for index, value in ((self._by_appdef, previous.appdef),
-                                 (self._by_user, previous.user)):
+                                 (self._by_user, user_key(previous.user))):
                 names = index.get((ns, value))
                 if names is not None:
                     names.discard(name)
@@ -459,7 +477,7 @@ class ClusterCache:
         session = parse_session(obj)
         self._sessions[(ns, name)] = session
         self._by_appdef.setdefault((ns, session.appdef), set()).add(name)
-        self._by_user.setdefault((ns, session.user), set()).add(name)
+        self._by_user.setdefault((ns, user_key(session.user)), set()).add(name)
 
     def _index_holders(
         self, event_type: str, ns: str, name: str, obj: Obj, old: Obj | None
@@ -475,6 +493,11 @@ class ClusterCache:
             return
         for ref in _session_refs(obj):
             self._holders.setdefault(ref, set()).add((ns, name))
+
+
+def _plain_version(raw: str) -> bool:
+    """A resourceVersion this cache compares: ASCII digits, at most 20 (etcd's int64)."""
+    return 0 < len(raw) <= 20 and raw.isascii() and raw.isdigit()
 
 
 def _session_refs(obj: Mapping[str, Any] | None) -> Iterable[str]:

@@ -1,13 +1,17 @@
 """Apply a plan's actions, in order, each one only while the lease is still held.
 
-Every write carries a precondition (resourceVersion, or uid + resourceVersion for deletes), so a
-plan decided on a stale read fails with Conflict instead of clobbering; the caller then observes
-and decides again. Every write also stamps the lease's fence on the object, so a holder whose
-lease has expired can tell that a newer holder has been here (see ``check_fence``).
+Every write carries a precondition (resourceVersion, or uid + resourceVersion for deletes, or
+must-not-exist for creates), so a plan decided on a stale read fails with Conflict instead of
+clobbering; the caller then observes and decides again. Every create and patch of an instance's
+own objects and routes also stamps the lease's fence on the object, so a holder whose lease has
+expired can tell that a newer holder has been here (see ``check_fence``). What is not the
+instance's gets its precondition alone: a Session (resourceVersion and uid), its pods (uid and
+resourceVersion, only the instance's own Deployment's: `warmpool.pool.pods`), the shared Ingress.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +37,9 @@ from warmpool.pool.availability import ProbeTarget
 from warmpool.pool.fence import fence_reports, read_fences
 from warmpool.pool.instances import InstanceView
 from warmpool.pool.meta import name_of, resource_version_of, uid_of
+from warmpool.pool.model import Session
 from warmpool.pool.parts import Part
+from warmpool.pool.pods import foreign_pod_message, split_pods
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +115,9 @@ class Prober(Protocol):
 
     def submit(self, target: ProbeTarget) -> bool: ...
 
+
+#: How often a reset or refresh writes one pod that keeps changing under it (`_on_own_pod`).
+_POD_ATTEMPTS = 3
 
 #: The writes of one run (`_waves`) are sent from here; shared by a process's worker threads.
 _FAN_OUT = ThreadPoolExecutor(32, thread_name_prefix="write")
@@ -197,6 +206,13 @@ class Executor:
         # (which the first write has made old). The first write checked the read.
         self._versions: dict[tuple[str, str], str] = {}
 
+    def session_version(self, session: Session | None) -> str | None:
+        """The resourceVersion `session` is at as far as this plan knows: the one its own
+        last write of the Session left, else the one the plan was decided on."""
+        if session is None:
+            return None
+        return self._versions.get((v.SESSION_KIND, session.name), session.resource_version)
+
     def _wrote(self, kind: str, obj: dict[str, Any]) -> None:
         obj.setdefault("kind", kind)
         rv = resource_version_of(obj)
@@ -221,28 +237,96 @@ class Executor:
                                  label_selector=f"{v.LABEL_APP}={app_selector}")
         return pods
 
+    def _own_pods(self, action: ResetPods | RefreshPods) -> list[Mapping[str, Any]]:
+        """The pods of the Deployment the decision saw (`warmpool.pool.pods.split_pods`); a
+        Warning for each other pod that carries the instance's label. Two LISTs by that
+        label (pods, ReplicaSets), each the size of one instance's pods."""
+        self.guard.ensure_held()  # the lease, checked again right before the pods are read
+        pods = self._pods(action.app_selector)
+        if not pods:
+            return []
+        sets, _ = self.kube.list("apps/v1", "ReplicaSet", self.namespace,
+                                 label_selector=f"{v.LABEL_APP}={action.app_selector}")
+        split = split_pods(pods, sets, action.deployment, action.deployment_uid)
+        for pod in split.foreign:
+            self._apply(Report("ForeignPod", foreign_pod_message(
+                pod, action.app_selector, action.deployment or "(unknown)"),
+                regarding={"kind": "Pod", "name": name_of(pod), "apiVersion": "v1"}))
+        return list(split.own)
+
+    def _on_own_pod(
+        self, action: ResetPods | RefreshPods, pod: Mapping[str, Any],
+        write: Callable[[Mapping[str, Any]], None],
+    ) -> None:
+        """`write` the pod at the version listed. A pod changed since (its kubelet writes its
+        status) is read again and written at its new version only while it is still the
+        same pod (uid), with the label, of the same Deployment; a few tries, then the
+        Conflict is the plan's (it reads again and decides again)."""
+        for attempt in range(_POD_ATTEMPTS):
+            try:
+                write(pod)
+                return
+            except Conflict:
+                if attempt + 1 == _POD_ATTEMPTS:
+                    raise
+            # Listed again by the label (a LIST, as the first read: no other verb on pods).
+            current = next((p for p in self._pods(action.app_selector)
+                            if uid_of(p) == uid_of(pod)), None)
+            if current is None:
+                return  # gone, or relabelled: not the instance's pod any more
+            sets, _ = self.kube.list("apps/v1", "ReplicaSet", self.namespace,
+                                     label_selector=f"{v.LABEL_APP}={action.app_selector}")
+            split = split_pods([current], sets, action.deployment, action.deployment_uid)
+            if not split.own:
+                return  # no longer the Deployment's, or already being deleted: leave it
+            pod = current
+
+    def _delete_pod(self, pod: Mapping[str, Any]) -> None:
+        self.kube.delete("v1", "Pod", self.namespace, name_of(pod), uid=uid_of(pod),
+                         resource_version=resource_version_of(pod))
+
+    def _stamp_pod(self, pod: Mapping[str, Any], now: str) -> None:
+        try:
+            self.kube.merge_patch("v1", "Pod", self.namespace, name_of(pod),
+                                  {"metadata": {"annotations": {v.ANNOTATION_REFRESH: now}}},
+                                  resource_version=resource_version_of(pod))
+        except KubeError as exc:  # a pod that went away needs no refresh
+            if exc.status != 404:
+                raise
+
     def _set_status(
-        self, name: str, status: Mapping[str, Any], uid: str, first: bool
+        self, name: str, status: Mapping[str, Any], uid: str, first: bool, rv: str
     ) -> dict[str, Any]:
-        """Merge `status` into the Session's, if it still has `uid`: a JSON patch that tests
-        the uid, then adds each field (or, for a Session without a status yet, the status)."""
+        """Merge `status` into the Session's, if it still has `uid` (and, with `rv`, is still
+        at that resourceVersion): a JSON patch that tests them, then adds each field (or, for
+        a Session without a status yet, the status). The status subresource honours no
+        resourceVersion in a merge patch, so the version is a `test` too; a failed test and a
+        missing /status are one 422 to the server, without detail, so a 422 is told apart by
+        reading the Session: another uid (re-created), another version (Conflict: the caller
+        reads again and decides again, never overwrites), else the status was missing."""
         if not uid:
             return self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
                                          name, {"status": dict(status)}, status=True)
-        test: dict[str, Any] = {"op": "test", "path": "/metadata/uid", "value": uid}
-        whole = [test, {"op": "add", "path": "/status", "value": dict(status)}]
-        fields = [test, *({"op": "add", "path": f"/status/{k}", "value": val}
-                          for k, val in status.items())]
+        tests: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+        if rv:
+            tests.append({"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+        whole = [*tests, {"op": "add", "path": "/status", "value": dict(status)}]
+        fields = [*tests, *({"op": "add", "path": f"/status/{k}", "value": val}
+                            for k, val in status.items())]
         try:
             return self.kube.json_patch(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
                                         name, whole if first else fields, status=True)
         except KubeError as exc:
-            # A failed test and a missing /status are one 422 to the server, without detail.
-            if first or exc.status != 422:
+            if exc.status != 422:
                 raise
             current = self.kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
                                     name)
             if current is None or uid_of(current) != uid:
+                raise
+            if rv and resource_version_of(current) != rv:
+                raise Conflict(f"Session {name} changed since its status was decided "
+                               f"(version {rv}, now {resource_version_of(current)})") from exc
+            if first:
                 raise
         # Read with a status that it no longer has: write the whole of it.
         return self.kube.json_patch(v.SESSION_API_VERSION, v.SESSION_KIND, self.namespace,
@@ -314,32 +398,31 @@ class Executor:
                                  resource_version=self._versions.get((part.kind, name), rv))
                 self._deleted(part.kind, name, uid)
                 log.info("deleted %s %s (%s)", part.kind, name, why)
-            case ResetPods(app_selector=selector):
-                # No resourceVersion on these deletes: the pods are listed now, and each delete
-                # carries the listed pod's uid, so a pod created after the listing is not
-                # touched. A plan always has a guarded write before its reset (`decide`'s
-                # `_guard_reset`, or a read from the server where nothing can guard), so a
-                # reset decided on a stale read is stopped by that write's 409 first.
-                pods = self._pods(selector)
+            case ResetPods(app_selector=selector, deployment=deployment):
+                # Safe on a stale read: only the pods of the Deployment the decision saw
+                # (`_own_pods`: the ownership chain, uid by uid, and the pod-template-hash),
+                # so a foreign pod with the label, or one of a Deployment re-created since, is
+                # never deleted; each delete carries the listed pod's uid and
+                # resourceVersion, so a pod created after the listing, or changed since, is
+                # not touched unchecked (`_on_own_pod`). A plan always has a guarded write
+                # before its reset (`decide`'s `_guard_reset`, or a read from the server
+                # where nothing can guard), so a reset decided on a stale read is stopped by
+                # that write's 409 first, and the lease is checked right before the listing.
+                pods = self._own_pods(action)
                 for pod in pods:
-                    self.kube.delete("v1", "Pod", ns, name_of(pod), uid=uid_of(pod))
+                    self._on_own_pod(action, pod, self._delete_pod)
                 self.reset.add(selector)
-                log.info("reset %d pod(s) of %s", len(pods), selector)
+                log.info("reset %d pod(s) of %s", len(pods), deployment or selector)
                 return len(pods)
             case RefreshPods(app_selector=selector):
-                # No precondition needed: the annotation only asks the pod to re-read its
-                # mounted allow-list, which a guarded write of this plan has just set; on a
-                # stale plan that write was refused and this is never reached.
+                # Safe on a stale read: the annotation only asks the pod to re-read its
+                # mounted allow-list, which a guarded write of this plan has just set (on a
+                # stale plan that write was refused and this is never reached); and only the
+                # Deployment's own pods are stamped, each at the version listed.
                 now = datetime.now(UTC).isoformat()
-                pods = self._pods(selector)
+                pods = self._own_pods(action)
                 for pod in pods:
-                    try:
-                        self.kube.merge_patch("v1", "Pod", ns, name_of(pod),
-                                              {"metadata": {"annotations": {v.ANNOTATION_REFRESH:
-                                                                            now}}})
-                    except KubeError as exc:  # a pod that went away needs no refresh
-                        if exc.status != 404:
-                            raise
+                    self._on_own_pod(action, pod, functools.partial(self._stamp_pod, now=now))
                 return len(pods)
             case AnnotateSession(session=name, annotations=annotations, resource_version=rv):
                 # Safe on a stale read: the Session's resourceVersion is the precondition (a
@@ -361,13 +444,18 @@ class Executor:
                 elif self.sink is not None:
                     self.sink.wrote(annotated)
                 log.info("annotated Session %s with %s", name, annotations)
-            case SetSessionStatus(session=name, status=status, uid=uid, first=first):
-                # A status write decides nothing that a stale read could make wrong: it reports
-                # the decision of this run, and the next run rewrites it if it has changed. It
-                # tests the Session's uid: a Session re-created under the name since must not
-                # be told it holds its predecessor's instance.
+            case SetSessionStatus(session=name, status=status, uid=uid, first=first,
+                                  resource_version=rv):
+                # Safe on a stale read: it tests the Session's uid (a Session re-created under
+                # the name since must not be told it holds its predecessor's instance) and
+                # the resourceVersion the decision read (or the one this plan's own write of
+                # the Session left): a Session changed since gets a Conflict, and the caller
+                # reads it again and decides again; a stale claim cannot write HANDLING or
+                # ERROR over HANDLED.
                 try:
-                    updated = self._set_status(name, status, uid, first)
+                    updated = self._set_status(
+                        name, status, uid, first,
+                        self._versions.get((v.SESSION_KIND, name), rv) if rv else "")
                 except KubeError as exc:
                     if exc.status == 422 and uid:
                         log.info("Session %s was re-created: its status is not ours to write",
@@ -376,6 +464,8 @@ class Executor:
                     if exc.status != 404:  # a Session deleted meanwhile needs no status
                         raise
                 else:
+                    if rv and resource_version_of(updated):
+                        self._versions[(v.SESSION_KIND, name)] = resource_version_of(updated)
                     if self.sink is not None:
                         self.sink.wrote(updated)
                 if "operatorStatus" in status:

@@ -29,6 +29,7 @@ from warmpool.kube.cache import ClusterCache
 from warmpool.pool import builders, naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import PoolFacts, pool_facts
+from warmpool.pool.emails import same_user
 from warmpool.pool.instances import InstanceView, is_appdef_ref, is_session_ref, refs
 from warmpool.pool.meta import name_of, uid_of
 from warmpool.pool.model import (
@@ -85,7 +86,15 @@ class Reader(Protocol):
         ...
 
     def user_sessions(self, namespace: str, user: str) -> list[Session]:
-        """The namespace's Sessions of `user`, of every AppDefinition."""
+        """The namespace's Sessions of `user` (as oauth2-proxy compares addresses:
+        `emails.user_key`), of every AppDefinition."""
+        ...
+
+    def user_sessions_as_of(self, namespace: str, user: str, version: str) -> list[Session]:
+        """`user_sessions`, with every Session the API server had at resourceVersion
+        `version` (the claiming Session's, as read): from a cache whose Session watch is
+        past `version`, else from the server (one LIST of the namespace's Sessions: a CRD's
+        spec.user has no label or field selector, so the user's are picked from it here)."""
         ...
 
     def instance(
@@ -188,7 +197,10 @@ class LiveReader:
         return _holdings(_labelled_services(self.kube, namespace, session_uid), session_uid)
 
     def user_sessions(self, namespace: str, user: str) -> list[Session]:
-        return [s for s in observe.list_sessions(self.kube, namespace) if s.user == user]
+        return _of_user(observe.list_sessions(self.kube, namespace), user)
+
+    def user_sessions_as_of(self, namespace: str, user: str, version: str) -> list[Session]:
+        return self.user_sessions(namespace, user)
 
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
@@ -276,6 +288,10 @@ def _holdings(objects: Iterable[Obj], session_uid: str) -> list[tuple[str, int]]
         if k is not None:
             out |= {(str(r["name"]), k) for r in owners if is_appdef_ref(r) and r.get("name")}
     return sorted(out)
+
+
+def _of_user(sessions: Iterable[Session], user: str) -> list[Session]:
+    return [s for s in sessions if same_user(s.user, user)]
 
 
 def _name_rests(appdef: AppDefinition, part: Part) -> list[tuple[int | None, str]]:
@@ -383,6 +399,17 @@ class CachedReader:
 
     def user_sessions(self, namespace: str, user: str) -> list[Session]:
         return self.cache.sessions_of_user(namespace, user)
+
+    def user_sessions_as_of(self, namespace: str, user: str, version: str) -> list[Session]:
+        # Watch events come in resourceVersion order: a Session watch past `version` has
+        # brought every Session created (or deleted, or failed) before it. The usual case
+        # for a claim, whose Session came by that watch: no request. A Session read directly
+        # (the cache had not seen it yet) is newer than the watch: ask the server.
+        if self.cache.watched_past(v.SESSION_KIND, namespace, version):
+            return self.cache.sessions_of_user(namespace, user)
+        # Not offered to the cache: a LIST is one snapshot, and a Session the cache saw
+        # deleted since must not come back from it. The caller decides on this answer.
+        return _of_user(observe.list_sessions(self.kube, namespace), user)
 
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,

@@ -43,16 +43,26 @@ class Delete:
 
 @dataclass(frozen=True, slots=True)
 class ResetPods:
-    """Delete the instance's pods so that the Deployment starts a clean one (release)."""
+    """Delete the instance's pods so that the Deployment starts a clean one (release).
+
+    Only pods of the Deployment the decision saw (`deployment`, `deployment_uid`): those a
+    ReplicaSet owned by that very Deployment controls, with that ReplicaSet's
+    pod-template-hash. Anything else that carries the `app=` label (a pod of someone else's,
+    or of a Deployment re-created since) is left alone, with a Warning."""
 
     app_selector: str
+    deployment: str = ""
+    deployment_uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class RefreshPods:
-    """Stamp the instance's pods so the kubelet re-reads the mounted allow-list sooner."""
+    """Stamp the instance's pods so the kubelet re-reads the mounted allow-list sooner; the
+    same pods as `ResetPods` would reset, no others."""
 
     app_selector: str
+    deployment: str = ""
+    deployment_uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +82,11 @@ class SetSessionStatus:
     uid: str = ""
     # The Session had no status of ours when read (NEW): the write creates the status.
     first: bool = False
+    # The Session's resourceVersion the decision read: the write is refused (Conflict) if the
+    # Session changed since, so a stale decision cannot write HANDLING or ERROR over the
+    # HANDLED a later one wrote. Empty: no such test (a write that reports no decision of a
+    # claim, such as the URL probe's status.url, which tests the holder itself).
+    resource_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,11 @@ any order on any worker; the oldest waiting Sessions are still the ones served.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from warmpool.pool import vocabulary as v
+from warmpool.pool.emails import same_user
 from warmpool.pool.instances import (
     HolderIndex,
     InstanceView,
@@ -180,27 +181,89 @@ NO_SESSIONS_ERROR = "554:No sessions allowed for this user."
 MORE_SESSIONS_ERROR = "553:No more sessions allowed for this user, you reached your limit."
 
 
+def claim_order(session: Session) -> tuple[str, str]:
+    """The total order of the sessions-per-user limit: creationTimestamp, then uid.
+
+    Two Sessions of one user created in the same second have equal timestamps (the API
+    server keeps seconds); ordered by name as well, each could see the other as the younger
+    when names differ only by what a second claim renamed, and both claim. A uid is unique
+    and never changes, so every worker, whichever Session's claim it runs, puts the two in
+    the same order. creationTimestamp is the API server's RFC 3339 text in one fixed form
+    (``YYYY-MM-DDTHH:MM:SSZ``), so comparing the strings compares the instants."""
+    return (session.created, session.uid)
+
+
+@dataclass(frozen=True, slots=True)
+class UserRivals:
+    """The Sessions that count against `session` under sessionsPerUser, and why.
+
+    `older`: the same user's (`emails.user_key`) live Sessions not in ERROR that come before
+    it in `claim_order`. `holding`: those after it that already hold an instance: a
+    younger Session served first (its claim ran before the older one was visible to it)
+    is not taken back, so the older one is the one refused, and the limit still holds."""
+
+    older: tuple[str, ...]
+    holding: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.older) + len(self.holding)
+
+
+def user_rivals(
+    session: Session, user_sessions: Sequence[Session], holding: Set[str] = frozenset()
+) -> UserRivals:
+    """`UserRivals` of `session` among `user_sessions` (any AppDefinition); `holding`: the
+    uids of Sessions known to hold an instance (an external Service references them)."""
+    mine = claim_order(session)
+    counted = [s for s in user_sessions
+               if s.uid != session.uid and same_user(s.user, session.user) and s.live
+               and s.status != v.STATUS_ERROR]
+    return UserRivals(
+        older=tuple(s.name for s in counted if claim_order(s) < mine),
+        holding=tuple(s.name for s in counted if claim_order(s) > mine and s.uid in holding))
+
+
+def younger_rivals(session: Session, user_sessions: Sequence[Session]) -> list[Session]:
+    """The same user's live Sessions not in ERROR after `session` in `claim_order`: the ones
+    whose holdings `user_rivals` needs to know (usually none, so nothing is asked)."""
+    mine = claim_order(session)
+    return [s for s in user_sessions
+            if s.uid != session.uid and same_user(s.user, session.user) and s.live
+            and s.status != v.STATUS_ERROR and claim_order(s) > mine]
+
+
 def over_user_limit(
-    session: Session, user_sessions: Sequence[Session], limit: int | None
+    session: Session, user_sessions: Sequence[Session], limit: int | None,
+    holding: Set[str] = frozenset(),
 ) -> ClaimError | None:
     """session-lifecycle §6: Theia Cloud's `sessionsPerUser`, with its exact strings.
 
     None or negative: no limit. The count is the user's Sessions of any AppDefinition that
     are neither being deleted nor in ERROR (so a failed Session cannot lock its user out),
-    this one included, and only those created before it: of two Sessions made at once under a
-    limit of one, the older is served and the younger refused, whichever claim runs first.
+    this one included, and only those before it in `claim_order` or already holding an
+    instance (`UserRivals`): of two Sessions made at once under a limit of one, the older is
+    served and the younger refused, whichever claim runs first. Users are compared as
+    oauth2-proxy compares them (`emails.user_key`): ``U@X.IO`` and ``u@x.io`` are one user.
     """
     if limit is None or limit < 0:
         return None
     if limit == 0:
         return ClaimError(MAX_SESSIONS_MESSAGE, NO_SESSIONS_ERROR)
-    mine = (session.created, session.name)
-    older = sum(1 for s in user_sessions
-                if s.uid != session.uid and s.user == session.user and s.live
-                and s.status != v.STATUS_ERROR and (s.created, s.name) < mine)
-    if older + 1 > limit:
+    if user_rivals(session, user_sessions, holding).count + 1 > limit:
         return ClaimError(MAX_SESSIONS_MESSAGE, MORE_SESSIONS_ERROR)
     return None
+
+
+def needs_user_recheck(decision: ClaimDecision, limit: int | None) -> bool:
+    """Whether a claim must ask the server for its user's Sessions before its deciding write.
+
+    Only a decision to write (a free instance to try, or one to make) under a positive limit:
+    the cache it was decided on may lag, and miss an older Session of the user (or one
+    served since), and nothing on the server refuses the second deciding write. A Session
+    that waits or is refused writes nothing that holds an instance, so it asks nothing."""
+    return (limit is not None and limit > 0
+            and isinstance(decision, ClaimTry | ClaimBurst))
 
 
 def decide_claim(
@@ -212,13 +275,15 @@ def decide_claim(
     *,
     user_sessions: Sequence[Session] = (),
     sessions_per_user: int | None = None,
+    holding: Set[str] = frozenset(),
     routable: bool = True,
     unroutable: str = ROUTE_MISSING,
     burst: bool = False,
 ) -> ClaimDecision:
     """`instances`: the pool's instances, or, with `facts` (the whole pool's), at least the
     ones `session` may hold (annotated with it, or whose Service references it).
-    `user_sessions`: the user's Sessions of the namespace, when `sessions_per_user` is set.
+    `user_sessions`: the user's Sessions of the namespace, when `sessions_per_user` is set;
+    `holding`: the uids among them known to hold an instance (`over_user_limit`).
     `routable`: False while routes are in use and the AppDefinition's shared route does not
     exist: nothing is claimed then (session-lifecycle §1, Ours), the Session waits with Java's
     message, and the route's creation queues the claim again. `burst`: with no free
@@ -243,7 +308,8 @@ def decide_claim(
     if session.status == v.STATUS_ERROR:
         return ClaimSkip("Session is in ERROR")
     # Before a claim, never after: a Session that holds an instance is not limited.
-    if (limited := over_user_limit(session, user_sessions, sessions_per_user)) is not None:
+    if (limited := over_user_limit(session, user_sessions, sessions_per_user,
+                                      holding)) is not None:
         return limited
     if not routable:
         return ClaimWait(unroutable)

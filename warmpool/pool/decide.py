@@ -188,7 +188,8 @@ def _claimed(
                 "operatorStatus": v.STATUS_HANDLED,
                 "operatorMessage": f"Instance {instance.id} of {holder.appdef} ({ext_name}); "
                                    "its AppDefinition was deleted: kept until the Session ends"},
-                uid=holder.uid, first=holder.status == v.STATUS_NEW))
+                uid=holder.uid, first=holder.status == v.STATUS_NEW,
+                resource_version=holder.resource_version))
         elif holder.status != v.STATUS_ERROR and (holder.instance_id != instance.id
                                                   or holder.status != v.STATUS_HANDLED):
             # The claim was in flight (deciding write made, Session not yet annotated, or an
@@ -199,7 +200,8 @@ def _claimed(
             actions.append(SetSessionStatus(holder.name, {"operatorStatus": v.STATUS_ERROR,
                                                           "operatorMessage": message},
                                             uid=holder.uid,
-                                            first=holder.status == v.STATUS_NEW))
+                                            first=holder.status == v.STATUS_NEW,
+                                            resource_version=holder.resource_version))
             actions.append(Report("ClaimNotCompleted", f"Session {holder.name}: {message}"))
         return Plan(State.CLAIMED, holder, actions)
 
@@ -239,8 +241,12 @@ def _claimed(
             email_written = True
         if patch:
             actions.append(_patch(part, obj, patch, f"held by Session {holder.name}"))
-    if email_written:
-        actions.append(RefreshPods(naming.app_selector(appdef.spec_name, instance.id)))
+    deployment = instance.get(Part.DEPLOYMENT)
+    if email_written and deployment is not None:
+        # Only the pods of the Deployment as read; one created by this plan starts its pods
+        # with the allow-list already written, so there is nothing to refresh.
+        actions.append(RefreshPods(naming.app_selector(appdef.spec_name, instance.id),
+                                   *_deployment_id(deployment)))
     raw_id = holder.annotations.get(v.ANNOTATION_INSTANCE_ID)
     if raw_id is not None and holder.instance_id is None:
         # Not an instance id at all ('²', 5000 digits, 'abc'): not obeyed (pool-spec §4) and
@@ -271,7 +277,8 @@ def _claimed(
         if holder.status != v.STATUS_HANDLING or holder.message != missing:
             actions.append(SetSessionStatus(holder.name, {
                 "operatorStatus": v.STATUS_HANDLING, "operatorMessage": missing},
-                uid=holder.uid, first=holder.status == v.STATUS_NEW))
+                uid=holder.uid, first=holder.status == v.STATUS_NEW,
+                resource_version=holder.resource_version))
     else:
         url = settings.session_url(appdef, instance.id)
         if holder.status != v.STATUS_HANDLED:
@@ -285,7 +292,8 @@ def _claimed(
             if not settings.url_probe:
                 status["url"] = url  # nothing will probe it: it comes with HANDLED
             actions.append(SetSessionStatus(holder.name, status, uid=holder.uid,
-                                            first=holder.status == v.STATUS_NEW))
+                                            first=holder.status == v.STATUS_NEW,
+                                            resource_version=holder.resource_version))
         if settings.url_probe and not holder.url and not holder.error:
             # Level-triggered: every run for a holder without its URL asks again (a probe
             # lost with its process is started anew), and a running probe is left alone.
@@ -440,12 +448,13 @@ def _free(
             patch = _free_patch(part, obj, appdef_name, appdef)
             if patch:
                 actions.append(_patch(part, obj, patch, "free"))
-        if part is Part.DEPLOYMENT and releasing and not fresh_pods:
+        if part is Part.DEPLOYMENT and releasing and not fresh_pods and obj is not None:
             # Access is cut (allow-list emptied first); now give the next user a clean pod.
             # After the Deployment's own write: deleting its pods moves its status, and so its
             # resourceVersion, which a write after this would then find changed, every time.
             # Before the external Service is freed, which is what lets the next claim in.
-            actions.append(ResetPods(naming.app_selector(appdef.spec_name, instance.id)))
+            actions.append(ResetPods(naming.app_selector(appdef.spec_name, instance.id),
+                                     *_deployment_id(obj)))
     return Plan(State.OUTDATED if outdated else State.FREE, None,
                 _guard_reset(instance, _claim_guard_first(instance, actions)), releasing)
 
@@ -540,6 +549,12 @@ def _free_patch(
     if part is Part.EMAIL_CONFIGMAP and emails_of(obj):
         patch["data"] = {v.EMAILS_KEY: ""}
     return patch
+
+
+def _deployment_id(deployment: Obj) -> tuple[str, str]:
+    """The name and uid of the Deployment whose pods a reset or refresh may touch."""
+    meta = meta_of(deployment)
+    return str(meta.get("name") or ""), str(meta.get("uid") or "")
 
 
 def _patch(part: Part, obj: Obj, patch: dict[str, Any], why: str) -> Patch:

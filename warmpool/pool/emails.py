@@ -85,3 +85,20 @@ def email_error(address: str) -> str | None:
             return (f"label {n} of the domain must have 1-{LABEL_LIMIT} letters, digits or "
                     "'-', and not start or end with '-'")
     return None
+
+
+def user_key(address: str) -> str:
+    """`address` as oauth2-proxy compares it: lower-cased, so ``U@X.IO`` and ``u@x.io`` are
+    one user (it lower-cases every allow-list entry and every login, Go's strings.ToLower).
+
+    The one normalisation: the sessions-per-user count and every other comparison of two
+    Sessions' users go through it. For the addresses the grammar above admits (ASCII only)
+    Python's str.lower is the same map as Go's; an address outside the grammar is never
+    served (`session_error`), so where the two maps differ on other characters nothing is
+    decided on the difference."""
+    return address.lower()
+
+
+def same_user(a: str, b: str) -> bool:
+    """Whether two spec.user values name one person to oauth2-proxy (`user_key`)."""
+    return user_key(a) == user_key(b)

@@ -14,6 +14,7 @@ from typing import Any
 
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.pool.emails import same_user
 from warmpool.pool.meta import annotations_of, labels_of, owner_refs
 from warmpool.pool.model import Session
 from warmpool.pool.parts import PARTS, Part
@@ -115,19 +116,33 @@ class HolderIndex:
         A Session whose spec.user changed since its deciding write (the Service's claimed-for
         annotation says for whom it was made) holds nothing: the instance is released, and
         the pod with the previous user's state never reaches the new user; the Session then
-        claims a clean instance like any other.
+        claims a clean instance like any other. Users are compared as oauth2-proxy compares
+        them (`emails.user_key`): a change of case only is the same person.
+
+        While the Service is missing there is no claimed-for to read, and its running pod
+        may have served someone: the allow-list says whom. A Session it does not name (as
+        oauth2-proxy compares; an empty or missing allow-list names no one) holds nothing
+        either, so the instance is released (its pod reset) rather than handed on with the
+        previous user's pod; the Session then claims again (issue #27). The Session it does
+        name keeps its instance, whose Service is recreated for it.
         """
         ext = instance.get(Part.EXTERNAL_SERVICE)
         evidence = [ext] if ext is not None else [o for _, o in instance.existing()]
         uids = {r.get("uid") for o in evidence for r in refs(o) if is_session_ref(r)}
         claimed_for = annotations_of(ext).get(v.ANNOTATION_CLAIMED_FOR, "")
+        # Bounded: the allow-list is compared with each candidate's spec.user for equality
+        # (case aside), never parsed; a foreign value matches no Session.
+        allowed = emails_of(instance.get(Part.EMAIL_CONFIGMAP)).strip()
 
         def rank(s: Session) -> tuple[int, str, str]:
             return (0 if s.instance_id == instance.id else 1, s.created, s.name)
 
         def user_unchanged(s: Session) -> bool:
+            if ext is None:
+                return bool(allowed) and same_user(allowed, s.user)
             return (not claimed_for.startswith(f"{s.uid}/")
-                    or claimed_for == naming.claimed_for(s.uid, s.user))
+                    or claimed_for in (naming.claimed_for(s.uid, s.user),
+                                       naming.claimed_for_as_spelt(s.uid, s.user)))
 
         # the live Sessions' uids (str) among the referenced ones (a reference may lack one)
         return sorted((self.live[u] for u in self.live.keys() & uids

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from warmpool.pool.emails import user_key
+
 VALID_NAME_LIMIT = 62
 INSTANCE_PREFIX = "instance-"
 LABEL_VALUE_LIMIT = 63
@@ -117,6 +119,16 @@ def split_instance_name(name: str) -> tuple[int, str] | None:
 
 def claimed_for(session_uid: str, user: str) -> str:
     """The value of the claimed-for annotation: the Session and a digest of its user (no
-    e-mail address in plain text on an object anyone with read access to Services sees)."""
+    e-mail address in plain text on an object anyone with read access to Services sees).
+
+    The user as oauth2-proxy compares it (`emails.user_key`): a spec.user that changes only
+    in case is the same person, whose instance is kept; any other change is a new user."""
+    digest = hashlib.blake2b(user_key(user).encode(), digest_size=8).hexdigest()
+    return f"{session_uid}/{digest}"
+
+
+def claimed_for_as_spelt(session_uid: str, user: str) -> str:
+    """The claimed-for value as releases before issue #27 wrote it (a digest of spec.user as
+    spelt): still read as "the same user", so an upgrade releases no instance."""
     digest = hashlib.blake2b(user.encode(), digest_size=8).hexdigest()
     return f"{session_uid}/{digest}"
