@@ -11,6 +11,7 @@ import copy
 import dataclasses
 
 from tests.unit.pool_fixtures import appdef, instance, observed, session, with_objects
+from warmpool.kube.cache import strip
 from warmpool.pool import builders
 from warmpool.pool.actions import Create, Delete, Patch, Report, ResetPods
 from warmpool.pool.decide import State, unguarded_deletes
@@ -156,11 +157,20 @@ def test_the_ingress_rule_is_found_by_the_external_services_name() -> None:
     assert any(isinstance(a, Patch) and a.part is Part.EMAIL_CONFIGMAP for a in p.actions)
 
 
+def test_the_cache_keeps_the_deployment_selector_a_release_resets_by() -> None:
+    """A worker decides on its watch cache's stripped objects: the selector must survive."""
+    view = released_view()
+    stripped = {part: strip(part.kind, {**obj, "kind": part.kind})
+                for part, obj in view.existing()}
+    facts = own_facts(InstanceView(1, stripped))
+    assert (facts.pod_selector, facts.problem) == ("java-17-1", None)
+
+
 def test_a_deployment_selector_that_is_not_the_instances_is_reported_not_used() -> None:
     gone = session(instance=1, deleting=True)
     view = released_view()
     dep = copy.deepcopy(view.get(Part.DEPLOYMENT))
-    # Another pool's selector in the Deployment alone (its template and Services disagree),
+    # Another pool's selector in the Deployment alone (its Services' labels disagree),
     # one that names another instance, too long, empty, no string, not a label value.
     for bad in ("control-1", "java-17-2", "x" * 70 + "-1", "", None, 5, "a b-1"):
         dep["spec"]["selector"]["matchLabels"]["app"] = bad
@@ -173,11 +183,11 @@ def test_a_deployment_selector_that_is_not_the_instances_is_reported_not_used() 
         assert any(isinstance(a, Patch) and a.part is Part.EMAIL_CONFIGMAP for a in p.actions)
 
 
-def test_a_services_selector_edited_by_hand_stops_the_reset_not_the_release() -> None:
+def test_a_services_app_label_edited_by_hand_stops_the_reset_not_the_release() -> None:
     gone = session(instance=1, deleting=True)
     view = released_view()
     svc = copy.deepcopy(view.get(Part.INTERNAL_SERVICE))
-    svc["spec"]["selector"]["app"] = "control-1"
+    svc["metadata"]["labels"]["app"] = "control-1"
     p = decide(with_objects(view, INTERNAL_SERVICE=svc), [gone])
     assert not any(isinstance(a, ResetPods) for a in p.actions)
     assert [a.reason for a in p.actions if isinstance(a, Report) and a.warning] == [

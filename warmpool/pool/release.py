@@ -35,7 +35,7 @@ from warmpool.pool.decide import (
     rightful_instance,
 )
 from warmpool.pool.instances import InstanceView, Obj, holders, release_markers
-from warmpool.pool.meta import meta_of
+from warmpool.pool.meta import labels_of, meta_of
 from warmpool.pool.model import Invalid, Session
 from warmpool.pool.parts import PARTS, Part
 
@@ -61,13 +61,13 @@ def own_facts(instance: InstanceView) -> OwnFacts:
     """Read `OwnFacts` off the instance's objects.
 
     The pod selector is the Deployment's spec.selector.matchLabels.app: immutable once the
-    Deployment exists (apps/v1 refuses a change), so it is the selector warmpool built for
-    the instance. Bounded all the same, since the reset deletes every pod it selects: a
-    label value ending in "-<id>", as `naming.app_selector` makes it, and the same value in
-    the Deployment's pod template and in the selector of each of the instance's Services
-    (as `builders.build` writes them all). One foreign edit (a Service's selector, a
-    Deployment re-created by hand) cannot point the reset at another pool's pods; a value
-    that fails is not used (no pod is deleted on it) and reported.
+    Deployment exists (apps/v1 refuses a change, and refuses a pod template its selector
+    does not match), so it is the selector warmpool built for the instance. Bounded all the
+    same, since the reset deletes every pod it selects: a label value ending in "-<id>", as
+    `naming.app_selector` makes it, and the same value as the `app` label of each of the
+    instance's Services (as `builders.build` writes them all). One foreign edit (a
+    Service's label, a Deployment re-created by hand) cannot point the reset at another
+    pool's pods; a value that fails is not used (no pod is deleted on it) and reported.
     """
     ext = instance.get(Part.EXTERNAL_SERVICE)
     service = meta_of(ext).get("name") if ext is not None else None
@@ -76,10 +76,9 @@ def own_facts(instance: InstanceView) -> OwnFacts:
     if deployment is None:
         return OwnFacts(None, service)  # no Deployment, no pods of it to reset
     raw = _dig(deployment, "spec", "selector", "matchLabels", v.LABEL_APP)
-    others = [_dig(deployment, "spec", "template", "metadata", "labels", v.LABEL_APP),
-              *(_dig(obj, "spec", "selector", v.LABEL_APP)
-                for part in (Part.INTERNAL_SERVICE, Part.EXTERNAL_SERVICE)
-                if (obj := instance.get(part)) is not None)]
+    others = [labels_of(obj).get(v.LABEL_APP)
+              for part in (Part.INTERNAL_SERVICE, Part.EXTERNAL_SERVICE)
+              if (obj := instance.get(part)) is not None]
     if (isinstance(raw, str) and _LABEL_VALUE.fullmatch(raw)
             and raw.endswith(f"-{instance.id}") and all(o == raw for o in others)):
         return OwnFacts(raw, service)
@@ -87,8 +86,8 @@ def own_facts(instance: InstanceView) -> OwnFacts:
     return OwnFacts(None, service, problem=(
         f"Deployment {meta_of(deployment).get('name')}: spec.selector.matchLabels."
         f"{v.LABEL_APP} is {shown}, which is not instance {instance.id}'s `app` label as its "
-        "pod template and Services carry it: its pods are not reset (the allow-list is "
-        "emptied all the same)"))
+        "Services carry it: its pods are not reset (the allow-list is emptied all the "
+        "same)"))
 
 
 def _dig(obj: Mapping[str, Any], *path: str) -> Any:
