@@ -216,9 +216,13 @@ def test_scale_refuses_what_the_controller_would_refuse_and_dry_runs_on_the_serv
                        WARMPOOL_INSTANCES_CEILING="3"), "scale", "java", "--min", "4", code=2)
     assert_one_line_error(proc, "above the ceiling of 3 instances")
     assert stored() == before
-    # Without --dry-run it is written.
+    # Without --dry-run it is written; a dry run of what is already there sends nothing.
     run(env, "scale", "java", "--min", "3")
     assert stored()[:2] == (3, 4)
+    written = stored()
+    assert "nothing to change, nothing sent" in " ".join(
+        run(env, "scale", "java", "--min", "3", "--dry-run").stdout.split())
+    assert stored() == written
 
 
 def test_unknown_appdefinition_exits_3(kube, namespace, cluster) -> None:

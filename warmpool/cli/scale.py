@@ -157,5 +157,6 @@ def scale(appdef: str, min_n: int, max_n: int | None, dry_run: bool, ceiling: in
     for key in ("minInstances", "maxInstances"):
         parts.append(f"{key} {old[key]} -> {new[key]}" if old[key] != new[key]
                      else f"{key} {new[key]} (unchanged)")
-    note = " (dry run: the API server accepted it, nothing was written)" if dry_run else ""
+    note = ("" if not dry_run else " (dry run: the API server accepted it, nothing was written)"
+            if changed else " (dry run: nothing to change, nothing sent)")
     out.print(f"{namespace}/{appdef}: " + ", ".join(parts) + note, markup=False)

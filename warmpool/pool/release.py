@@ -113,6 +113,16 @@ def decide_release_without_definition(
     An instance a live Session holds is left as it is (as before: its spec cannot be read).
     `shared_ingress`: in Ingress mode, the Ingress `invalid.ingress_name` names, as read.
     `held_elsewhere`: as for `decide.decide_instance` (a double claim is released here too).
+
+    Every write is guarded as any release's is, so a plan decided on a stale read is
+    refused: each patch of the instance's objects carries the resourceVersion read (and the
+    executor stamps the lease's fence on it); the Ingress patch carries the Ingress's
+    resourceVersion (no fence: not the instance's object); a route delete carries the
+    route's uid and resourceVersion, and an empty patch of the external Service at the
+    version read goes before it (`_guard_route_deletes`); the pod reset comes after a
+    guarded write (`_guard_reset`) and deletes only the pods it lists, by uid. Without the
+    external Service in the read, the caller decides again on the server's view first
+    (`decide.unguarded_deletes`).
     """
     claimants = [s for s in holders(instance, appdef_name, sessions)
                  if rightful_instance(s, (held_elsewhere or {}).get(s.uid), instance.id)
