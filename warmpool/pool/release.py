@@ -24,6 +24,9 @@ from warmpool.pool import ingress, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import Action, Report, ResetPods
 from warmpool.pool.builders import PoolSettings
+
+# A release's own patch shapes and guards, from the module that decides every other release:
+# one implementation of each, so that this plan cannot drift from `decide._free`'s.
 from warmpool.pool.decide import (
     Plan,
     State,
