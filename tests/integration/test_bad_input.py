@@ -993,3 +993,40 @@ def test_scale_refuses_an_appdefinition_the_controller_would_refuse(
         assert "Traceback" not in proc.stderr
     after = kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app)["metadata"]["resourceVersion"]
     assert after == before, "a refused scale wrote the AppDefinition"
+
+
+def test_a_hand_edited_app_label_stops_the_pod_reset_not_the_release(ctl: Controller) -> None:
+    """While the AppDefinition is invalid the pods are reset by the Deployment's selector only
+    if the instance's Services carry the same `app` label: one pointed at the control pool's
+    pods (`control-1`) gets a PodsNotReset warning naming the Deployment and the field, the
+    allow-list is emptied all the same, and the control pool's pod is not touched."""
+    kube, ns = ctl.kube, ctl.ns
+    app = "rel-relabelled"
+    create_appdef(kube, ns, app, min_instances=1, max_instances=1, spec_name=app)
+    create_session(kube, ns, f"{app}-a", USERS[32], app)
+    wait_status(kube, ns, f"{app}-a", "HANDLED", "Instance 1")
+    control_pods = wait_for(lambda: _app_pods(kube, ns, "control-1"), timeout=SETTLE,
+                            message="the control pool's pod")
+    own_pods = wait_for(lambda: _app_pods(kube, ns, f"{app}-1"), timeout=SETTLE,
+                        message=f"the pod of {app}-a")
+    internal = next(name for name in instance_objects(kube, ns, app, 1)
+                    if name.startswith("Service/") and name.endswith("-int"))
+    kube.merge_patch("v1", "Service", ns, internal.split("/", 1)[1],
+                     {"metadata": {"labels": {v.LABEL_APP: "control-1"}}})
+    kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app,
+                     {"spec": {"requestsCpu": "1 Gi"}})
+    wait_for(lambda: events_about(kube, ns, app, "InvalidAppDefinition"), timeout=SETTLE,
+             message="InvalidAppDefinition event")
+    kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, f"{app}-a")
+
+    wait_for(lambda: _traces(kube, ns, app, 1) == [], timeout=SETTLE,
+             message=lambda: f"{app}-a released: left {_traces(kube, ns, app, 1)}")
+    deployment = next(name.split("/", 1)[1] for name in instance_objects(kube, ns, app, 1)
+                      if name.startswith("Deployment/"))
+    warnings = wait_for(lambda: events_about(kube, ns, deployment, "PodsNotReset"),
+                        timeout=SETTLE, message="PodsNotReset event on the Deployment")
+    assert "spec.selector.matchLabels.app" in warnings[0]
+    touch_and_settle(ctl, "control-s")
+    assert _app_pods(kube, ns, "control-1") == control_pods, "the control pool's pod was reset"
+    assert _app_pods(kube, ns, f"{app}-1") == own_pods  # not reset on a doubtful selector
+    assert emails(kube, ns, app, 1) == ""
