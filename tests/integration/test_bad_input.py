@@ -1239,3 +1239,153 @@ def test_a_user_change_while_the_external_service_is_missing_never_gets_the_old_
     for i in (1, 2):
         assert USERS[1] != emails(kube, ns, "java", i)
     assert _served(kube, ns, "s1") and _served(kube, ns, "other-user")
+
+# --- release with an invalid AppDefinition (issue #27) ---
+# A Session that ends while its AppDefinition is invalid loses its access at once (allow-list
+# emptied, pod reset, route gone, the Session's traces off the external Service), decided
+# from the instance's own objects by the worker processes on their caches; the pool is
+# neither grown nor shrunk; the other holder of the pool and the control pool are served as
+# before. `warmpool scale` refuses to write such an AppDefinition in the first place.
+
+
+@dataclass(frozen=True)
+class InvalidWhileHeld:
+    id: str
+    changes: dict[str, Any]
+    message: str  # in the InvalidAppDefinition event
+
+
+INVALID_WHILE_HELD = [
+    # what `warmpool scale APP --min 5001 --max 5001` wrote before it checked the ceiling
+    InvalidWhileHeld("above-ceiling", {"minInstances": 5001, "maxInstances": 5001},
+                     "is above the ceiling of 5000 instances"),
+    InvalidWhileHeld("cpu-with-space", {"requestsCpu": "1 Gi"},
+                     "spec.requestsCpu must be a Kubernetes quantity"),
+    # a valid spec would shrink the pool to 1 instance; an invalid one shrinks nothing
+    InvalidWhileHeld("lowered-and-broken", {"minInstances": 1, "image": None},
+                     "spec.image is missing"),
+    InvalidWhileHeld("inverted", {"minInstances": 3, "maxInstances": 1}, "must not exceed"),
+]
+
+
+def _app_pods(kube: Kube, ns: str, selector: str) -> set[str]:
+    items, _ = kube.list("v1", "Pod", ns, label_selector=f"{v.LABEL_APP}={selector}")
+    return {p["metadata"]["uid"] for p in items if not p["metadata"].get("deletionTimestamp")}
+
+
+def _traces(kube: Kube, ns: str, app: str, k: int) -> list[str]:
+    """A holder's traces left on instance k (empty: released)."""
+    left = []
+    for key, obj in instance_objects(kube, ns, app, k).items():
+        meta = obj["metadata"]
+        left += [f"{key}: Session owner" for r in meta.get("ownerReferences") or []
+                 if r["kind"] == "Session"]
+        left += [f"{key}: {label}" for label in meta.get("labels") or {}
+                 if label in v.SESSION_LABEL_KEYS]
+    if emails(kube, ns, app, k):
+        left.append("allow-list")
+    return left
+
+
+@pytest.mark.parametrize("case", INVALID_WHILE_HELD, ids=lambda c: c.id)
+def test_a_session_ended_while_its_appdefinition_is_invalid_loses_access_at_once(
+    ctl: Controller, case: InvalidWhileHeld
+) -> None:
+    kube, ns = ctl.kube, ctl.ns
+    app = f"rel-{case.id}"
+    create_appdef(kube, ns, app, min_instances=2, max_instances=2, spec_name=app)
+    create_session(kube, ns, f"{app}-a", USERS[30], app)
+    create_session(kube, ns, f"{app}-b", USERS[31], app)
+    wait_status(kube, ns, f"{app}-a", "HANDLED", "Instance")
+    wait_status(kube, ns, f"{app}-b", "HANDLED", "Instance")
+    held = {s: int(kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, s)["metadata"]
+                   ["annotations"][v.ANNOTATION_INSTANCE_ID]) for s in (f"{app}-a", f"{app}-b")}
+    ka, kb = held[f"{app}-a"], held[f"{app}-b"]
+    a_uid = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, f"{app}-a")["metadata"]["uid"]
+    selector = naming.app_selector(app, ka)
+    old_pods = wait_for(lambda: _app_pods(kube, ns, selector), timeout=SETTLE,
+                        message=f"the pod of {app}-a")
+
+    kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app, {"spec": case.changes})
+    wait_for(lambda: any(case.message in m for m in events_about(kube, ns, app,
+                                                                 "InvalidAppDefinition")),
+             timeout=SETTLE, message=f"InvalidAppDefinition event with {case.message!r}")
+    kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, f"{app}-a")
+
+    wait_for(lambda: _traces(kube, ns, app, ka) == [], timeout=SETTLE,
+             message=lambda: f"{app}-a released: left {_traces(kube, ns, app, ka)}")
+    wait_for(lambda: _app_pods(kube, ns, selector) - old_pods, timeout=SETTLE,
+             message=f"the pod of {app}-a reset")
+    assert not _app_pods(kube, ns, selector) & old_pods, "the ended user's pod still runs"
+    assert kube.get(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, f"{a_uid}-route") is None
+    released = events_about(kube, ns, app, "ReleasedWithoutDefinition")
+    assert any(case.message in m for m in released), released
+    # Once the release has run and everything it caused has settled: nothing else moved.
+    touch_and_settle(ctl, f"{app}-b")
+    assert {k for k in (1, 2, 3) if instance_objects(kube, ns, app, k)} == {1, 2}, \
+        "an invalid AppDefinition's pool was grown or shrunk"
+    assert len(instance_objects(kube, ns, app, ka)) == 5
+    assert emails(kube, ns, app, kb) == USERS[31], "the other holder lost its access"
+    assert status_of(kube, ns, f"{app}-b").get("operatorStatus") == "HANDLED"
+
+
+def test_scale_refuses_an_appdefinition_the_controller_would_refuse(
+    ctl: Controller, cluster: ClusterInfo
+) -> None:
+    """The trigger itself: `warmpool scale --min 5001 --max 5001` (and --dry-run) exits 2
+    with one line naming the ceiling, and writes nothing."""
+    kube, ns = ctl.kube, ctl.ns
+    app = "rel-scale"
+    create_appdef(kube, ns, app, min_instances=1, max_instances=2, spec_name=app)
+    before = kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app)["metadata"]["resourceVersion"]
+    env = {k: val for k, val in os.environ.items()
+           if not k.startswith("WARMPOOL_") and k != "KUBECONFIG"}
+    env.update(KUBECONFIG=str(cluster.kubeconfig), WARMPOOL_NAMESPACE=ns)
+    for extra in ((), ("--dry-run",)):
+        proc = subprocess.run([sys.executable, "-m", "warmpool.cli", "scale", app, "--min",
+                               "5001", "--max", "5001", *extra], env=env, cwd=ROOT, text=True,
+                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 2, _tail(proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: refused, nothing written"), lines
+        assert "above the ceiling of 5000 instances" in lines[0]
+        assert "Traceback" not in proc.stderr
+    after = kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app)["metadata"]["resourceVersion"]
+    assert after == before, "a refused scale wrote the AppDefinition"
+
+
+def test_a_hand_edited_app_label_stops_the_pod_reset_not_the_release(ctl: Controller) -> None:
+    """While the AppDefinition is invalid the pods are reset by the Deployment's selector only
+    if the instance's Services carry the same `app` label: one pointed at the control pool's
+    pods (`control-1`) gets a PodsNotReset warning naming the Deployment and the field, the
+    allow-list is emptied all the same, and the control pool's pod is not touched."""
+    kube, ns = ctl.kube, ctl.ns
+    app = "rel-relabelled"
+    create_appdef(kube, ns, app, min_instances=1, max_instances=1, spec_name=app)
+    create_session(kube, ns, f"{app}-a", USERS[32], app)
+    wait_status(kube, ns, f"{app}-a", "HANDLED", "Instance 1")
+    control_pods = wait_for(lambda: _app_pods(kube, ns, "control-1"), timeout=SETTLE,
+                            message="the control pool's pod")
+    own_pods = wait_for(lambda: _app_pods(kube, ns, f"{app}-1"), timeout=SETTLE,
+                        message=f"the pod of {app}-a")
+    internal = next(name for name in instance_objects(kube, ns, app, 1)
+                    if name.startswith("Service/") and name.endswith("-int"))
+    kube.merge_patch("v1", "Service", ns, internal.split("/", 1)[1],
+                     {"metadata": {"labels": {v.LABEL_APP: "control-1"}}})
+    kube.merge_patch(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, app,
+                     {"spec": {"requestsCpu": "1 Gi"}})
+    wait_for(lambda: events_about(kube, ns, app, "InvalidAppDefinition"), timeout=SETTLE,
+             message="InvalidAppDefinition event")
+    kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, f"{app}-a")
+
+    wait_for(lambda: _traces(kube, ns, app, 1) == [], timeout=SETTLE,
+             message=lambda: f"{app}-a released: left {_traces(kube, ns, app, 1)}")
+    deployment = next(name.split("/", 1)[1] for name in instance_objects(kube, ns, app, 1)
+                      if name.startswith("Deployment/"))
+    warnings = wait_for(lambda: events_about(kube, ns, deployment, "PodsNotReset"),
+                        timeout=SETTLE, message="PodsNotReset event on the Deployment")
+    assert "spec.selector.matchLabels.app" in warnings[0]
+    touch_and_settle(ctl, "control-s")
+    assert _app_pods(kube, ns, "control-1") == control_pods, "the control pool's pod was reset"
+    assert _app_pods(kube, ns, f"{app}-1") == own_pods  # not reset on a doubtful selector
+    assert emails(kube, ns, app, 1) == ""

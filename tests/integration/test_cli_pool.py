@@ -159,13 +159,70 @@ def test_scale_validates_then_patches_min_and_max(kube, namespace, cluster) -> N
     assert spec() == (3, 4)
 
     doc = run_json(env, "scale", "java", "--min", "6", "--max", "8")
-    assert doc == {"namespace": ns, "appdefinition": "java", "changed": True,
+    assert doc == {"namespace": ns, "appdefinition": "java", "changed": True, "dryRun": False,
                    "old": {"minInstances": 3, "maxInstances": 4},
                    "new": {"minInstances": 6, "maxInstances": 8}, "generation": 3}
     assert spec() == (6, 8)
     assert run_json(env, "scale", "java", "--min", "6")["changed"] is False
     assert "(unchanged)" in run(env, "scale", "java", "--min", "0").stdout
     assert spec() == (0, 8)
+
+
+def test_scale_refuses_what_the_controller_would_refuse_and_dry_runs_on_the_server(
+    kube, namespace, cluster
+) -> None:
+    """Issue #27: `--min 5001 --max 5001` was written, the controller found the AppDefinition
+    invalid and left the pool as it was (releases included). The command now judges the
+    AppDefinition as it would be with the controller's own validation, and `--dry-run` asks
+    the API server (dryRun=All) without storing anything."""
+    ns = namespace
+    create_appdef(kube, ns, "java", min_instances=2, max_instances=4)
+    env = cli_env(str(cluster.kubeconfig), WARMPOOL_NAMESPACE=ns)
+
+    def stored() -> tuple[int, int, str, int]:
+        obj = kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, "java")
+        return (obj["spec"]["minInstances"], obj["spec"]["maxInstances"],
+                obj["metadata"]["resourceVersion"], obj["metadata"]["generation"])
+
+    before = stored()
+    for args in (("--min", "5001", "--max", "5001"), ("--min", "2", "--max", "5001")):
+        for dry in ((), ("--dry-run",)):
+            proc = run(env, "scale", "java", *args, *dry, code=2)
+            assert_one_line_error(proc, "refused, nothing written", "would be invalid",
+                                  "above the ceiling of 5000 instances",
+                                  "WARMPOOL_INSTANCES_CEILING")
+            assert proc.stdout == ""
+    assert stored() == before
+
+    # The rest of the spec counts too: an AppDefinition invalid for another reason is not
+    # scaled into a pool the controller would still refuse.
+    patch_appdef_spec(kube, ns, "java", requestsCpu="1 Gi")
+    assert_one_line_error(run(env, "scale", "java", "--min", "3", code=2),
+                          "spec.requestsCpu must be a Kubernetes quantity")
+    patch_appdef_spec(kube, ns, "java", requestsCpu="100m")
+    before = stored()
+
+    # --dry-run: the server answers as if it wrote; nothing is stored.
+    out = run(env, "scale", "java", "--min", "3", "--max", "6", "--dry-run").stdout
+    assert " ".join(out.split()) == (
+        f"{ns}/java: minInstances 2 -> 3, maxInstances 4 -> 6 (dry run: the API server "
+        "accepted it, nothing was written)")
+    doc = run_json(env, "scale", "java", "--min", "3", "--dry-run")
+    assert doc["dryRun"] is True and doc["changed"] is True
+    assert doc["new"] == {"minInstances": 3, "maxInstances": 4}
+    assert stored() == before
+    # The controller's ceiling is a setting; the command takes the same one.
+    proc = run(cli_env(str(cluster.kubeconfig), WARMPOOL_NAMESPACE=ns,
+                       WARMPOOL_INSTANCES_CEILING="3"), "scale", "java", "--min", "4", code=2)
+    assert_one_line_error(proc, "above the ceiling of 3 instances")
+    assert stored() == before
+    # Without --dry-run it is written; a dry run of what is already there sends nothing.
+    run(env, "scale", "java", "--min", "3")
+    assert stored()[:2] == (3, 4)
+    written = stored()
+    assert "nothing to change, nothing sent" in " ".join(
+        run(env, "scale", "java", "--min", "3", "--dry-run").stdout.split())
+    assert stored() == written
 
 
 def test_unknown_appdefinition_exits_3(kube, namespace, cluster) -> None:

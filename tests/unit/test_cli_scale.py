@@ -14,15 +14,22 @@ from warmpool.cli.main import _register, cli
 from warmpool.cli.scale import check_flags, new_max
 from warmpool.kube.api import Conflict
 
+#: What else a valid AppDefinition needs (the scale command checks the result as the
+#: controller does, `validate_appdefinition`).
+VALID = {"name": "java", "image": "i", "port": 3000}
+
 
 class FakeKube:
     """One AppDefinition; a merge patch with a stale resourceVersion is a 409, like the server;
-    `edits` are changes "someone else" makes right after each of our reads."""
+    `edits` are changes "someone else" makes right after each of our reads. The scale
+    command's checks against the real API server, --dry-run included, are in
+    tests/integration/test_cli_pool.py."""
 
     def __init__(self, spec: dict[str, Any] | None, edits: list[dict[str, Any]] | None = None):
         self.obj = None if spec is None else {
-            "metadata": {"name": "java", "resourceVersion": "1", "generation": 1},
-            "spec": dict(spec)}
+            "metadata": {"name": "java", "namespace": "ns", "uid": "u-0123456789ab",
+                         "resourceVersion": "1", "generation": 1},
+            "spec": {**VALID, **spec}}
         self.edits = list(edits or [])
         self.patches: list[tuple[dict[str, Any], str | None]] = []
 
@@ -41,8 +48,13 @@ class FakeKube:
             self._bump(self.edits.pop(0))
         return read
 
+    def list(self, api_version: str, kind: str, ns: str) -> tuple[list[dict[str, Any]], str]:
+        return ([] if self.obj is None else [json.loads(json.dumps(self.obj))]), "1"
+
     def merge_patch(self, api_version: str, kind: str, ns: str, name: str,
-                    patch: dict[str, Any], *, resource_version: str | None = None) -> Any:
+                    patch: dict[str, Any], *, resource_version: str | None = None,
+                    dry_run: bool = False) -> Any:
+        assert not dry_run, "--dry-run is tested against the real API server"
         assert self.obj is not None
         self.patches.append((patch, resource_version))
         if resource_version != self.obj["metadata"]["resourceVersion"]:
@@ -84,7 +96,7 @@ def test_scale_patches_with_the_resource_version_it_read(run) -> None:
     assert code == 0, err
     assert out.strip() == "ns/java: minInstances 1 -> 3, maxInstances 4 (unchanged)"
     assert fake.patches == [({"spec": {"minInstances": 3}}, "1")]
-    assert fake.obj["spec"] == {"minInstances": 3, "maxInstances": 4, "image": "i"}
+    assert fake.obj["spec"] == {**VALID, "minInstances": 3, "maxInstances": 4}
 
 
 def test_a_conflict_is_read_checked_and_written_again(run) -> None:
@@ -132,3 +144,20 @@ def test_bad_flags_fail_before_any_connection(run) -> None:
     for args in (("--min", "-1"), ("--min", "3", "--max", "2"), ("--min", "x")):
         code, _, err = run(Untouchable(None), "java", *args)
         assert code == EXIT_USAGE and err.startswith("error: "), (args, err)
+
+
+def test_a_result_the_controller_would_refuse_is_not_written(run) -> None:
+    """The controller's own validation judges the AppDefinition as it would be (issue #27)."""
+    fake = FakeKube({"minInstances": 1, "maxInstances": 4})
+    code, _, err = run(fake, "java", "--min", "5001", "--max", "5001")
+    assert code == EXIT_USAGE and fake.patches == []
+    assert err.strip() == (
+        "error: refused, nothing written: AppDefinition java would be invalid "
+        "(spec.minInstances (5001) is above the ceiling of 5000 instances per AppDefinition "
+        "(the controller's WARMPOOL_INSTANCES_CEILING)), and the controller leaves an "
+        "invalid pool as it is")
+    # The ceiling is the controller's setting: raised there, raised here.
+    code, _, err = run(fake, "java", "--min", "5001", "--max", "5001",
+                       "--instances-ceiling", "6000")
+    assert code == 0, err
+    assert fake.patches == [({"spec": {"minInstances": 5001, "maxInstances": 5001}}, "1")]

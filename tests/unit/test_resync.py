@@ -1,12 +1,13 @@
 """The resync's filter (`warmpool.controller.reconcile._has_work`): an instance whose own job
 would find nothing to do is not queued; one with work, or with a Session the read does not
-know, is."""
+know, is. For an invalid AppDefinition (`_releases_due`): only the releases that are due."""
 
 from __future__ import annotations
 
 from tests.unit.pool_fixtures import SETTINGS, appdef, instance, session
-from warmpool.controller.reconcile import _has_work
-from warmpool.keys import PoolKey
+from warmpool.controller.reconcile import _has_work, _releases_due
+from warmpool.keys import InstanceKey, PoolKey
+from warmpool.pool.model import Invalid
 from warmpool.pool.parts import Part
 
 KEY = PoolKey("ns", "java")
@@ -45,3 +46,33 @@ def test_a_deleted_holders_instance_is_a_release_to_run() -> None:
     a = appdef(min_instances=3)
     gone = session("gone", instance=1, status="HANDLED")
     assert has_work(instance(a, 1, holder=gone), [], a)
+
+
+class InvalidPool(NoOtherHoldings):
+    """A reader of one pool whose AppDefinition is invalid: its instances and Sessions."""
+
+    def __init__(self, views, sessions) -> None:  # type: ignore[no-untyped-def]
+        self.views, self.live = {v.id: v for v in views}, list(sessions)
+
+    def sessions(self, namespace: str, appdef_name: str):  # type: ignore[no-untyped-def]
+        return self.live
+
+    def session_routes(self, namespace: str) -> list[object]:
+        return []
+
+    def pool(self, namespace, appdef_name, appdef, sessions):  # type: ignore[no-untyped-def]
+        assert appdef is None  # read by owner references: the spec gives no names
+        return self.views
+
+
+def test_an_invalid_pool_queues_its_due_releases_and_nothing_else() -> None:
+    """Issue #27: the resync of an invalid AppDefinition is refused, but the instances a
+    release is due on are queued; a held, a free and an above-minInstances one are not."""
+    a = appdef(min_instances=1)
+    holder = session("s1", instance=1, status="HANDLED")
+    gone = session("gone", instance=2, status="HANDLED", deleting=True)
+    views = [instance(a, 1, holder=holder), instance(a, 2, holder=gone), instance(a, 3),
+             instance(a, 9)]
+    due = _releases_due(InvalidPool(views, [holder, gone]), KEY,  # type: ignore[arg-type]
+                        Invalid("spec.image is missing"), SETTINGS)
+    assert due == [InstanceKey("ns", "java", 2)]

@@ -24,6 +24,7 @@ from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Conflict, Kube, KubeError
 from warmpool.kube.executor import Executor, Prober, RouteWriteFailed, check_fence
 from warmpool.kube.guard import Guard
+from warmpool.kube.observe import holder_uids
 from warmpool.kube.reader import Reader
 from warmpool.pool import builders, naming, routes
 from warmpool.pool import vocabulary as v
@@ -65,6 +66,7 @@ from warmpool.pool.meta import (
 )
 from warmpool.pool.model import AppDefinition, Invalid, Session
 from warmpool.pool.parts import Part
+from warmpool.pool.release import decide_release_without_definition
 from warmpool.pool.routes import ROUTE_FAILED, ROUTE_MISSING
 
 log = logging.getLogger(__name__)
@@ -123,12 +125,16 @@ def reconcile_instance(
     appdef_confirmed = False
     report_fences = _fence_reporter(kube, ns)
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        appdef = reader.appdef(ns, key.appdef, fresh=appdef_confirmed)
-        if isinstance(appdef, Invalid):
-            # Bad input never deletes anything: leave the instance exactly as it is.
-            return result(Plan(State.INVALID, None), attempt, outcome=Outcome.REFUSED)
+        read = reader.appdef(ns, key.appdef, fresh=appdef_confirmed)
+        # An invalid AppDefinition: nothing is made or removed until it is fixed, but a
+        # release still runs (issue #27): it is decided from the instance's own objects,
+        # which are then found by their owner references, as for a deleted AppDefinition.
+        invalid = read if isinstance(read, Invalid) else None
+        appdef = None if isinstance(read, Invalid) else read
         sessions = reader.sessions(ns, key.appdef)
         view = reader.instance(ns, key.appdef, appdef, key.id, sessions, fresh=fresh)
+        if invalid is not None and settings.routing:
+            view = _routes_by_service(reader, ns, view, fresh=fresh)
         if fresh:
             for s in holders(view, key.appdef, sessions):
                 reader.session(ns, s.name, fresh=True)
@@ -140,11 +146,24 @@ def reconcile_instance(
         # this one (a claim in flight, or a double claim): ask only then.
         elsewhere = {s.uid: reader.referencing(ns, key.appdef, s)
                      for s in holders(view, key.appdef, sessions) if s.instance_id != key.id}
-        plan = decide_instance(view, key.appdef, appdef, sessions, proxy_template=template,
-                               settings=settings, held_elsewhere=elsewhere,
-                               shared_route=_shared_route(reader, appdef, settings,
-                                                          fresh=fresh),
-                               now_ms=int(time.time() * 1000))
+        if invalid is not None:
+            # Every write of this plan is guarded as any release's is: each patch carries
+            # the resourceVersion read (and the lease's fence), route deletes their uid and
+            # version, and the pod reset comes after a guarded write (`_guard_reset`); a
+            # plan without the external Service in its read is decided again on the
+            # server's view first (`unguarded_deletes`, below). A claim meanwhile is
+            # impossible anyway: a claim of an invalid AppDefinition is refused.
+            plan = decide_release_without_definition(
+                view, key.appdef, invalid, sessions, settings=settings,
+                held_elsewhere=elsewhere,
+                shared_ingress=_invalid_ingress(reader, ns, invalid, settings, fresh=fresh))
+        else:
+            plan = decide_instance(view, key.appdef, appdef, sessions,
+                                   proxy_template=template, settings=settings,
+                                   held_elsewhere=elsewhere,
+                                   shared_route=_shared_route(reader, appdef, settings,
+                                                              fresh=fresh),
+                                   now_ms=int(time.time() * 1000))
         if not fresh and unguarded_deletes(view, plan):
             fresh = True  # nothing on the server would refuse these deletes: read it first
             continue
@@ -192,6 +211,9 @@ def reconcile_instance(
             fresh = True
             continue
         written += executor.written
+        if invalid is not None:
+            # Refused as before (nothing made or removed): the release, if any, is done.
+            return result(plan, attempt, outcome=Outcome.REFUSED)
         follow_ups: list[FollowUp] = []
         if appdef is not None and (plan.state in (State.FREE, State.OUTDATED)
                                    or (settings.burst and plan.state is State.RETIRED)):
@@ -216,6 +238,35 @@ def _fence_reporter(kube: Kube, namespace: str) -> Callable[[list[Report]], None
             Executor(kube, namespace, Unguarded()).apply(new)
 
     return report
+
+def _routes_by_service(
+    reader: Reader, namespace: str, view: InstanceView, *, fresh: bool
+) -> InstanceView:
+    """`view` (read without its AppDefinition, so without routes) with its session routes:
+    those sending to its external Service, by the name that Service has, and its holders'.
+    `fresh`: each read again from the server (a route delete carries its uid and version,
+    so a stale one is refused all the same; the fresh read is what the retry decides on)."""
+    ext = view.get(Part.EXTERNAL_SERVICE)
+    if ext is None:
+        return view
+    found = routes.routes_to_instance(reader.session_routes(namespace), name_of(ext),
+                                      holder_uids(view))
+    if fresh:
+        found = tuple(r for route in found
+                      if (r := reader.route(namespace, name_of(route), fresh=True)) is not None)
+    return dataclasses.replace(view, routes=found)
+
+
+def _invalid_ingress(
+    reader: Reader, namespace: str, invalid: Invalid, settings: PoolSettings, *, fresh: bool
+) -> dict[str, Any] | None:
+    """In Ingress mode, the shared Ingress an invalid AppDefinition's spec.ingressname still
+    names (`Invalid.ingress_name`, bounded by `model.ingress_name_of`), as read. Its patch
+    carries the resourceVersion read: a stale read is refused, and the retry reads it
+    `fresh`."""
+    if not settings.ingress or not invalid.ingress_name:
+        return None
+    return reader.ingress(namespace, invalid.ingress_name, fresh=fresh)
 
 
 def _permanent(status: int | None) -> bool:
@@ -695,7 +746,11 @@ def resync_pool(
             f"{appdef.message}",
             regarding={"kind": v.APPDEF_KIND, "name": key.appdef,
                        "apiVersion": v.APPDEF_API_VERSION})])
-        return Result(Outcome.REFUSED, message=appdef.message)
+        # Refused, but not frozen (issue #27): the instances a release is due on are
+        # queued, so that an ended Session loses its access now, not once the spec is fixed.
+        # Its waiting Sessions are not queued: their claims wait for a valid spec.
+        releases = _releases_due(reader, key, appdef, settings)
+        return Result(Outcome.REFUSED, [(k, None) for k in releases], message=appdef.message)
     sessions = reader.sessions(key.namespace, key.appdef)
     if settings.routing and appdef is not None:
         _sweep_routes(reader, kube, appdef, sessions)
@@ -714,6 +769,35 @@ def resync_pool(
              if s.live and s.uid not in facts.referenced and s.status != v.STATUS_ERROR]
     # No versions to wait for: a resync's keys reconcile fully.
     return Result(Outcome.RESYNCED, [(k, None) for k in keys])
+
+
+def _releases_due(
+    reader: Reader, key: PoolKey, invalid: Invalid, settings: PoolSettings
+) -> list[Key]:
+    """The instances of an invalid AppDefinition's pool whose own job would release
+    something (`decide_release_without_definition` has actions on this read), or that
+    reference a Session the read does not know (the job asks the server). A stale read is
+    harmless as in `_has_work`: what it lacks has a watch event still to come."""
+    ns = key.namespace
+    sessions = reader.sessions(ns, key.appdef)
+    known = {s.uid for s in sessions}
+    session_routes = reader.session_routes(ns) if settings.routing else []
+    shared = _invalid_ingress(reader, ns, invalid, settings, fresh=False)
+    due: list[Key] = []
+    for k, view in sorted(reader.pool(ns, key.appdef, None, sessions).items()):
+        ext = view.get(Part.EXTERNAL_SERVICE)
+        if ext is not None and session_routes:
+            view = dataclasses.replace(view, routes=routes.routes_to_instance(
+                session_routes, name_of(ext), holder_uids(view)))
+        unknown = any(is_session_ref(r) and r.get("uid") not in known
+                      for _, obj in view.existing() for r in refs(obj))
+        elsewhere = {s.uid: reader.referencing(ns, key.appdef, s)
+                     for s in holders(view, key.appdef, sessions) if s.instance_id != k}
+        if unknown or decide_release_without_definition(
+                view, key.appdef, invalid, sessions, settings=settings,
+                held_elsewhere=elsewhere, shared_ingress=shared).actions:
+            due.append(InstanceKey(ns, key.appdef, k))
+    return due
 
 
 def _sweep_routes(

@@ -179,9 +179,10 @@ class Kube:
 
     def merge_patch(
         self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any],
-        *, resource_version: str | None = None, status: bool = False,
+        *, resource_version: str | None = None, status: bool = False, dry_run: bool = False,
     ) -> Obj:
         """A JSON merge patch; with `resource_version` the server refuses it (409) if stale.
+        `dry_run`: the server checks and answers as if it wrote (dryRun=All), stores nothing.
 
         An empty `resource_version` raises ValueError: the server would take it as no
         precondition at all, so a write meant to be guarded would be applied unguarded (an
@@ -194,7 +195,7 @@ class Kube:
         if status:
             res = res.subresources["status"]
         return self._call(res.patch, body=body, name=name, namespace=namespace,
-                          content_type=MERGE_PATCH)
+                          content_type=MERGE_PATCH, **({"dry_run": "All"} if dry_run else {}))
 
     def json_patch(
         self, api_version: str, kind: str, namespace: str, name: str,

@@ -82,8 +82,10 @@ def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
     """What the decisions read of `obj`; everything else is dropped as it arrives.
 
     Pool objects: their metadata (identity, labels, annotations with the shape hash and the
-    fence, owner references) and the allow-list of an e-mail ConfigMap; a Deployment's spec
-    and status are never read (its shape annotation says whether it is current).
+    fence, owner references) and the allow-list of an e-mail ConfigMap; of a Deployment's
+    spec only its selector (immutable: what a release while the AppDefinition is invalid
+    resets the pods by, `warmpool.pool.release`), its status never (its shape annotation
+    says whether it is current).
     AppDefinitions, Sessions, PoolSchedules and HTTPRoutes: metadata and spec (and a
     Session's status). The proxy template: its data.
     """
@@ -100,6 +102,11 @@ def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
             out["data"] = dict(data)
         elif classify(obj) is Part.EMAIL_CONFIGMAP:
             out["data"] = {v.EMAILS_KEY: data.get(v.EMAILS_KEY)} if v.EMAILS_KEY in data else {}
+    elif kind == "Deployment":
+        spec = obj.get("spec")
+        selector = spec.get("selector") if isinstance(spec, Mapping) else None
+        if selector is not None:
+            out["spec"] = {"selector": selector}
     return out
 
 

@@ -103,3 +103,34 @@ def without_rule(ingress: Obj, appdef: AppDefinition, instance: int,
             rule["http"]["paths"] = kept
             out.append(rule)
     return out if changed else None
+
+
+def _backend_service(entry: Any) -> str | None:
+    """The Service name a path of an Ingress rule sends to (networking.k8s.io/v1), or None."""
+    backend = entry.get("backend") if isinstance(entry, Mapping) else None
+    service = backend.get("service") if isinstance(backend, Mapping) else None
+    name = service.get("name") if isinstance(service, Mapping) else None
+    return name if isinstance(name, str) else None
+
+
+def without_backend(ingress: Obj, service: str) -> list[Any] | None:
+    """The Ingress's rules without every path that sends to the Service `service`, or None if
+    none does. A rule left with no path by that is dropped; every other rule stays as it is.
+
+    For a release while the AppDefinition is invalid (issue #27): the rule's path is made of
+    the spec, but its backend is the instance's external Service, whose name the instance's
+    own object says. Every path sending there is the released instance's, on whatever host.
+    """
+    out: list[Any] = []
+    changed = False
+    for rule in _rules(ingress):
+        paths = _paths(rule)
+        kept = [p for p in paths if _backend_service(p) != service]
+        if not isinstance(rule, dict) or len(kept) == len(paths):
+            out.append(rule)
+            continue
+        changed = True
+        if kept:
+            rule["http"]["paths"] = kept
+            out.append(rule)
+    return out if changed else None

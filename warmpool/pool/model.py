@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from warmpool.pool import naming
@@ -29,14 +29,25 @@ _MAX_USER_ID = 2**31 - 1  # Kubernetes' IsValidUserID
 _QUANTITY_FIELDS = ("requestsCpu", "requestsMemory", "limitsCpu", "limitsMemory")
 
 _SPEC_NAME = re.compile(r"[a-z0-9A-Z\-_]+")  # the CRD's pattern; used with fullmatch
+# A Kubernetes object name (RFC 1123 subdomain), at most 253 characters: what an Ingress may
+# be called. Used with fullmatch.
+_OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_OBJECT_NAME_LIMIT = 253
 _INSTANCE_ID = re.compile(r"[1-9][0-9]{0,8}")
 
 
 @dataclass(frozen=True, slots=True)
 class Invalid:
-    """A resource the controller refuses to act on, and why."""
+    """A resource the controller refuses to act on, and why.
+
+    `ingress_name`: the AppDefinition's spec.ingressname where that field alone is a valid
+    object name (``ingress_name_of``), else "". A release needs nothing else of an invalid
+    AppDefinition: in upstream's Ingress mode it names the shared Ingress whose rule for a
+    released instance must go (issue #27), whatever else of the spec is wrong.
+    """
 
     message: str
+    ingress_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +133,38 @@ def _int_field(spec: Mapping[str, Any], key: str, *, required: bool) -> int | In
     return value
 
 
+def ingress_name_of(obj: Mapping[str, Any]) -> str:
+    """spec.ingressname read on its own, for a release while the rest of the spec is invalid.
+
+    Bounded: a string that is a Kubernetes object name (RFC 1123 subdomain, at most 253
+    characters, surrounding blanks ignored as ``parse_appdefinition`` ignores them);
+    anything else reads as "" (no shared Ingress known: nothing of one is written).
+    """
+    spec = obj.get("spec")
+    raw = spec.get("ingressname") if isinstance(spec, Mapping) else None
+    if not isinstance(raw, str):
+        return ""
+    name = raw.strip()  # linear; the pattern runs only on at most 253 characters
+    return name if len(name) <= _OBJECT_NAME_LIMIT and _OBJECT_NAME.fullmatch(name) else ""
+
+
 def parse_appdefinition(
     obj: Mapping[str, Any], *, max_instances_ceiling: int = MAX_INSTANCES_CEILING
 ) -> AppDefinition | Invalid:
-    """Validate an AppDefinition as the pool needs it; an ``Invalid`` is left untouched.
+    """Validate an AppDefinition as the pool needs it; an ``Invalid`` is left untouched
+    (and carries what a release still needs of it: ``Invalid.ingress_name``).
 
     Never raises, whatever the object holds (one AppDefinition must not stop its namespace).
     """
+    parsed = _parse_appdefinition(obj, max_instances_ceiling)
+    if isinstance(parsed, Invalid) and not parsed.ingress_name:
+        return replace(parsed, ingress_name=ingress_name_of(obj))
+    return parsed
+
+
+def _parse_appdefinition(
+    obj: Mapping[str, Any], max_instances_ceiling: int
+) -> AppDefinition | Invalid:
     meta = _mapping(obj.get("metadata"))
     spec = obj.get("spec")
     if spec is None:

@@ -82,5 +82,5 @@ def validate_appdefinition(
     if isinstance(parsed, Invalid):
         return parsed
     if (message := selector_collision(parsed, namespace_appdefs)) is not None:
-        return Invalid(message)
+        return Invalid(message, ingress_name=parsed.ingress_name)
     return parsed
