@@ -93,10 +93,12 @@ def shared_route_error(appdef: AppDefinition, shared: Obj, settings: PoolSetting
     The shared route is anyone's with `patch` on HTTPRoutes: its `parentRefs` and `hostnames`
     are copied into every holder's route, so each is held to the Gateway API's grammar
     (warmpool.pool.grammar: the six ParentReference fields, RFC 1123 hostnames, at most 32 and
-    16 of them). Unchecked, a bad value was refused by the API server at every claim (each
-    Session ERROR), and an unknown field, pruned by the server, made every reconcile patch
-    the route again. The hostnames made of the instances host and the AppDefinition's
-    prefixes (used when the shared route has none) are checked the same way.
+    16 of them). The Gateway API's CRD holds the stored shared route to most of this, but
+    not every cluster's CRD is that version, and it admits a parentRef `name` of any
+    characters; a value the API server refuses in a Session route would fail every claim of
+    the pool (each Session ERROR). The hostnames made of the instances host and the
+    AppDefinition's prefixes (used when the shared route has none) are checked the same way:
+    those the CRD never saw.
     """
     spec = _spec(shared)
     if (error := grammar.route_parents_error(spec.get("parentRefs"),
