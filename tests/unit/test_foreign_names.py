@@ -122,3 +122,16 @@ def test_good_references_are_kept(value: str) -> None:
 ])
 def test_an_instance_id_in_an_object_name_is_bounded(name: str, k: int | None) -> None:
     assert naming.instance_id_from_name(name) == k
+
+
+def test_a_release_names_no_instance_from_a_foreign_owner_reference() -> None:
+    """A released Session's holdings come from the owner references of the objects that
+    reference it: an AppDefinition reference named 'a/b' names no instance key."""
+    from warmpool.kube.reader import _holdings
+
+    session_ref = {**ref(v.SESSION_KIND, "s1"), "uid": "uid-s1"}
+    objs = [pool_object("Service", "instance-1-java-x", [ref(v.APPDEF_KIND, "a/b"),
+                                                          session_ref]),
+            pool_object("Service", "instance-2-java-x", [ref(v.APPDEF_KIND, "java"),
+                                                          session_ref])]
+    assert _holdings(objs, "uid-s1") == [("java", 2)]
