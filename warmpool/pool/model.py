@@ -16,6 +16,7 @@ from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.emails import email_error
 from warmpool.pool.grammar import hostname_prefix_error, object_name_error
+from warmpool.pool.grammar import shown as _shown
 from warmpool.pool.quantity import parse_quantity, quantity_error
 
 #: The most instances one AppDefinition may ask for, unless configured otherwise
@@ -349,14 +350,6 @@ def _deployment_error(
                     f"spec.{limit} ({_shown(resources[limit])}): Kubernetes refuses a "
                     "container whose request is above its limit")
     return None
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    """`value` for a message: its repr, cut so that an event stays one readable line."""
-    if isinstance(value, int) and value.bit_length() > 64:  # str() refuses > 4300 digits
-        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _generation(value: Any) -> int:

@@ -41,6 +41,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from warmpool.pool.grammar import object_name_error
+from warmpool.pool.grammar import shown as _shown
 from warmpool.pool.meta import namespace_of
 from warmpool.pool.model import AppDefinition, Invalid
 
@@ -377,10 +378,3 @@ def schedule_status(
         "nextChange": rfc3339(next_change(appdef, mine, now)),
         "message": parsed.message if isinstance(parsed, Invalid) else OK,
     }
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    if isinstance(value, int) and value.bit_length() > 64:  # str() refuses > 4300 digits
-        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
