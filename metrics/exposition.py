@@ -15,10 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import redis
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -32,9 +34,7 @@ from metrics.collectors import (
     WorkerPoolView,
 )
 from warmpool.queue.settings import QueueSettings
-
-if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
+from warmpool.serving import BoundedServer, family_for, serve_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +74,42 @@ def scheduler_registry(
     return registry
 
 
-class MetricsServer:
-    """prometheus-client's exposition server on (host, port); port 0 picks a free one."""
+class _BoundedWSGIServer(BoundedServer, ThreadingMixIn, WSGIServer):
+    """prometheus-client's threading WSGI server, with warmpool.serving's bounds: a scraper
+    that connects and sends nothing is closed, and a few handlers run at once."""
 
-    def __init__(self, registry: CollectorRegistry, host: str = "0.0.0.0", port: int = 0) -> None:
+
+class _SilentHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class MetricsServer:
+    """prometheus-client's exposition app on (host, port), served by a bounded server
+    (warmpool.serving: per-connection timeout and deadline, bounded handler threads); port 0
+    picks a free one."""
+
+    def __init__(self, registry: CollectorRegistry, host: str = "0.0.0.0", port: int = 0, *,
+                 timeout: float | None = None, deadline: float | None = None,
+                 max_connections: int | None = None) -> None:
         self.registry = registry
         self.host = host
         self.port = port
+        self._timeout, self._deadline, self._max = timeout, deadline, max_connections
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> MetricsServer:
         """Raises OSError when the address cannot be bound."""
-        self._server, self._thread = start_http_server(self.port, self.host, self.registry)
+        server_class = type("MetricsWSGIServer", (_BoundedWSGIServer,),
+                            {"address_family": family_for(self.host)})
+        server: WSGIServer = make_server(self.host, self.port, make_wsgi_app(self.registry),
+                                         server_class, handler_class=_SilentHandler)
+        assert isinstance(server, _BoundedWSGIServer)
+        server.bound(timeout=self._timeout, deadline=self._deadline,
+                     max_connections=self._max)
+        self._server = server
+        self._thread = serve_in_thread(server, "metrics")
         return self
 
     @property

@@ -1,12 +1,18 @@
 """``/healthz`` (alive: every scheduler thread runs), ``/readyz`` (every watch has its first
-list; leader and standby alike) and ``/status`` (JSON details) over plain HTTP."""
+list; leader and standby alike) and ``/status`` (JSON details) over plain HTTP.
+
+Served by `warmpool.serving.BoundedHTTPServer`: a client that connects and sends nothing is
+closed after a timeout, and at most a few handlers run at once, so a slow client cannot take
+the leader's threads (issue #27, point 6)."""
 
 from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
+
+from warmpool.serving import BoundedHTTPServer, family_for, serve_in_thread
 
 
 class Probed(Protocol):
@@ -18,7 +24,9 @@ class Probed(Protocol):
 
 
 class HealthServer:
-    def __init__(self, target: Probed, host: str = "127.0.0.1", port: int = 8080) -> None:
+    def __init__(self, target: Probed, host: str = "127.0.0.1", port: int = 8080, *,
+                 timeout: float | None = None, deadline: float | None = None,
+                 max_connections: int | None = None) -> None:
         probed = target
 
         class Handler(BaseHTTPRequestHandler):
@@ -47,8 +55,10 @@ class HealthServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
+        server_class = type("HealthHTTPServer", (BoundedHTTPServer,),
+                            {"address_family": family_for(host)})
+        self.server = server_class((host, port), Handler)
+        self.server.bound(timeout=timeout, deadline=deadline, max_connections=max_connections)
         self._thread: threading.Thread | None = None
 
     @property
@@ -57,9 +67,7 @@ class HealthServer:
         return str(host), int(port)
 
     def start(self) -> HealthServer:
-        self._thread = threading.Thread(target=self.server.serve_forever, name="health",
-                                        daemon=True)
-        self._thread.start()
+        self._thread = serve_in_thread(self.server, "health")
         return self
 
     def stop(self) -> None:

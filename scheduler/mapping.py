@@ -45,6 +45,7 @@ from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube import reflector
 from warmpool.pool import naming, routes
 from warmpool.pool import vocabulary as v
+from warmpool.pool.grammar import is_object_name
 from warmpool.pool.instances import is_appdef_ref, is_session_ref
 from warmpool.pool.meta import annotations_of, labels_of, meta_of, name_of, owner_refs
 from warmpool.pool.model import parse_instance_id
@@ -143,15 +144,32 @@ def instance_id(obj: Obj | None) -> int | None:
     return parse_instance_id(annotations_of(obj).get(v.ANNOTATION_INSTANCE_ID))
 
 
+def _named(value: object) -> str | None:
+    """`value` if it can be an AppDefinition's or Session's metadata.name, else None.
+
+    Every name a key holds between its `/`s passes here first: a reference read from an
+    object anyone may write (a Session's or PoolSchedule's spec.appDefinition, an owner
+    reference's name) is bounded by the DNS-1123 subdomain grammar (warmpool.pool.grammar),
+    so no key is made that the queue cannot parse ('a/b') or that names no possible object.
+    The Session's own claim job reports the bad reference (ERROR, InvalidSession event).
+    """
+    return value if isinstance(value, str) and is_object_name(value) else None
+
+
 def session_appdef(obj: Obj | None) -> str | None:
-    appdef = ((obj or {}).get("spec") or {}).get("appDefinition")
-    return appdef if isinstance(appdef, str) and appdef else None
+    """The AppDefinition a Session names (spec.appDefinition) if it can name one, or None."""
+    return _named(((obj or {}).get("spec") or {}).get("appDefinition"))
 
 
 def schedule_appdef(obj: Obj | None) -> str | None:
     """The AppDefinition a PoolSchedule names (spec.appDefinition), or None."""
-    appdef = ((obj or {}).get("spec") or {}).get("appDefinition")
-    return appdef if isinstance(appdef, str) and appdef else None
+    return _named(((obj or {}).get("spec") or {}).get("appDefinition"))
+
+
+def _ref_names(refs: Iterable[Mapping[str, Any]], is_kind: Callable[..., bool]) -> list[str]:
+    """The names of the owner references of one kind that can be object names (an owner
+    reference's name is not checked by the API server beyond being non-empty)."""
+    return [name for r in refs if is_kind(r) and (name := _named(r.get("name"))) is not None]
 
 
 def _unique(keys: Iterable[Key]) -> list[Key]:
@@ -208,10 +226,10 @@ def _route_keys(
     keys: list[Key] = []
     ids = sorted({k for o in (obj, old) if o is not None for service in routes.backends(o)
                   if (k := naming.instance_id_from_name(service)) is not None})
-    sessions = {r["name"] for o in (obj, old) if o is not None
-                for r in owner_refs(o) if is_session_ref(r) and r.get("name")}
+    sessions = {name for o in (obj, old) if o is not None
+                for name in _ref_names(owner_refs(o), is_session_ref)}
     for session in sorted(sessions):
-        appdef = lookup(ns, session) if lookup is not None else None
+        appdef = _named(lookup(ns, session)) if lookup is not None else None
         if appdef and ids:
             keys += [InstanceKey(ns, appdef, k) for k in ids]
         else:
@@ -263,15 +281,13 @@ def _pool_object_keys(
 ) -> list[Key]:
     name = name_of(obj)
     refs = [*owner_refs(obj), *owner_refs(old)]
-    appdefs = [r["name"] for r in refs if is_appdef_ref(r) and r.get("name")]
+    appdefs = _ref_names(refs, is_appdef_ref)
     k = naming.instance_id_from_name(name)
     if appdefs:
         return _unique(InstanceKey(ns, a, k) if k else PoolKey(ns, a) for a in appdefs)
     keys: list[Key] = []
-    for ref in refs:
-        if not is_session_ref(ref) or not ref.get("name"):
-            continue
-        appdef = lookup(ns, ref["name"]) if lookup is not None else None
+    for session in _ref_names(refs, is_session_ref):
+        appdef = _named(lookup(ns, session)) if lookup is not None else None
         if appdef:
             keys.append(PoolKey(ns, appdef))
     if not keys:
@@ -313,5 +329,5 @@ def appdef_names(kind: str, stub: Obj) -> set[str]:
         appdef = session_appdef(stub)
         return {appdef} if appdef else set()
     if kind in POOL_KIND_NAMES:
-        return {r["name"] for r in owner_refs(stub) if is_appdef_ref(r) and r.get("name")}
+        return set(_ref_names(owner_refs(stub), is_appdef_ref))
     return set()

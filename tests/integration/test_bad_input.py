@@ -1389,3 +1389,145 @@ def test_a_hand_edited_app_label_stops_the_pod_reset_not_the_release(ctl: Contro
     assert _app_pods(kube, ns, "control-1") == control_pods, "the control pool's pod was reset"
     assert _app_pods(kube, ns, f"{app}-1") == own_pods  # not reset on a doubtful selector
     assert emails(kube, ns, app, 1) == ""
+
+# --- references, routes, schedules (issue #27) -----------------------------------------------
+# Point 6: a name or host copied from an object anyone may edit is held to the grammar the API
+# server would hold it to, at the object that carries it. Before, a Session's
+# `spec.appDefinition: a/b` made `instance/<ns>/a/b/<k>` and `pool/<ns>/a/b` keys the queue
+# could not parse (dead-lettered after 20 failures, the pool key again at every resync).
+
+BAD_REFERENCE = "spec.appDefinition must name an AppDefinition"
+BAD_REFERENCES = [
+    BadSession("ref-slash", {"appDefinition": "a/b"}, BAD_REFERENCE),
+    BadSession("ref-subresource", {"appDefinition": "control/status"}, BAD_REFERENCE),
+    BadSession("ref-upper-case", {"appDefinition": "Control"}, BAD_REFERENCE),
+    BadSession("ref-space", {"appDefinition": "con trol"}, BAD_REFERENCE),
+    BadSession("ref-newline", {"appDefinition": "control\n"}, BAD_REFERENCE),
+    BadSession("ref-too-long", {"appDefinition": "a" * 254}, "at most 253 characters"),
+]
+
+
+def unparseable_keys(ctl: Controller) -> list[str]:
+    """Keys in the queue's records (waiting, running, delayed, dead) that `parse_key` refuses."""
+    from warmpool.keys import parse_key
+
+    census = ctl.system.inspector.census()
+    bad = []
+    for key in (*census.waiting, *census.running, *census.delayed, *census.dead):
+        try:
+            parse_key(key)
+        except ValueError:
+            bad.append(key)
+    return bad
+
+
+@pytest.mark.parametrize("case", BAD_REFERENCES, ids=lambda c: c.id)
+def test_session_naming_no_possible_appdefinition_gets_error_and_makes_no_key(
+    ctl: Controller, case: BadSession
+) -> None:
+    """ERROR with the field named, an InvalidSession event, nothing taken (the shared case
+    above); annotated with an instance id and then deleted (the paths that built keys from the
+    reference), no key the queue cannot parse, and the control Session still served."""
+    test_bad_session_gets_error_with_a_reason_and_takes_nothing(ctl, case)
+    kube, ns = ctl.kube, ctl.ns
+    name = f"bad-{case.id}"
+    since = ctl.system.mark()
+    kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name,
+                     {"metadata": {"annotations": {v.ANNOTATION_INSTANCE_ID: "1"}}})
+    kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+    ctl.system.wait_quiet(since, keys=[str(SessionKey(ns, name))], timeout=SETTLE)
+    assert unparseable_keys(ctl) == []
+    errors = ctl.system.client.hgetall(ctl.system.inspector.layout.errors)
+    assert not [k for k in errors if case.spec["appDefinition"].encode() in k], errors
+
+
+def test_appdefinition_with_a_bad_hostname_prefix_is_invalid(ctl: Controller) -> None:
+    """A prefix goes before the instances host in every Session route's hostnames: one the
+    API server would refuse there is refused at its AppDefinition, naming the entry."""
+    test_invalid_appdefinition_gets_an_event_and_its_sessions_wait(ctl, BadAppDef(
+        "prefix-space", {"ingressHostnamePrefixes": ["ws.", "web view."]},
+        "spec.ingressHostnamePrefixes[1] must be hostname labels each followed by a dot"))
+
+
+def test_appdefinition_with_too_many_hostname_prefixes_is_invalid(ctl: Controller) -> None:
+    test_invalid_appdefinition_gets_an_event_and_its_sessions_wait(ctl, BadAppDef(
+        "prefix-many", {"ingressHostnamePrefixes": [f"p{i}." for i in range(16)]},
+        "spec.ingressHostnamePrefixes has 16 entries; at most 15"))
+
+
+@pytest.mark.parametrize(("ref", "says"), [
+    pytest.param({"name": "gw/x"}, "spec.parentRefs[0] name must be a Kubernetes object name",
+                 id="slash-in-name"),
+    pytest.param({"name": "Gateway"}, "spec.parentRefs[0] name must be a Kubernetes object",
+                 id="upper-case-name"),
+])
+def test_shared_route_whose_parent_refs_cannot_be_copied(
+    ctl: Controller, ref: dict[str, Any], says: str
+) -> None:
+    """The Gateway API's CRD admits a parentRef name of any characters. A shared route with
+    one is not copied into any Session route: its pool's Sessions wait (HANDLING) with the
+    route and field named, an InvalidSharedRoute Warning names the HTTPRoute, and once the
+    route is fixed the Session is served."""
+    kube, ns = ctl.kube, ctl.ns
+    tag = uuid.uuid4().hex[:5]
+    route, app, sname = f"shared-{tag}", f"rt-{tag}", f"s-rt-{tag}"
+    kube.create({"apiVersion": v.ROUTE_API_VERSION, "kind": v.ROUTE_KIND,
+                 "metadata": {"name": route, "namespace": ns},
+                 "spec": {"parentRefs": [ref], "hostnames": ["instances.theia-cloud.local"]}})
+    create_appdef(kube, ns, app, min_instances=1, max_instances=2, spec_name=app,
+                  shared_route=False, ingressname=route)
+    create_session(kube, ns, sname, USERS[14], app)
+    st = wait_status(kube, ns, sname, "HANDLING", "cannot be copied into Session routes")
+    assert says in st["operatorMessage"] and f"HTTPRoute {route!r}" in st["operatorMessage"]
+    wait_for(lambda: any(says in m for m in events_about(kube, ns, route,
+                                                         "InvalidSharedRoute")),
+             timeout=SETTLE, message=lambda: f"InvalidSharedRoute event with {says!r}: "
+             f"{events_about(kube, ns, route, 'InvalidSharedRoute')}")
+    made, _ = kube.list(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns)
+    assert not [r for r in made if (r["spec"].get("parentRefs") or [{}])[0] == ref
+                and r["metadata"]["name"] != route], "a Session route copied the bad parentRef"
+    # Fixed: the Session is served (its route event queues the pool again).
+    kube.merge_patch(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, route,
+                     {"spec": {"parentRefs": [{"name": "theia-cloud-gateway"}]}})
+    wait_status(kube, ns, sname, "HANDLED", "Instance")
+
+
+def schedule_body(ns: str, name: str, appdef: str, windows: int) -> dict[str, Any]:
+    return {"apiVersion": v.SCHEDULE_API_VERSION, "kind": v.SCHEDULE_KIND,
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"appDefinition": appdef, "windows": [
+                # Within each hour, windows of sizes 1 to 3: the target changes every hour.
+                {"start": f"{i % 24:02d}:{i // 24 * 10:02d}", "end": f"{i % 24:02d}:59",
+                 "timeZone": "Europe/Berlin", "size": 1 + i % 3} for i in range(windows)]}}
+
+
+@pytest.mark.parametrize(("windows", "appdef", "says"), [
+    pytest.param(51, "control", "spec.windows", id="51-windows"),
+    pytest.param(1, "a/b", "spec.appDefinition", id="slash-in-appdefinition"),
+])
+def test_poolschedule_over_its_bounds_is_refused_by_the_api_server(
+    ctl: Controller, windows: int, appdef: str, says: str
+) -> None:
+    """The CRD bounds what the leader evaluates at each boundary: 50 windows per schedule
+    (200 took 6 s per `next_change` call), and a name for the AppDefinition."""
+    with pytest.raises(KubeError) as err:
+        ctl.kube.create(schedule_body(ctl.ns, f"big-{uuid.uuid4().hex[:5]}", appdef, windows))
+    assert err.value.status == 422 and says in str(err.value), str(err.value)
+
+
+def test_poolschedule_at_its_bound_gets_its_status_from_the_leader(ctl: Controller) -> None:
+    """50 windows (the bound) are evaluated at once: the status says ok with a next change,
+    and the control Session is still served (the fixture's check)."""
+    kube, ns = ctl.kube, ctl.ns
+    app = f"sched-{uuid.uuid4().hex[:5]}"
+    create_appdef(kube, ns, app, min_instances=0, max_instances=3, spec_name=app)
+    name = f"at-bound-{app}"
+    kube.create(schedule_body(ns, name, app, 50))
+
+    def status() -> dict[str, Any] | None:
+        obj = kube.get(v.SCHEDULE_API_VERSION, v.SCHEDULE_KIND, ns, name) or {}
+        st = obj.get("status") or {}
+        return st if st.get("message") == "ok" else None
+
+    st = wait_for(status, timeout=SETTLE, message="the leader's status on a 50-window schedule")
+    assert st["effectiveTarget"] in (0, 1, 2, 3) and st["nextChange"]

@@ -63,7 +63,9 @@ from warmpool.testing.world import (
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-SA = "warmpool"
+#: One ServiceAccount per role (issue #27, point 7), named like the role's Deployment.
+SCHEDULER_SA, WORKER_SA = "warmpool-scheduler", "warmpool-worker"
+SAS = (SCHEDULER_SA, WORKER_SA)
 RBAC_KINDS = ("CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding")
 
 
@@ -141,7 +143,7 @@ def test_every_manifest_passes_server_side_dry_run(
     assert ("warmpool-redis" in policies) == (variant == "overlays/with-redis")
     # A dry run it was: nothing of it exists.
     assert kube.get("apps/v1", "Deployment", namespace, "warmpool-scheduler") is None
-    assert kube.get("v1", "ServiceAccount", namespace, SA) is None
+    assert all(kube.get("v1", "ServiceAccount", namespace, sa) is None for sa in SAS)
 
 
 def label_selector(selector: dict[str, Any]) -> str:
@@ -198,7 +200,7 @@ def apply_rbac(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> list[dic
     """The base's CRDs, ServiceAccount, Role and RoleBinding, applied for real in `namespace`."""
     objs = [o for o in render(DEPLOY / "base", namespace, tmp_path) if o["kind"] in RBAC_KINDS]
     assert sorted(o["kind"] for o in objs) == sorted(
-        ["CustomResourceDefinition"] * 3 + ["ServiceAccount", "Role", "RoleBinding"])
+        ["CustomResourceDefinition"] * 3 + ["ServiceAccount", "Role", "RoleBinding"] * 2)
     kubectl(cluster, "apply", "-f", "-", stdin=dump(objs))
     kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s",
             "crd/appdefinitions.theia.cloud", "crd/sessions.theia.cloud",
@@ -206,28 +208,37 @@ def apply_rbac(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> list[dic
     return objs
 
 
-# (verb, resource[, subresource]) the code calls; see the table in deploy/base/rbac.yaml.
-ALLOWED = [
-    *[(verb, "appdefinitions.theia.cloud") for verb in ("get", "list", "watch")],
-    *[(verb, "sessions.theia.cloud") for verb in ("get", "list", "watch", "patch")],
+# (verb, resource[, subresource]) each role's code calls; see the table in deploy/base/rbac.yaml
+# (tests/unit/test_deploy_manifests.py derives it from the code).
+WATCHED = ["appdefinitions.theia.cloud", "sessions.theia.cloud", "poolschedules.warmpool.io",
+           "services", "configmaps", "deployments.apps", "httproutes.gateway.networking.k8s.io",
+           "ingresses.networking.k8s.io"]
+SCHEDULER_ALLOWED = [
+    *[(verb, resource) for resource in WATCHED for verb in ("list", "watch")],
+    ("get", "sessions.theia.cloud"),
     ("delete", "sessions.theia.cloud"),  # timed-out Sessions (session-lifecycle §5)
     ("patch", "sessions.theia.cloud", "status"),
-    # Scheduled pool sizes: read; only the status is written (the leading scheduler)
-    *[(verb, "poolschedules.warmpool.io") for verb in ("get", "list", "watch")],
-    ("patch", "poolschedules.warmpool.io", "status"),
+    ("patch", "poolschedules.warmpool.io", "status"),  # the leader's schedule status
+    ("create", "events"),
+    *[(verb, "leases.coordination.k8s.io") for verb in ("create", "list", "watch")],
+    *[(verb, "leases.coordination.k8s.io/warmpool-scheduler") for verb in ("get", "patch")],
+]
+WORKER_ALLOWED = [
+    *[(verb, resource) for resource in WATCHED for verb in ("list", "watch")],
+    *[(verb, "appdefinitions.theia.cloud") for verb in ("get",)],
+    *[(verb, "sessions.theia.cloud") for verb in ("get", "patch")],
+    ("patch", "sessions.theia.cloud", "status"),
     *[(verb, resource) for resource in ("services", "configmaps", "deployments.apps")
-      for verb in ("get", "list", "watch", "create", "patch", "delete")],
+      for verb in ("get", "create", "patch", "delete")],
     *[(verb, "pods") for verb in ("list", "patch", "delete")],
     # Which ReplicaSets an instance's Deployment controls (a reset or refresh touches only
     # its pods, issue #27)
     ("list", "replicasets.apps"),
     # Session routes (session-lifecycle §1): the shared route is only read
     *[(verb, "httproutes.gateway.networking.k8s.io")
-      for verb in ("get", "list", "watch", "create", "patch", "delete")],
-    *[(verb, "ingresses.networking.k8s.io") for verb in ("get", "list", "watch", "patch")],
+      for verb in ("get", "create", "patch", "delete")],
+    *[(verb, "ingresses.networking.k8s.io") for verb in ("get", "patch")],
     ("create", "events"),
-    *[(verb, "leases.coordination.k8s.io") for verb in ("create", "list", "watch")],
-    *[(verb, "leases.coordination.k8s.io/warmpool-scheduler") for verb in ("get", "patch")],
 ]
 DENIED_HERE = [
     # No writes to what people and Theia Cloud own; no update (everything is a merge patch).
@@ -256,6 +267,10 @@ DENIED_HERE = [
     ("patch", "statefulsets.apps"),
     ("create", "ingresses.networking.k8s.io"),
 ]
+#: Each role is denied what only the other needs (issue #27, point 7): the scheduler builds,
+#: changes and runs nothing; the workers take no Lease and end no Session.
+SCHEDULER_DENIED = [c for c in WORKER_ALLOWED if c not in SCHEDULER_ALLOWED]
+WORKER_DENIED = [c for c in SCHEDULER_ALLOWED if c not in WORKER_ALLOWED]
 DENIED_CLUSTER_WIDE = [
     *[(verb, "nodes") for verb in ("get", "list", "patch")],
     *[(verb, "namespaces") for verb in ("get", "list", "create", "delete")],
@@ -280,31 +295,36 @@ def can_i(cluster: ClusterInfo, user: list[str], verb: str, resource: str,
     return answer == "yes"
 
 
-def sa_user(namespace: str) -> list[str]:
+def sa_user(namespace: str, sa: str) -> list[str]:
     """Impersonate the ServiceAccount with the groups its token carries."""
-    return [f"--as=system:serviceaccount:{namespace}:{SA}",
+    return [f"--as=system:serviceaccount:{namespace}:{sa}",
             "--as-group=system:serviceaccounts",
             f"--as-group=system:serviceaccounts:{namespace}"]
 
 
-def test_the_serviceaccount_may_do_what_the_code_does_and_nothing_more(
-    cluster: ClusterInfo, namespace: str, tmp_path: Path, core_v1: k8s.CoreV1Api
+@pytest.mark.parametrize(("sa", "allowed", "denied"), [
+    pytest.param(SCHEDULER_SA, SCHEDULER_ALLOWED, SCHEDULER_DENIED, id="scheduler"),
+    pytest.param(WORKER_SA, WORKER_ALLOWED, WORKER_DENIED, id="worker"),
+])
+def test_each_serviceaccount_may_do_what_its_code_does_and_nothing_more(
+    cluster: ClusterInfo, namespace: str, tmp_path: Path, core_v1: k8s.CoreV1Api, sa: str,
+    allowed: list[tuple[str, ...]], denied: list[tuple[str, ...]],
 ) -> None:
     apply_rbac(cluster, namespace, tmp_path)
-    user = sa_user(namespace)
+    user = sa_user(namespace, sa)
 
     def answers(checks: list[tuple[str, ...]], ns: str | None) -> dict[tuple[str, ...], bool]:
         return {c: can_i(cluster, user, c[0], c[1], c[2] if len(c) > 2 else None, ns)
                 for c in checks}
 
-    allowed = answers(ALLOWED, namespace)
-    assert [c for c, ok in allowed.items() if not ok] == [], "verbs the code needs"
-    denied = answers(DENIED_HERE, namespace)
-    assert [c for c, ok in denied.items() if ok] == [], "more than the code needs"
+    granted = answers(allowed, namespace)
+    assert [c for c, ok in granted.items() if not ok] == [], "verbs the code needs"
+    refused = answers([*DENIED_HERE, *denied], namespace)
+    assert [c for c, ok in refused.items() if ok] == [], "more than the code needs"
     cluster_wide = answers(DENIED_CLUSTER_WIDE, None)
     assert [c for c, ok in cluster_wide.items() if ok] == [], "cluster-wide access"
     # Not in any other namespace, not even to read.
-    other = {ns: answers([("list", "configmaps"), ("get", "appdefinitions.theia.cloud"),
+    other = {ns: answers([("list", "configmaps"), ("list", "appdefinitions.theia.cloud"),
                           ("list", "sessions.theia.cloud"), ("create", "events"),
                           ("get", "leases.coordination.k8s.io/warmpool-scheduler")], ns)
              for ns in ("default", "kube-system")}
@@ -351,12 +371,12 @@ def test_the_optional_admin_role_scales_pools_and_reads_sessions(
 
 
 def sa_kubeconfig(cluster: ClusterInfo, core_v1: k8s.CoreV1Api, namespace: str,
-                  path: Path) -> Path:
+                  path: Path, sa: str) -> Path:
     """A kubeconfig with the ServiceAccount's token from its token Secret (what in-cluster
     config would read from /var/run/secrets/kubernetes.io/serviceaccount)."""
     def token() -> str | None:
-        sa = core_v1.read_namespaced_service_account(SA, namespace)
-        for ref in sa.secrets or []:
+        account = core_v1.read_namespaced_service_account(sa, namespace)
+        for ref in account.secrets or []:
             secret = core_v1.read_namespaced_secret(ref.name, namespace)
             if secret.type == "kubernetes.io/service-account-token" and secret.data:
                 return base64.b64decode(secret.data["token"]).decode()
@@ -368,10 +388,10 @@ def sa_kubeconfig(cluster: ClusterInfo, core_v1: k8s.CoreV1Api, namespace: str,
     cluster_entry = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "clusters": [cluster_entry],
-        "users": [{"name": SA, "user": {"token": value}}],
-        "contexts": [{"name": SA, "context": {"cluster": cluster_entry["name"], "user": SA,
+        "users": [{"name": sa, "user": {"token": value}}],
+        "contexts": [{"name": sa, "context": {"cluster": cluster_entry["name"], "user": sa,
                                               "namespace": namespace}}],
-        "current-context": SA}))
+        "current-context": sa}))
     path.chmod(0o600)
     return path
 
@@ -413,12 +433,14 @@ class Role:
     loopback, free ports), its env with fieldRef/secretKeyRef/configMapRef resolved from the
     cluster, volume mounts as temporary directories, KUBECONFIG as in-cluster config would be."""
 
-    def __init__(self, objs: list[dict[str, Any]], deployment: str, *, kubeconfig: Path,
-                 site: Path, core_v1: k8s.CoreV1Api, namespace: str, extra_env: dict[str, str],
-                 tmp_path: Path) -> None:
+    def __init__(self, objs: list[dict[str, Any]], deployment: str, *,
+                 kubeconfigs: dict[str, Path], site: Path, core_v1: k8s.CoreV1Api,
+                 namespace: str, extra_env: dict[str, str], tmp_path: Path) -> None:
         d = next(o for o in objs if o["kind"] == "Deployment"
                  and o["metadata"]["name"] == deployment)
         (self.container,) = d["spec"]["template"]["spec"]["containers"]
+        # The token of the ServiceAccount the Deployment names, as the kubelet would mount it.
+        kubeconfig = kubeconfigs[d["spec"]["template"]["spec"]["serviceAccountName"]]
         self.name = deployment
         self.log_path = tmp_path / f"{deployment}.log"
         self.dirs = {m["mountPath"]: tmp_path / f"{deployment}{m['mountPath'].replace('/', '-')}"
@@ -586,15 +608,19 @@ def test_s1_end_to_end_as_the_serviceaccount_with_the_manifests_commands(
     # The Secret the manifests read the Redis URL from, as a person would create it.
     kubectl(cluster, "-n", ns, "create", "secret", "generic", "warmpool-redis",
             f"--from-literal=url={settings.redis_url}")
-    kubeconfig = sa_kubeconfig(cluster, core_v1, ns, tmp_path / "sa.kubeconfig")
-    # That kubeconfig really is the ServiceAccount, and it may not read Secrets.
-    out = kubectl(cluster, "get", "secrets", "-n", ns, kubeconfig=kubeconfig, check_rc=False)
-    assert out.returncode != 0
-    assert f"system:serviceaccount:{ns}:{SA}" in out.stderr and "forbidden" in out.stderr
+    # Each role runs as its own ServiceAccount (issue #27, point 7).
+    kubeconfigs = {sa: sa_kubeconfig(cluster, core_v1, ns, tmp_path / f"{sa}.kubeconfig", sa)
+                   for sa in SAS}
+    for sa, kubeconfig in kubeconfigs.items():
+        # That kubeconfig really is the ServiceAccount, and it may not read Secrets.
+        out = kubectl(cluster, "get", "secrets", "-n", ns, kubeconfig=kubeconfig,
+                      check_rc=False)
+        assert out.returncode != 0
+        assert f"system:serviceaccount:{ns}:{sa}" in out.stderr and "forbidden" in out.stderr
 
     isolation = {"WARMPOOL_QUEUE_PREFIX": settings.prefix,
                  "WARMPOOL_QUEUE_NAMESPACE": settings.namespace}
-    common = dict(kubeconfig=kubeconfig, site=site, core_v1=core_v1, namespace=ns,
+    common = dict(kubeconfigs=kubeconfigs, site=site, core_v1=core_v1, namespace=ns,
                   extra_env=isolation, tmp_path=tmp_path)
     # The code that runs is the wheel's, not this checkout's.
     probe = subprocess.run([sys.executable, "-c", "import warmpool, scheduler, workers; "

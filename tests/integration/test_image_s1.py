@@ -249,8 +249,14 @@ def test_s1_from_the_image_scheduler_and_two_workers_as_containers(
     assert settings.redis_url
     kubectl(cluster, "-n", ns, "create", "secret", "generic", "warmpool-redis",
             f"--from-literal=url={settings.redis_url}")
-    kubeconfig = sa_kubeconfig(cluster, core_v1, ns, tmp_path / "sa.kubeconfig")
-    os.chown(kubeconfig, 10001, 10001)  # readable by the containers' user only (0600)
+    # One ServiceAccount per role (issue #27, point 7): each container gets the token of the
+    # one its Deployment names.
+    kubeconfigs = {}
+    for d in (o for o in objs if o["kind"] == "Deployment"):
+        sa = d["spec"]["template"]["spec"]["serviceAccountName"]
+        kubeconfigs[d["metadata"]["name"]] = sa_kubeconfig(
+            cluster, core_v1, ns, tmp_path / f"{sa}.kubeconfig", sa)
+        os.chown(kubeconfigs[d["metadata"]["name"]], 10001, 10001)  # the containers' user (0600)
 
     isolation = {"WARMPOOL_QUEUE_PREFIX": settings.prefix,
                  "WARMPOOL_QUEUE_NAMESPACE": settings.namespace}
@@ -258,7 +264,7 @@ def test_s1_from_the_image_scheduler_and_two_workers_as_containers(
 
     def container(deployment: str, name: str) -> Container:
         return Container(objs, deployment, name=f"wp-{tag}-{name}", image=image,
-                         kubeconfig=kubeconfig, core_v1=core_v1, namespace=ns,
+                         kubeconfig=kubeconfigs[deployment], core_v1=core_v1, namespace=ns,
                          extra_env=isolation, tmp_path=tmp_path)
     workers = [container("warmpool-worker", f"worker-{i}") for i in ("a", "b")]
     scheduler = container("warmpool-scheduler", "scheduler")

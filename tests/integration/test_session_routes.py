@@ -263,15 +263,15 @@ def test_release_deletes_the_route_before_the_allow_list_is_cleared(kube, namesp
 def test_a_route_the_server_refuses_puts_the_session_in_error_with_javas_message(
     kube, namespace
 ) -> None:
-    """No hostnames on the shared route: the prefixes make them, and "Bad_" is not a valid
-    hostname (the CRD's pattern): the server refuses the route with a 422, for good."""
+    """A path longer than the CRD allows (1024 characters; WARMPOOL_INSTANCES_PATH is the
+    operator's): the server refuses the route with a 422, for good. (A bad hostname prefix,
+    the trigger before issue #27, now makes the AppDefinition invalid before any claim.)"""
     ns = namespace
-    create_shared_route(kube, ns, hostnames=())
+    settings = PoolSettings(use_paths=True, instances_path="p" * 1100)
     create_appdef(kube, ns, min_instances=1)
-    patch_appdef_spec(kube, ns, "java", ingressHostnamePrefixes=["Bad_"])
-    run_until_quiet(kube, ns)
+    run_until_quiet(kube, ns, settings)
     create_session(kube, ns, "s1", USERS[1])
-    run_until_quiet(kube, ns)
+    run_until_quiet(kube, ns, settings)
     status = session(kube, ns, "s1")["status"]
     assert (status["operatorStatus"], status["operatorMessage"]) == (
         v.STATUS_ERROR, "Failed to edit HTTPRoute.")
@@ -280,8 +280,31 @@ def test_a_route_the_server_refuses_puts_the_session_in_error_with_javas_message
     events, _ = kube.list("v1", "Event", ns)
     assert any(e.get("reason") == "RouteRefused" and e["type"] == "Warning" for e in events)
     delete_session(kube, ns, "s1")
-    run_until_quiet(kube, ns)
+    run_until_quiet(kube, ns, settings)
     assert_invariants(kube, ns)
+
+
+def test_a_bad_hostname_prefix_is_refused_at_its_appdefinition_not_at_each_claim(
+    kube, namespace
+) -> None:
+    """No hostnames on the shared route: the prefixes make them, and "Bad_" is not a valid
+    hostname. Before issue #27 every claim's route was refused (each Session ERROR); now the
+    AppDefinition is invalid, naming the entry (its pool left as it is), and its Session is
+    neither routed nor failed."""
+    ns = namespace
+    create_shared_route(kube, ns, hostnames=())
+    create_appdef(kube, ns, min_instances=1)
+    run_until_quiet(kube, ns)
+    patch_appdef_spec(kube, ns, "java", ingressHostnamePrefixes=["Bad_"])
+    create_session(kube, ns, "s1", USERS[1])
+    run_until_quiet(kube, ns)
+    assert (session(kube, ns, "s1").get("status") or {}).get("operatorStatus") != \
+        v.STATUS_ERROR
+    assert _route_of(kube, ns, "s1") is None
+    events, _ = kube.list("v1", "Event", ns)
+    assert any(e.get("reason") == "InvalidAppDefinition" and "spec.ingressHostnamePrefixes[0] "
+               "must be hostname labels" in e.get("message", "") for e in events)
+    assert not any(e.get("reason") == "RouteRefused" for e in events)
 
 
 def test_a_route_orphaned_without_the_garbage_collector_is_swept(kube, namespace) -> None:

@@ -117,9 +117,12 @@ def test_the_base_holds_exactly_the_controller_and_nothing_cluster_wide_but_crds
         ("CustomResourceDefinition", "appdefinitions.theia.cloud"),
         ("CustomResourceDefinition", "sessions.theia.cloud"),
         ("CustomResourceDefinition", "poolschedules.warmpool.io"),
-        ("ServiceAccount", "warmpool"),
-        ("Role", "warmpool"),
-        ("RoleBinding", "warmpool"),
+        ("ServiceAccount", "warmpool-scheduler"),
+        ("Role", "warmpool-scheduler"),
+        ("RoleBinding", "warmpool-scheduler"),
+        ("ServiceAccount", "warmpool-worker"),
+        ("Role", "warmpool-worker"),
+        ("RoleBinding", "warmpool-worker"),
         ("ConfigMap", by_kind(base, "ConfigMap").popitem()[0]),
         ("Deployment", "warmpool-scheduler"),
         ("Deployment", "warmpool-worker"),
@@ -128,6 +131,7 @@ def test_the_base_holds_exactly_the_controller_and_nothing_cluster_wide_but_crds
         ("Service", "warmpool-scheduler-metrics"),
         ("Service", "warmpool-worker-metrics"),
         ("NetworkPolicy", "theia-cloud-instances"),
+        ("NetworkPolicy", "warmpool-controller"),
     ])
     for o in base:
         if o["kind"] != "CustomResourceDefinition":
@@ -138,28 +142,223 @@ def test_the_base_holds_exactly_the_controller_and_nothing_cluster_wide_but_crds
         assert o == yaml.safe_load(source.read_text())
 
 
-def test_the_role_is_namespaced_narrow_and_bound_to_the_serviceaccount(
+ROLES = {"scheduler": "warmpool-scheduler", "worker": "warmpool-worker"}
+
+
+def test_each_role_is_namespaced_narrow_and_bound_to_its_own_serviceaccount(
     base: list[dict[str, Any]],
 ) -> None:
     assert not by_kind(base, "ClusterRole") and not by_kind(base, "ClusterRoleBinding")
-    role = by_kind(base, "Role")["warmpool"]
-    for rule in role["rules"]:
-        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
-        assert "update" not in rule["verbs"], "the code never updates; it merge-patches"
-        assert not {"secrets", "namespaces", "nodes"} & set(rule["resources"]), rule
-        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
-    binding = by_kind(base, "RoleBinding")["warmpool"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": "warmpool"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "warmpool",
-                                    "namespace": "theia-cloud"}]
-    # The Lease rule names the scheduler's default Lease.
+    deployments = by_kind(base, "Deployment")
+    for name in ROLES.values():
+        role = by_kind(base, "Role")[name]
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+            assert "update" not in rule["verbs"], "the code never updates; it merge-patches"
+            assert not {"secrets", "namespaces", "nodes"} & set(rule["resources"]), rule
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+        binding = by_kind(base, "RoleBinding")[name]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": name}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name,
+                                        "namespace": "theia-cloud"}]
+        assert deployments[name]["spec"]["template"]["spec"]["serviceAccountName"] == name
+    # The Lease rule names the scheduler's default Lease, and only the scheduler has one.
     from scheduler.leader import DEFAULT_LEASE_NAME
-    named = [r for r in role["rules"] if r.get("resourceNames")]
+    named = [r for r in by_kind(base, "Role")["warmpool-scheduler"]["rules"]
+             if r.get("resourceNames")]
     assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                       "resourceNames": [DEFAULT_LEASE_NAME], "verbs": ["get", "patch"]}]
-    for d in by_kind(base, "Deployment").values():
-        assert d["spec"]["template"]["spec"]["serviceAccountName"] == "warmpool"
+    # Point 7 of issue #27: the scheduler runs no code and changes no pool object.
+    scheduler = granted(by_kind(base, "Role")["warmpool-scheduler"])
+    assert not {g for g in scheduler if g[1] in ("pods", "deployments", "services",
+                                                 "configmaps", "httproutes", "ingresses")
+                and g[2] not in ("list", "watch")}
+    worker = granted(by_kind(base, "Role")["warmpool-worker"])
+    assert not {g for g in worker if g[1] == "leases" or g[1:] == ("sessions", "delete")}
+
+
+# --- the verbs, derived from the code -------------------------------------------------------
+
+Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+KUBE_METHODS = {"serves", "get", "list", "list_pages", "create", "merge_patch", "json_patch",
+                "delete", "watch", "event"}
+#: Modules run by people and tests, never by the deployed roles: the admin CLI (its own
+#: Role, components/admin), the demo, the harness, the test world, the invariant checker and
+#: the sequential driver.
+NOT_DEPLOYED = ("warmpool.cli.demo", "warmpool.cli.status", "warmpool.cli.scale",
+                "warmpool.testing.", "warmpool.harness.", "warmpool.invariants",
+                "warmpool.controller.sequential")
+
+
+def _grants(group: str, resources: str, verbs: str) -> set[Grant]:
+    return {(group, r, verb) for r in resources.split() for verb in verbs.split()}
+
+
+THEIA, GW, NET, SCHED, LEASES = ("theia.cloud", "gateway.networking.k8s.io",
+                                 "networking.k8s.io", "warmpool.io", "coordination.k8s.io")
+#: (apiGroup, resource) of the five parts of an instance.
+POOL_PARTS = {("", "services"), ("", "configmaps"), ("apps", "deployments")}
+#: ... and of what each role's Reflectors watch (scheduler/app.py's, warmpool/kube/cache.py's).
+WATCHED = POOL_PARTS | {(THEIA, "appdefinitions"), (THEIA, "sessions"),
+                        (SCHED, "poolschedules"), (GW, "httproutes"), (NET, "ingresses")}
+
+
+def _with(kinds: set[tuple[str, str]], verbs: str) -> set[Grant]:
+    return {(group, resource, verb) for group, resource in kinds for verb in verbs.split()}
+
+
+def _parts(verbs: str) -> set[Grant]:
+    return _with(POOL_PARTS, verbs)
+
+
+def _watched(verb: str) -> set[Grant]:
+    return _with(WATCHED, verb)
+
+
+#: Every call of Kube (warmpool/kube/api.py) in the deployed code, found by
+#: `test_every_kube_call_is_in_the_table`: (module, function) -> {role: the grants it needs}.
+#: A role absent from a call's entry does not reach that call (checked against the import
+#: graph where it decides: a module only one role imports belongs to that role).
+KUBE_CALLS: dict[tuple[str, str], dict[str, set[Grant]]] = {
+    # Namespace get at start: a 403 reads as "exists" (no rule wanted).
+    ("warmpool.cli.config", "check_namespaces"): {"scheduler": set(), "worker": set()},
+    ("warmpool.kube.reflector", "Reflector.list_and_sync"): {
+        "scheduler": _watched("list"), "worker": _watched("list")},
+    ("warmpool.kube.reflector", "Reflector.watch_once"): {
+        "scheduler": _watched("watch"), "worker": _watched("watch")},
+    ("scheduler.leader", "LeaderElector._get"): {"scheduler": {(LEASES, "leases", "get")}},
+    ("scheduler.leader", "LeaderElector.try_acquire_or_renew"): {
+        "scheduler": _grants(LEASES, "leases", "create patch")},
+    ("scheduler.leader", "LeaderElector.release"): {"scheduler": {(LEASES, "leases", "patch")}},
+    ("scheduler.leader", "LeaderElector.watch_lease"): {
+        "scheduler": _grants(LEASES, "leases", "list watch")},
+    ("scheduler.app", "Scheduler._write_status"): {
+        "scheduler": {(SCHED, "poolschedules/status", "patch")}},
+    ("warmpool.controller.timeouts", "LiveSource._all"): {
+        "scheduler": _grants(THEIA, "appdefinitions sessions", "list")},
+    ("warmpool.controller.timeouts", "ServiceEndpoints._of"): {
+        "scheduler": {("", "services", "list")}},
+    ("warmpool.controller.timeouts", "TimeoutRunner._delete"): {
+        "scheduler": {("", "events", "create"), (THEIA, "sessions", "delete")}},
+    # SetSessionStatus: the scheduler's activity tracker, the workers' claims and releases.
+    ("warmpool.kube.executor", "Executor._set_status"): {
+        role: {(THEIA, "sessions/status", "patch"), (THEIA, "sessions", "get")}
+        for role in ("scheduler", "worker")},
+    # Everything else the executor does runs in the workers' jobs only.
+    ("warmpool.kube.executor", "Executor._pods"): {"worker": {("", "pods", "list")}},
+    ("warmpool.kube.executor", "Executor._apply"): {"worker": (
+        _parts("create patch delete") | _grants(GW, "httproutes", "create patch delete")
+        | {(NET, "ingresses", "patch"), (THEIA, "sessions", "patch"), ("", "events", "create")})},
+    # Pod resets and refreshes touch only the pods of the instance's own Deployment: its
+    # ReplicaSets are listed to tell them apart (issue #27, point 5).
+    ("warmpool.kube.executor", "Executor._own_pods"): {"worker": {("apps", "replicasets",
+                                                                    "list")}},
+    ("warmpool.kube.executor", "Executor._on_own_pod"): {"worker": {("apps", "replicasets",
+                                                                      "list")}},
+    ("warmpool.kube.executor", "Executor._delete_pod"): {"worker": {("", "pods", "delete")}},
+    ("warmpool.kube.executor", "Executor._stamp_pod"): {"worker": {("", "pods", "patch")}},
+    ("warmpool.controller.reconcile", "_deciding_write"): {"worker": {("", "services",
+                                                                       "patch")}},
+    ("warmpool.controller.availability", "SessionWrites.give_up"): {
+        "worker": {("", "events", "create")}},
+    ("warmpool.kube.observe", "read_appdef"): {"worker": {(THEIA, "appdefinitions", "get")}},
+    ("warmpool.kube.observe", "read_session"): {"worker": {(THEIA, "sessions", "get")}},
+    ("warmpool.kube.observe", "list_sessions"): {"worker": {(THEIA, "sessions", "list")}},
+    ("warmpool.kube.observe", "proxy_template"): {"worker": {("", "configmaps", "get")}},
+    ("warmpool.kube.observe", "read_route"): {"worker": {(GW, "httproutes", "get")}},
+    ("warmpool.kube.observe", "read_ingress"): {"worker": {(NET, "ingresses", "get")}},
+    ("warmpool.kube.observe", "list_session_routes"): {"worker": {(GW, "httproutes", "list")}},
+    ("warmpool.kube.observe", "list_schedules"): {"worker": {(SCHED, "poolschedules", "list")}},
+    ("warmpool.kube.observe", "observe_instance"): {"worker": _parts("get")},
+    ("warmpool.kube.observe", "list_pool_objects"): {"worker": _parts("list")},
+    ("warmpool.kube.reader", "LiveReader.appdef"): {
+        "worker": _grants(THEIA, "appdefinitions", "get list")},
+    ("warmpool.kube.reader", "_labelled_services"): {"worker": {("", "services", "list")}},
+    ("warmpool.kube.reader", "CachedReader.appdef"): {
+        "worker": {(THEIA, "appdefinitions", "get")}},
+    ("warmpool.kube.reader", "CachedReader.session"): {"worker": {(THEIA, "sessions", "get")}},
+}
+
+
+def kube_call_sites() -> set[tuple[str, str]]:
+    """(module, Class.function) of every call `<...>kube.<Kube method>(...)` in the code."""
+    import ast
+
+    found: set[tuple[str, str]] = set()
+    for package in ("warmpool", "scheduler", "workers", "metrics"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+            def walk(node: ast.AST, where: list[str], module: str = module) -> None:
+                for child in ast.iter_child_nodes(node):
+                    if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                        walk(child, [*where, child.name])
+                        continue
+                    func = getattr(child, "func", None)
+                    target = getattr(func, "value", None)
+                    named = ((isinstance(target, ast.Name) and target.id == "kube")
+                             or (isinstance(target, ast.Attribute)
+                                 and target.attr.endswith("kube")))
+                    if (isinstance(child, ast.Call) and isinstance(func, ast.Attribute)
+                            and func.attr in KUBE_METHODS and named):
+                        found.add((module, ".".join(where)))
+                    walk(child, where)
+
+            walk(ast.parse(path.read_text()), [])
+    return {site for site in found if not site[0].startswith(NOT_DEPLOYED)}
+
+
+def role_modules() -> dict[str, set[str]]:
+    """The modules each role's process imports (its package and everything it reaches)."""
+    import grimp
+
+    graph = grimp.build_graph("warmpool", "scheduler", "workers", "metrics")
+    out = {}
+    for role, package in (("scheduler", "scheduler"), ("worker", "workers")):
+        roots = {m for m in graph.modules if m == package or m.startswith(f"{package}.")}
+        out[role] = roots | {up for m in roots for up in graph.find_upstream_modules(m)}
+    return out
+
+
+def granted(role: dict[str, Any]) -> set[Grant]:
+    """A Role's rules as (apiGroup, resource, verb) triples; named rules as "<resource>/<name>"
+    only where the name limits them (the Lease)."""
+    out: set[Grant] = set()
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    out.add((group, resource, verb))
+    return out
+
+
+def test_every_kube_call_is_in_the_table() -> None:
+    """A Kube call added anywhere in the deployed code fails here until its grants and its
+    role are in KUBE_CALLS (and then the Role must follow: the test below)."""
+    sites = kube_call_sites()
+    assert sites - KUBE_CALLS.keys() == set(), "Kube calls missing from KUBE_CALLS"
+    assert KUBE_CALLS.keys() - sites == set(), "KUBE_CALLS names calls that are gone"
+
+
+def test_each_call_is_assigned_to_the_roles_that_import_it() -> None:
+    modules = role_modules()
+    for (module, function), roles in KUBE_CALLS.items():
+        importers = {role for role, mods in modules.items() if module in mods}
+        assert set(roles) <= importers, f"{module}.{function}: {set(roles) - importers} " \
+            "cannot reach it"
+        if len(importers) == 1:
+            assert set(roles) == importers, f"{module}.{function} runs in {importers}"
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_each_role_grants_exactly_what_its_calls_need(
+    base: list[dict[str, Any]], role: str,
+) -> None:
+    needed = set().union(*(grants.get(role, set()) for grants in KUBE_CALLS.values()))
+    rules = granted(by_kind(base, "Role")[ROLES[role]])
+    assert rules - needed == set(), f"{ROLES[role]} grants what no call of its role needs"
+    assert needed - rules == set(), f"{ROLES[role]} lacks what its calls need"
 
 
 # --- pods ----------------------------------------------------------------------------------
@@ -414,8 +613,9 @@ def test_example_overlay_points_at_an_external_redis_with_tls(
     for o in example:
         if o["kind"] != "CustomResourceDefinition":
             assert o["metadata"]["namespace"] == "theia-prod"
-    assert by_kind(example, "RoleBinding")["warmpool"]["subjects"][0]["namespace"] == (
-        "theia-prod")
+    for name in ROLES.values():
+        assert by_kind(example, "RoleBinding")[name]["subjects"][0]["namespace"] == (
+            "theia-prod")
     assert "warmpool-admin" in by_kind(example, "Role")
     for name in ("warmpool-scheduler", "warmpool-worker"):
         d = by_kind(example, "Deployment")[name]
@@ -529,12 +729,33 @@ def test_a_component_removes_the_instances_network_policy_and_nothing_else(
     base: list[dict[str, Any]],
 ) -> None:
     without = kustomize_component("without-instance-network-policy")
-    assert not by_kind(without, "NetworkPolicy")
+    assert "theia-cloud-instances" not in by_kind(without, "NetworkPolicy")
     assert sorted((o["kind"], o["metadata"]["name"]) for o in without) == sorted(
-        (o["kind"], o["metadata"]["name"]) for o in base if o["kind"] != "NetworkPolicy")
+        (o["kind"], o["metadata"]["name"]) for o in base
+        if (o["kind"], o["metadata"]["name"]) != ("NetworkPolicy", "theia-cloud-instances"))
     # The in-cluster Redis keeps its own policy when both components are used.
     assert "warmpool-redis" in by_kind(
         kustomize_components("redis", "without-instance-network-policy"), "NetworkPolicy")
+
+
+def test_the_controller_pods_admit_only_metrics_from_the_monitoring_namespace(
+    base: list[dict[str, Any]],
+) -> None:
+    """Issue #27, point 6: /metrics and /status were open to every pod. The policy selects
+    both roles' pods (and no instance pod), and admits one port, named `metrics` in both
+    containers, from one namespace chosen by its name label."""
+    policy = by_kind(base, "NetworkPolicy")["warmpool-controller"]
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    for name in ROLES.values():
+        d = by_kind(base, "Deployment")[name]
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        assert spec["podSelector"]["matchLabels"].items() <= labels.items(), name
+        assert "metrics" in {p["name"] for p in container(base, name)["ports"]}
+    assert spec["ingress"] == [{
+        "from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}],
+        "ports": [{"port": "metrics", "protocol": "TCP"}]}]
 
 
 def kustomize_components(*names: str) -> list[dict[str, Any]]:

@@ -574,13 +574,21 @@ def claim_session(
             user_sessions = (users_on_server[1] if users_on_server is not None and on_server
                              else reader.user_sessions(ns, session.user))
             holding = _holding(reader, ns, session, user_sessions, on_server=on_server)
+        shared = _shared_route(reader, pool_appdef, settings)
+        # The shared route's parentRefs and hostnames are copied into the holder's route:
+        # bounded by the Gateway API's grammar (routes.shared_route_error) before a claim.
+        route_error = (routes.shared_route_error(pool_appdef, shared, settings)
+                       if settings.routing and shared is not None and pool_appdef is not None
+                       else None)
+        unroutable = (routes.invalid_shared_route(pool_appdef, route_error)
+                      if route_error is not None and pool_appdef is not None
+                      else ROUTE_MISSING if settings.routing else INGRESS_MISSING)
         decision = decide_claim(
             session, appdef, mine, sessions, facts, sessions_per_user=limit,
             user_sessions=user_sessions, holding=holding,
             routable=not (settings.routing or settings.ingress)
-            or _shared_route(reader, pool_appdef, settings) is not None,
-            unroutable=ROUTE_MISSING if settings.routing else INGRESS_MISSING,
-            burst=settings.burst)
+            or (shared is not None and route_error is None),
+            unroutable=unroutable, burst=settings.burst)
         if (session.instance_id is not None and pool_appdef is not None
                 and isinstance(decision, ClaimTry | ClaimWait)):
             # Annotated with an instance it does not hold. Before calling the annotation
@@ -646,6 +654,13 @@ def claim_session(
                         f"{session.name} waits for it",
                         regarding={"kind": v.APPDEF_KIND, "name": appdef.name,
                                    "apiVersion": v.APPDEF_API_VERSION})])
+                elif route_error is not None and session.message != message:
+                    assert isinstance(appdef, AppDefinition)
+                    # The Warning names the object and the field: the shared HTTPRoute.
+                    Executor(kube, ns, Unguarded()).apply([Report(
+                        "InvalidSharedRoute", f"{message}; Session {session.name} waits",
+                        regarding={"kind": v.ROUTE_KIND, "name": appdef.ingress_name,
+                                   "apiVersion": v.ROUTE_API_VERSION})])
                 try:
                     _set_status(kube, session, v.STATUS_HANDLING, message, reader=reader)
                 except Conflict:

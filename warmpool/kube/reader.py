@@ -30,6 +30,7 @@ from warmpool.pool import builders, naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import PoolFacts, pool_facts
 from warmpool.pool.emails import same_user
+from warmpool.pool.grammar import is_object_name
 from warmpool.pool.instances import InstanceView, is_appdef_ref, is_session_ref, refs
 from warmpool.pool.meta import name_of, uid_of
 from warmpool.pool.model import (
@@ -286,7 +287,11 @@ def _holdings(objects: Iterable[Obj], session_uid: str) -> list[tuple[str, int]]
             continue
         k = naming.instance_id_from_name(name_of(obj))
         if k is not None:
-            out |= {(str(r["name"]), k) for r in owners if is_appdef_ref(r) and r.get("name")}
+            # An owner reference's name is anyone's with `patch` (the API server checks only
+            # that it is not empty): bounded by the object-name grammar before it names an
+            # instance key (a '/' would make one the queue cannot parse).
+            out |= {(r["name"], k) for r in owners
+                    if is_appdef_ref(r) and is_object_name(r.get("name"))}
     return sorted(out)
 
 

@@ -271,9 +271,13 @@ def _claimed(
     elif settings.ingress:
         routed = _ingress_rule(instance, appdef, shared_route, settings, actions, claimed=True)
     if not routed:
-        # Claimed, but nothing can route to it until the shared route exists: not HANDLED
-        # (a client would open a URL that leads nowhere). Its creation queues this again.
+        # Claimed, but nothing can route to it until the shared route exists (and can be
+        # copied): not HANDLED (a client would open a URL that leads nowhere). Its creation
+        # (or repair) queues this again.
         missing = routes.ROUTE_MISSING if settings.routing else ingress.INGRESS_MISSING
+        if (settings.routing and shared_route is not None and (
+                error := routes.shared_route_error(appdef, shared_route, settings))):
+            missing = routes.invalid_shared_route(appdef, error)
         if holder.status != v.STATUS_HANDLING or holder.message != missing:
             actions.append(SetSessionStatus(holder.name, {
                 "operatorStatus": v.STATUS_HANDLING, "operatorMessage": missing},
@@ -321,7 +325,9 @@ def _route(
         actions.append(_delete(Part.ROUTE, stray, f"a route to instance {instance.id}, "
                                f"which {holder.name} holds"))
     live = next((r for r in instance.routes if meta_of(r).get("name") == mine), None)
-    if shared is None:
+    if shared is None or routes.shared_route_error(appdef, shared, settings) is not None:
+        # Missing, or with parentRefs or hostnames no route may carry: an existing route is
+        # left as it is (it still names its Gateway), and none is made from a bad copy.
         return live is not None
     desired = routes.desired_route(appdef, instance.id, holder, shared, settings)
     if live is None:

@@ -15,6 +15,8 @@ from typing import Any
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.emails import email_error
+from warmpool.pool.grammar import hostname_prefix_error, object_name_error
+from warmpool.pool.grammar import shown as _shown
 from warmpool.pool.quantity import parse_quantity, quantity_error
 
 #: The most instances one AppDefinition may ask for, unless configured otherwise
@@ -27,6 +29,10 @@ _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 _DEFAULT_PULL_POLICY = "IfNotPresent"
 _MAX_USER_ID = 2**31 - 1  # Kubernetes' IsValidUserID
 _QUANTITY_FIELDS = ("requestsCpu", "requestsMemory", "limitsCpu", "limitsMemory")
+
+#: A Session route carries the instances host and one hostname per prefix: the Gateway API
+#: allows 16 hostnames on a route.
+MAX_HOSTNAME_PREFIXES = 15
 
 _SPEC_NAME = re.compile(r"[a-z0-9A-Z\-_]+")  # the CRD's pattern; used with fullmatch
 # A Kubernetes object name (RFC 1123 subdomain), at most 253 characters: what an Ingress may
@@ -225,6 +231,16 @@ def _parse_appdefinition(
     if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
         return Invalid("spec.ingressHostnamePrefixes must be a list of strings, got "
                        f"{_shown(prefixes)}")
+    # Each prefix is put before the instances host in every Session route's hostnames: bounded
+    # by the hostname grammar (warmpool.pool.grammar) and by count, so a bad one is refused
+    # here, at its AppDefinition, rather than by the API server at every claim.
+    if len(prefixes) > MAX_HOSTNAME_PREFIXES:
+        return Invalid(f"spec.ingressHostnamePrefixes has {len(prefixes)} entries; at most "
+                       f"{MAX_HOSTNAME_PREFIXES} (a route has at most 16 hostnames, one of "
+                       "them the instances host)")
+    for i, prefix in enumerate(prefixes):
+        if (error := hostname_prefix_error(prefix)) is not None:
+            return Invalid(f"spec.ingressHostnamePrefixes[{i}] {error}")
     return AppDefinition(
         name=meta.get("name", ""),
         namespace=meta.get("namespace", ""),
@@ -372,14 +388,6 @@ def _deployment_error(
     return None
 
 
-def _shown(value: Any, limit: int = 60) -> str:
-    """`value` for a message: its repr, cut so that an event stays one readable line."""
-    if isinstance(value, int) and value.bit_length() > 64:  # str() refuses > 4300 digits
-        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
 def _generation(value: Any) -> int:
     """metadata.generation (set by the API server, so an int; 1 if anything else)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
@@ -432,6 +440,13 @@ def parse_session(obj: Mapping[str, Any]) -> Session:
     problems = [] if raw_spec is None or isinstance(raw_spec, Mapping) else [
         f"spec must be an object, got {type(raw_spec).__name__}"]
     appdef, appdef_problem = _str_field(spec, "appDefinition")
+    if appdef and appdef_problem is None and (error := object_name_error(appdef)) is not None:
+        # Bounded by the grammar of the AppDefinition's metadata.name: the reference goes into
+        # work keys ("instance/<ns>/<appdef>/<k>", where a '/' makes a key nobody can parse)
+        # and into API paths. A Session naming no possible AppDefinition is an error by
+        # itself, and its reference is dropped so that nothing is built from it.
+        appdef_problem = f"spec.appDefinition must name an AppDefinition: it {error}"
+        appdef = ""
     user, user_problem = _str_field(spec, "user")
     problems += [p for p in (appdef_problem, user_problem) if p]
     return Session(

@@ -98,7 +98,10 @@ def user_label(user: str) -> str:
     return label_value(_USER_LABEL_INVALID.sub("_", user.replace("@", "_at_")))
 
 
-_INSTANCE_NAME = re.compile(r"^instance-(\d+)-")
+# Bounded like an instance-id annotation (model.parse_instance_id): ASCII digits without a
+# leading zero, at most 9 (`\d` would take any Unicode digit, and int() refuses > 4300 digits;
+# a ConfigMap's name may have 253 characters and anyone with `create` may choose it).
+_INSTANCE_NAME = re.compile(r"^instance-([1-9][0-9]{0,8})-", re.ASCII)
 
 
 def instance_id_from_name(name: str) -> int | None:

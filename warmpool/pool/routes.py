@@ -18,7 +18,7 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from warmpool.pool import builders
+from warmpool.pool import builders, grammar
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.meta import labels_of, meta_of, name_of, owner_refs
@@ -84,6 +84,39 @@ def hostnames(appdef: AppDefinition, shared: Obj, settings: PoolSettings) -> lis
         return [str(h) for h in stored]
     host = settings.instances_host
     return [host, *(f"{p}{host}" for p in appdef.ingress_hostname_prefixes)]
+
+
+def shared_route_error(appdef: AppDefinition, shared: Obj, settings: PoolSettings) -> str | None:
+    """Why a Session's route may not copy the shared route `shared` (the field and the rule),
+    or None.
+
+    The shared route is anyone's with `patch` on HTTPRoutes: its `parentRefs` and `hostnames`
+    are copied into every holder's route, so each is held to the Gateway API's grammar
+    (warmpool.pool.grammar: the six ParentReference fields, RFC 1123 hostnames, at most 32 and
+    16 of them). The Gateway API's CRD holds the stored shared route to most of this, but
+    not every cluster's CRD is that version, and it admits a parentRef `name` of any
+    characters; a value the API server refuses in a Session route would fail every claim of
+    the pool (each Session ERROR). The hostnames made of the instances host and the
+    AppDefinition's prefixes (used when the shared route has none) are checked the same way:
+    those the CRD never saw.
+    """
+    spec = _spec(shared)
+    if (error := grammar.route_parents_error(spec.get("parentRefs"),
+                                             spec.get("hostnames"))) is not None:
+        return error
+    if not spec.get("hostnames"):
+        for host in hostnames(appdef, shared, settings):
+            if (error := grammar.hostname_error(host)) is not None:
+                return (f"the hostname {grammar.shown(host)} (the instances host, after a "
+                        f"spec.ingressHostnamePrefixes entry of AppDefinition "
+                        f"{appdef.name}) {error}")
+    return None
+
+
+def invalid_shared_route(appdef: AppDefinition, error: str) -> str:
+    """A waiting Session's message (and the Warning's) while the shared route is invalid."""
+    return (f"HTTPRoute {appdef.ingress_name!r} (spec.ingressname of AppDefinition "
+            f"{appdef.name}) cannot be copied into Session routes: {error}")
 
 
 def desired_route(
