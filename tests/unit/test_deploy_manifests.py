@@ -262,7 +262,8 @@ def test_both_roles_read_namespace_redis_url_and_config_from_the_cluster(
     data = config[config_name]["data"]
     assert set(data) == {"WARMPOOL_INSTANCES_HOST", "WARMPOOL_SESSIONS_PER_USER",
                          "WARMPOOL_ROUTES", "WARMPOOL_URL_PROBE", "WARMPOOL_TIMEOUTS",
-                         "WARMPOOL_ACTIVITY_TRACKER"}
+                         "WARMPOOL_ACTIVITY_TRACKER", "WARMPOOL_OAUTH2_PROXY_IMAGE",
+                         "WARMPOOL_TRUSTED_PROXY_IPS", "WARMPOOL_PROXY_SECRET"}
     assert data["WARMPOOL_SESSIONS_PER_USER"] == "1"  # as Theia Cloud's chart sets it
     # Every value as the controller reads it (a typo here fails the roles at start).
     from warmpool.controller.timeouts import TimeoutSettings
@@ -270,6 +271,9 @@ def test_both_roles_read_namespace_redis_url_and_config_from_the_cluster(
 
     settings = PoolSettings.from_env(data)
     assert (settings.routes, settings.url_probe) == ("httproute", True)
+    # The proxy's image as deployed is the code's default (issue #27), not an older one.
+    assert settings.oauth2_proxy_image == PoolSettings().oauth2_proxy_image
+    assert (settings.trusted_proxy_ips, settings.proxy_secret) == ((), "")
     assert TimeoutSettings.from_env(data).enabled
     for name in ("warmpool-scheduler", "warmpool-worker"):
         c = container(base, name)
