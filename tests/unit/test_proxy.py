@@ -317,3 +317,13 @@ def test_the_decision_reports_the_refusal_on_the_template_once_per_configmap_bui
     held = decide_instance(instance(a, 1, holder=s), "java", a, [s], proxy_template=STOCK,
                            settings=SETTINGS)
     assert not [x for x in held.actions if isinstance(x, Report)]
+
+
+@pytest.mark.parametrize(("value", "refused"), [
+    ("true", True), ('"true"', True), ('"1"', True), ("1", True), ('"yes"', True),
+    ("false", False), ('"false"', False), ('"0"', False), (None, False)])
+def test_reverse_proxy_counts_as_on_unless_it_is_plainly_off(value: str | None,
+                                                             refused: bool) -> None:
+    line = f"reverse_proxy = {value}\n" if value is not None else ""
+    template = line + 'skip_auth_routes = ["/health"]\n'
+    assert ("skip_auth_routes" not in config(template)) is refused

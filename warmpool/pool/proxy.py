@@ -263,7 +263,7 @@ def _rewrite(raw: Mapping[str, Any], policy: ProxyPolicy, *, from_template: bool
             refuse(key, f"{why}: dropped", REASON_INVALID)
         else:
             values[key] = val
-    reverse = _truthy(values.get("reverse_proxy"))
+    reverse = _maybe_on(values.get("reverse_proxy", False))
     # Who is a trusted proxy: the setting, else the template's own list if it is one.
     trusted: Sequence[str] = policy.trusted_proxy_ips
     if not trusted and "trusted_proxy_ip" in values:
@@ -351,10 +351,11 @@ def _unwritable_scalar(val: Any) -> str | None:
     return f"is a {type(val).__name__}, not a string, number, boolean or list of them"
 
 
-def _truthy(val: Any) -> bool:
-    """As Go's strconv.ParseBool, which oauth2-proxy applies to a quoted "true"."""
-    return val is True or (isinstance(val, str) and val in ("1", "t", "T", "TRUE", "true",
-                                                            "True"))
+def _maybe_on(val: Any) -> bool:
+    """Whether oauth2-proxy may read the value as true: anything but false or a string Go's
+    strconv.ParseBool reads as false (an odd `1` or `"yes"` counts as on: the safe side)."""
+    return not (val is False or (isinstance(val, str)
+                                 and val in ("0", "f", "F", "FALSE", "false", "False")))
 
 
 def _strings(val: Any) -> list[str] | None:
