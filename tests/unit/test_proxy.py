@@ -145,11 +145,13 @@ def test_skip_auth_regex_joins_the_anchored_routes_and_is_not_written() -> None:
 
 
 def test_allow_list_wideners_are_refused() -> None:
-    template = 'reverse_proxy = "true"\ntrusted_ips = ["0.0.0.0/0"]\nemail_domains = ["*"]\n'
+    template = ('reverse_proxy = "true"\ntrusted_ips = ["0.0.0.0/0"]\nemail_domains = ["*"]\n'
+                "skip_auth_preflight = true\n")
     cfg = config(template, GATEWAY)
-    assert "trusted_ips" not in cfg and "email_domains" not in cfg
+    assert not {"trusted_ips", "email_domains", "skip_auth_preflight"} & set(cfg)
     assert {f.field.rsplit(".", 1)[1] for f in findings(template, GATEWAY)} == {
-        "trusted_ips", "email_domains"}
+        "trusted_ips", "email_domains", "skip_auth_preflight"}
+    assert config("skip_auth_preflight = false\n")["skip_auth_preflight"] is False
 
 
 def test_the_templates_own_trusted_proxy_ip_counts_only_if_it_is_narrow() -> None:

@@ -13,7 +13,8 @@ proxy, and writes every value back as an escaped TOML value, so:
   oauth2-proxy then takes every client for a trusted proxy and evaluates its skip routes on a
   client-supplied `X-Forwarded-Uri` (GHSA-7x63-xv5r-3p2x, and oauth2-proxy issue #3506: the
   fix is incomplete while `trusted_proxy_ip` is unset);
-- `trusted_ips` and `email_domains`, which let a request past the allow-list, are refused;
+- `trusted_ips`, `skip_auth_preflight` and `email_domains`, which let a request past the
+  login or the allow-list, are refused;
 - `client_secret` and `cookie_secret` leave the per-instance ConfigMaps when the proxy reads
   them from a Secret (`WARMPOOL_PROXY_SECRET`) instead.
 
@@ -305,6 +306,10 @@ def _rewrite(raw: Mapping[str, Any], policy: ProxyPolicy, *, from_template: bool
         values.pop("trusted_ips")
         refuse("trusted_ips", "refused: with reverse_proxy on, the client address it is checked "
                "against comes from X-Forwarded-For, which a client writes")
+    if "skip_auth_preflight" in values and _maybe_on(values["skip_auth_preflight"]):
+        values.pop("skip_auth_preflight")
+        refuse("skip_auth_preflight", "refused: it sends every OPTIONS request, on any path, "
+               "to the IDE without a login")
     if "email_domains" in values:
         values.pop("email_domains")
         refuse("email_domains", "refused: it would admit users beside the instance's holder "
