@@ -227,6 +227,8 @@ def prepare(template: str | None, policy: ProxyPolicy) -> Prepared:
     the proxy does not start: the instance fails closed, and the event says why)."""
     if template is None:
         return _rewrite(tomllib.loads(MINIMAL_CONFIG), policy, from_template=False)
+    if not isinstance(template, str):  # the API server stores strings; a fake cache might not
+        return _unusable(policy, f"is a {type(template).__name__}, not text")
     if len(template) > MAX_TEMPLATE_CHARS:
         return _unusable(policy, f"is {len(template)} characters, more than "
                                  f"{MAX_TEMPLATE_CHARS}")
