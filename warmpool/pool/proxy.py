@@ -167,6 +167,12 @@ skip_provider_button = true
 cookie_secure = true
 """
 
+HEAD_TEMPLATE = ("# Written by warmpool from the ConfigMap oauth2-proxy-config, values rewritten "
+                 "(docs/security.md).\n")
+HEAD_NO_TEMPLATE = "# Written by warmpool: the namespace has no oauth2-proxy-config ConfigMap.\n"
+HEAD_UNUSABLE = ("# Written by warmpool: the ConfigMap oauth2-proxy-config cannot be read (see "
+                 "its events).\n")
+
 #: Bounds of the template: what a TOML file of oauth2-proxy's legacy options needs, and no more.
 MAX_TEMPLATE_CHARS = 64 * 1024
 MAX_KEYS = 200
@@ -204,7 +210,8 @@ class Prepared:
     findings: tuple[Finding, ...] = ()
     # The literal paths of the kept skip routes, with their methods, anchored per instance.
     skip_routes: tuple[tuple[str, str], ...] = ()
-    from_template: bool = True
+    # The first line of the rendered file: where its values come from.
+    head: str = HEAD_TEMPLATE
 
     def render(self, url: str, port: int, session_path: str) -> str:
         """The instance's configuration: the placeholders filled in inside string values
@@ -214,10 +221,7 @@ class Prepared:
         if self.skip_routes:
             prefix = _literal(session_path.rstrip("/"))
             values["skip_auth_routes"] = [f"{m}=^(?:{prefix})?{p}$" for m, p in self.skip_routes]
-        head = ("# Written by warmpool from the ConfigMap oauth2-proxy-config (values rewritten: "
-                "docs/security.md).\n" if self.from_template else
-                "# Written by warmpool: the namespace has no oauth2-proxy-config ConfigMap.\n")
-        return head + "".join(f"{k} = {_toml(val)}\n" for k, val in values.items())
+        return self.head + "".join(f"{k} = {_toml(val)}\n" for k, val in values.items())
 
 
 def prepare(template: str | None, policy: ProxyPolicy) -> Prepared:
@@ -226,7 +230,7 @@ def prepare(template: str | None, policy: ProxyPolicy) -> Prepared:
     cannot be read at all gives way to the minimal configuration (which names no client, so
     the proxy does not start: the instance fails closed, and the event says why)."""
     if template is None:
-        return _rewrite(tomllib.loads(MINIMAL_CONFIG), policy, from_template=False)
+        return _rewrite(tomllib.loads(MINIMAL_CONFIG), policy, head=HEAD_NO_TEMPLATE)
     if not isinstance(template, str):  # the API server stores strings; a fake cache might not
         return _unusable(policy, f"is a {type(template).__name__}, not text")
     if len(template) > MAX_TEMPLATE_CHARS:
@@ -238,19 +242,19 @@ def prepare(template: str | None, policy: ProxyPolicy) -> Prepared:
         return _unusable(policy, f"is not TOML ({str(exc)[:200]})")
     if len(raw) > MAX_KEYS:
         return _unusable(policy, f"has {len(raw)} keys, more than {MAX_KEYS}")
-    return _rewrite(raw, policy, from_template=True)
+    return _rewrite(raw, policy, head=HEAD_TEMPLATE)
 
 
 def _unusable(policy: ProxyPolicy, why: str) -> Prepared:
-    minimal = _rewrite(tomllib.loads(MINIMAL_CONFIG), policy, from_template=False)
+    minimal = _rewrite(tomllib.loads(MINIMAL_CONFIG), policy, head=HEAD_UNUSABLE)
     finding = Finding(REASON_INVALID, TEMPLATE_FIELD,
                       f"ConfigMap {v.NAMESPACE_PROXY_TEMPLATE} {TEMPLATE_FIELD} {why}: not used; "
                       "instances get warmpool's minimal configuration, whose proxy does not "
                       "start until the template is fixed")
-    return Prepared(minimal.values, (finding,), minimal.skip_routes, from_template=False)
+    return Prepared(minimal.values, (finding,), minimal.skip_routes, HEAD_UNUSABLE)
 
 
-def _rewrite(raw: Mapping[str, Any], policy: ProxyPolicy, *, from_template: bool) -> Prepared:
+def _rewrite(raw: Mapping[str, Any], policy: ProxyPolicy, *, head: str) -> Prepared:
     findings: list[Finding] = []
 
     def refuse(key: str, why: str, reason: str = REASON_REFUSED) -> None:
@@ -319,7 +323,7 @@ def _rewrite(raw: Mapping[str, Any], policy: ProxyPolicy, *, from_template: bool
     if policy.secret_name:
         for key in SECRET_KEYS:
             values.pop(key, None)  # read from the Secret (environment), not this ConfigMap
-    return Prepared(values, tuple(findings), tuple(routes), from_template)
+    return Prepared(values, tuple(findings), tuple(routes), head)
 
 
 def _anchored(entry: str, *, regex_only: bool) -> tuple[str, str] | None:
