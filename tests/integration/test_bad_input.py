@@ -968,8 +968,10 @@ def test_a_proxy_template_that_would_open_the_proxy_is_refused_and_the_pool_serv
                 "data": {v.PROXY_CONFIG_KEY: case.template}}
     kube.create(template)
     try:
-        # The template is read when an instance's objects are built: by the AppDefinition's
-        # reconcile, which runs after the template's creation was acknowledged.
+        # The template is read from the workers' watch cache when an instance's objects are
+        # built, by the reconcile the AppDefinition (created after it) causes. The template's
+        # event reaches the cache on its own watch: a cache still without it would build the
+        # minimal configuration, which `case.config` tells apart (no client_id) and fails on.
         name = f"tpl-{BAD_TEMPLATES.index(case)}"
         create_appdef(kube, ns, name, min_instances=1, max_instances=2, spec_name=name)
         create_session(kube, ns, f"s-{name}", USERS[3], name)
