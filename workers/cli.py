@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from warmpool.cli.config import check_servers
+from warmpool.cli.errors import BadValue
 from warmpool.queue.settings import QueueSettings
 from workers.process import DEFAULT_MODULES, MULTIPROC_ENV, WorkerPool
 
@@ -85,8 +86,8 @@ def worker(
         if check is not None:
             try:
                 check()
-            except ValueError as exc:
-                raise click.ClickException(str(exc)) from None
+            except ValueError as exc:  # a bad setting: one `error:` line, exit 2, as elsewhere
+                raise BadValue(str(exc)) from None
     settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
     # The children find the API server through the same KUBECONFIG (or in-cluster config).
     check_servers(settings.redis_url,

@@ -1531,3 +1531,152 @@ def test_poolschedule_at_its_bound_gets_its_status_from_the_leader(ctl: Controll
 
     st = wait_for(status, timeout=SETTLE, message="the leader's status on a 50-window schedule")
     assert st["effectiveTarget"] in (0, 1, 2, 3) and st["nextChange"]
+
+# --- proxy and its template (issue #27) ------------------------------------------------------
+#
+# The namespace's oauth2-proxy template is read with a bounded grammar (warmpool.pool.proxy):
+# what would let a request past an instance's proxy is refused with a Warning on the template
+# ConfigMap naming the field, and the pool is still served, with authentication on every path.
+# A template the grammar cannot read gives way to warmpool's minimal configuration (whose proxy
+# does not start: the instance fails closed). The module's controller runs without
+# WARMPOOL_TRUSTED_PROXY_IPS, as a cluster that has not set it does.
+
+#: Theia Cloud's chart's template: the secrets inline, reverse_proxy on, `/health.*` unanchored.
+STOCK_PROXY_TEMPLATE = """\
+provider="keycloak-oidc"
+redirect_url="https://placeholder/oauth2/callback"
+oidc_issuer_url="https://keycloak.example.com/realms/TheiaCloud"
+client_id="theia-cloud"
+client_secret="client-s3cret"
+cookie_secret="0123456789abcdef0123456789abcdef"
+cookie_secure="false"
+http_address="0.0.0.0:5000"
+upstreams="http://127.0.0.1:placeholder-port/"
+skip_auth_routes=["/health.*"]
+skip_provider_button="true"
+reverse_proxy="true"
+custom_templates_dir="/templates"
+"""
+
+
+@dataclass(frozen=True)
+class BadTemplate:
+    id: str
+    template: str
+    reason: str | None  # the Warning's reason on ConfigMap oauth2-proxy-config (None: none)
+    says: str  # in its message
+    config: Callable[[dict[str, Any]], bool]  # the instance's proxy configuration, as TOML
+
+
+BAD_TEMPLATES = [
+    BadTemplate("skip-routes-without-trusted-proxies", STOCK_PROXY_TEMPLATE,
+                "ProxyTemplateRefused", "skip_auth_routes",
+                lambda c: "skip_auth_routes" not in c and c["reverse_proxy"] == "true"
+                and c["client_id"] == "theia-cloud" and "trusted_proxy_ip" not in c),
+    BadTemplate("skip-regex-without-trusted-proxies",
+                'reverse_proxy = true\nclient_id = "x"\nskip_auth_regex = ["^/.*"]\n',
+                "ProxyTemplateRefused", "skip_auth_regex",
+                lambda c: "skip_auth_regex" not in c and "skip_auth_routes" not in c),
+    BadTemplate("email-domains-wildcard",
+                'client_id = "x"\nemail_domains = ["*"]\n', "ProxyTemplateRefused",
+                "email_domains", lambda c: "email_domains" not in c and c["client_id"] == "x"),
+    BadTemplate("trusted-ips-with-reverse-proxy",
+                'reverse_proxy = "true"\nclient_id = "x"\ntrusted_ips = ["10.0.0.0/8"]\n',
+                "ProxyTemplateRefused", "trusted_ips", lambda c: "trusted_ips" not in c),
+    BadTemplate("not-toml", 'provider = "oidc\nclient_id = "x"\n', "ProxyTemplateInvalid",
+                "is not TOML", lambda c: "client_id" not in c and c["provider"] == "oidc"),
+    BadTemplate("oversized", 'client_id = "' + "a" * 70_000 + '"\n', "ProxyTemplateInvalid",
+                "more than 65536", lambda c: "client_id" not in c),
+    BadTemplate("a-table", 'client_id = "x"\n[extra]\nskip_auth_routes = ["/.*"]\n',
+                "ProxyTemplateInvalid", "extra", lambda c: set(c) >= {"client_id"}
+                and "extra" not in c and "skip_auth_routes" not in c),
+    # A value that would add a line if pasted: written back as one escaped string.
+    BadTemplate("value-with-a-newline",
+                'client_id = "x"\n'
+                'custom_templates_dir = "/t\\"\\nskip_auth_routes = [\\"/.*\\"]"\n',
+                None, "", lambda c: "skip_auth_routes" not in c
+                and c["custom_templates_dir"] == '/t"\nskip_auth_routes = ["/.*"]'),
+]
+
+
+def _proxy_config_of(kube: Kube, ns: str, appdef: str, k: int) -> dict[str, Any]:
+    import tomllib
+
+    for key, obj in instance_objects(kube, ns, appdef, k).items():
+        labels = obj["metadata"].get("labels") or {}
+        if key.startswith("ConfigMap/") and labels.get(v.LABEL_TEMPLATE_PURPOSE) == "proxy":
+            return tomllib.loads(obj["data"][v.PROXY_CONFIG_KEY])
+    raise AssertionError(f"instance {k} of {appdef} has no proxy ConfigMap")
+
+
+@pytest.mark.parametrize("case", BAD_TEMPLATES, ids=lambda c: c.id)
+def test_a_proxy_template_that_would_open_the_proxy_is_refused_and_the_pool_served(
+    ctl: Controller, case: BadTemplate
+) -> None:
+    kube, ns = ctl.kube, ctl.ns
+    template = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": v.NAMESPACE_PROXY_TEMPLATE, "namespace": ns},
+                "data": {v.PROXY_CONFIG_KEY: case.template}}
+    kube.create(template)
+    try:
+        # The template is read from the workers' watch cache when an instance's objects are
+        # built, by the reconcile the AppDefinition (created after it) causes. The template's
+        # event reaches the cache on its own watch: a cache still without it would build the
+        # minimal configuration, which `case.config` tells apart (no client_id) and fails on.
+        name = f"tpl-{BAD_TEMPLATES.index(case)}"
+        create_appdef(kube, ns, name, min_instances=1, max_instances=2, spec_name=name)
+        create_session(kube, ns, f"s-{name}", USERS[3], name)
+        wait_status(kube, ns, f"s-{name}", "HANDLED", "Instance 1")
+        config = _proxy_config_of(kube, ns, name, 1)
+        assert case.config(config), config
+        if case.reason is not None:
+            wait_for(lambda: any(case.says in m for m in events_about(
+                kube, ns, v.NAMESPACE_PROXY_TEMPLATE, case.reason or "")), timeout=SETTLE,
+                message=lambda: f"{case.reason} event with {case.says!r}: "
+                f"{events_about(kube, ns, v.NAMESPACE_PROXY_TEMPLATE, case.reason or '')}")
+    finally:
+        kube.delete("v1", "ConfigMap", ns, v.NAMESPACE_PROXY_TEMPLATE)
+
+
+def _with(env: dict[str, str], **settings: str) -> dict[str, str]:
+    return {**env, **settings}
+
+
+PROXY_CONFIG_CASES = [
+    ConfigCase(f"{role}-{cid}", command,
+               lambda c, t, r, settings=settings, ns=ns: _with(_env(c.kubeconfig, r, ns),
+                                                               **settings),
+               says, (2,))
+    for role, command, ns in (("worker", WORKER, None), ("scheduler", SCHEDULER, "default"))
+    for cid, settings, says in (
+        ("proxy-image-with-a-space",
+         {"WARMPOOL_OAUTH2_PROXY_IMAGE": "quay.io/oauth2-proxy/oauth2 proxy:v7.15.5"},
+         ("WARMPOOL_OAUTH2_PROXY_IMAGE",)),
+        ("proxy-image-without-a-tag",
+         {"WARMPOOL_OAUTH2_PROXY_IMAGE": "quay.io/oauth2-proxy/oauth2-proxy"},
+         ("WARMPOOL_OAUTH2_PROXY_IMAGE", "tag")),
+        ("instances-host-adds-a-line",
+         {"WARMPOOL_INSTANCES_HOST": 'ide.example.com"\nskip_auth_routes=["/.*"]'},
+         ("WARMPOOL_INSTANCES_HOST", "RFC 1123")),
+        ("instances-host-upper-case", {"WARMPOOL_INSTANCES_HOST": "IDE.example.com"},
+         ("WARMPOOL_INSTANCES_HOST",)),
+        ("instances-path-adds-a-line",
+         {"WARMPOOL_USE_PATHS": "true", "WARMPOOL_INSTANCES_PATH": 'i"\nemail_domains=["*"]'},
+         ("WARMPOOL_INSTANCES_PATH",)),
+        ("trusted-proxies-everyone", {"WARMPOOL_TRUSTED_PROXY_IPS": "0.0.0.0/0"},
+         ("WARMPOOL_TRUSTED_PROXY_IPS", "every address")),
+        ("trusted-proxies-not-a-cidr", {"WARMPOOL_TRUSTED_PROXY_IPS": "10.0.0.0/8,gateway"},
+         ("WARMPOOL_TRUSTED_PROXY_IPS",)),
+        ("proxy-secret-not-a-name", {"WARMPOOL_PROXY_SECRET": "Secret Name"},
+         ("WARMPOOL_PROXY_SECRET",)),
+    )
+]
+
+
+@pytest.mark.parametrize("case", PROXY_CONFIG_CASES, ids=lambda c: c.id)
+def test_a_bad_proxy_setting_exits_with_one_clear_line(
+    cluster: ClusterInfo, tmp_path: Path, case: ConfigCase
+) -> None:
+    """Each role refuses to start on a setting that would reach the proxy's configuration or
+    its pod unchecked: one `error:` line naming the variable, exit 2, no traceback."""
+    test_configuration_error_exits_with_one_clear_line(cluster, tmp_path, case)

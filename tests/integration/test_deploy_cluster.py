@@ -196,6 +196,68 @@ def test_the_instances_network_policy_selects_exactly_the_pool_pods_on_the_serve
     assert pods(label_selector(peer["podSelector"])) == {"service"}
 
 
+def with_gateway_namespaces(tmp_path: Path, namespace: str, gateways: list[str]) -> Path:
+    """An overlay of the base in `namespace` that sets the gateway's namespaces as
+    deploy/base/instances-networkpolicy.yaml says to (its JSON patch)."""
+    overlay = Path(tempfile.mkdtemp(prefix="gateway-", dir=tmp_path))
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "namespace": namespace, "resources": [os.path.relpath(DEPLOY / "base", overlay)],
+        "patches": [{"target": {"group": "networking.k8s.io", "kind": "NetworkPolicy",
+                                "name": "theia-cloud-instances"},
+                     "patch": yaml.safe_dump([{
+                         "op": "replace",
+                         "path": "/spec/ingress/0/from/0/namespaceSelector/matchExpressions/0/"
+                                 "values",
+                         "value": gateways}])}]}))
+    return overlay
+
+
+def test_the_proxy_port_admits_the_gateway_namespace_and_no_other_on_the_server(
+    cluster: ClusterInfo, namespace: str, tmp_path: Path, kube: Kube,
+) -> None:
+    """Issue #27: port 5000 from the gateway's namespace(s) only. The policy, created for
+    real, is read back; its peers are evaluated by the server: the namespaceSelector picks
+    exactly the gateway's namespace among several (the one where another user's IDE runs
+    included), and as shipped (setting unset) it picks none."""
+    gateway = f"{namespace}-gw"[:63]
+    others = [f"{namespace}-ide"[:63], f"{namespace}-x"[:63]]
+    # Servers from 1.21 label every namespace with its name; this 1.20 one does not, so the
+    # test labels them as a 1.21 server would (the policy's comment says so for old clusters).
+    for name in (gateway, *others):
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": name, "labels": {"kubernetes.io/metadata.name": name,
+                                     "warmpool-test": "true"}}})
+    try:
+        def namespaces(selector: str) -> set[str]:
+            items, _ = kube.list("v1", "Namespace", None, label_selector=selector)
+            return {n["metadata"]["name"] for n in items
+                    if n["metadata"]["name"] in {gateway, *others, namespace}}
+
+        for overlay, expected in ((DEPLOY / "base", set()),
+                                  (with_gateway_namespaces(tmp_path, namespace, [gateway]),
+                                   {gateway})):
+            (policy,) = [o for o in render(overlay, namespace, tmp_path)
+                         if o["kind"] == "NetworkPolicy"]
+            kubectl(cluster, "apply", "-f", "-", stdin=dump([policy]))
+            stored = kube.get("networking.k8s.io/v1", "NetworkPolicy", namespace,
+                              "theia-cloud-instances")
+            assert stored is not None
+            proxy_rule, service_rule = stored["spec"]["ingress"]
+            assert proxy_rule["ports"] == [{"port": 5000, "protocol": "TCP"}]
+            (peer,) = proxy_rule["from"]  # one peer, a namespace selector: no pod selector
+            assert set(peer) == {"namespaceSelector"}, peer
+            assert namespaces(label_selector(peer["namespaceSelector"])) == expected
+            # The other rule: the Theia Cloud service's pods of this namespace, nothing else.
+            (service_peer,) = service_rule["from"]
+            assert service_peer == {"podSelector": {"matchLabels": {"app": "service"}}}
+            assert all("from" in rule for rule in stored["spec"]["ingress"]), \
+                "a rule without peers would admit every pod of the cluster"
+    finally:
+        for name in (gateway, *others):
+            kube.delete("v1", "Namespace", "", name)
+
+
 def apply_rbac(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> list[dict[str, Any]]:
     """The base's CRDs, ServiceAccount, Role and RoleBinding, applied for real in `namespace`."""
     objs = [o for o in render(DEPLOY / "base", namespace, tmp_path) if o["kind"] in RBAC_KINDS]

@@ -93,7 +93,7 @@ def test_a_claimed_session_gets_theia_clouds_route_byte_for_byte(kube, namespace
     assert prefix["matches"] == [{"path": {"type": "PathPrefix", "value": f"{path}/"}}]
     assert prefix["filters"] == [
         {"type": "RequestHeaderModifier", "requestHeaderModifier": {
-            "set": [{"name": "X-Forwarded-Uri", "value": "%REQ(:PATH)%"}]}},
+            "set": [{"name": "X-Forwarded-Uri", "value": "%PATH(NQ)%"}]}},  # no query (#27)
         {"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch",
                                                        "replacePrefixMatch": "/"}}}]
     assert prefix["backendRefs"] == [{"group": "", "kind": "Service", "weight": 1,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import tomllib
 
 from tests.unit.pool_fixtures import SETTINGS, appdef, instance, observed, session, with_objects
 from warmpool.pool import builders
@@ -387,10 +388,11 @@ def test_two_references_the_annotated_one_wins() -> None:
 def test_proxy_config_fills_url_and_port() -> None:
     a = appdef()
     body = builders.build(Part.PROXY_CONFIGMAP, a, 3, holder=None,
-                          proxy_template="u=https://placeholder/cb p=placeholder-port",
+                          proxy_template='u="https://placeholder/cb"\np="placeholder-port"',
                           settings=SETTINGS)
     text = body["data"]["oauth2-proxy.cfg"]
-    assert text == "u=https://instances.theia-cloud.local/java-17-3/cb p=3000"
+    assert tomllib.loads(text) == {"u": "https://instances.theia-cloud.local/java-17-3/cb",
+                                   "p": "3000"}
 
 
 def test_deployment_mounts_both_configmaps_not_optional() -> None:

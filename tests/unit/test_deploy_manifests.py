@@ -8,6 +8,7 @@ tests/integration/test_deploy_cluster.py.
 
 from __future__ import annotations
 
+import copy
 import filecmp
 import re
 import shutil
@@ -460,7 +461,8 @@ def test_both_roles_read_namespace_redis_url_and_config_from_the_cluster(
     data = config[config_name]["data"]
     assert set(data) == {"WARMPOOL_INSTANCES_HOST", "WARMPOOL_SESSIONS_PER_USER",
                          "WARMPOOL_ROUTES", "WARMPOOL_URL_PROBE", "WARMPOOL_TIMEOUTS",
-                         "WARMPOOL_ACTIVITY_TRACKER"}
+                         "WARMPOOL_ACTIVITY_TRACKER", "WARMPOOL_OAUTH2_PROXY_IMAGE",
+                         "WARMPOOL_TRUSTED_PROXY_IPS", "WARMPOOL_PROXY_SECRET"}
     assert data["WARMPOOL_SESSIONS_PER_USER"] == "1"  # as Theia Cloud's chart sets it
     # Every value as the controller reads it (a typo here fails the roles at start).
     from warmpool.controller.timeouts import TimeoutSettings
@@ -468,6 +470,9 @@ def test_both_roles_read_namespace_redis_url_and_config_from_the_cluster(
 
     settings = PoolSettings.from_env(data)
     assert (settings.routes, settings.url_probe) == ("httproute", True)
+    # The proxy's image as deployed is the code's default (issue #27), not an older one.
+    assert settings.oauth2_proxy_image == PoolSettings().oauth2_proxy_image
+    assert (settings.trusted_proxy_ips, settings.proxy_secret) == ((), "")
     assert TimeoutSettings.from_env(data).enabled
     for name in ("warmpool-scheduler", "warmpool-worker"):
         c = container(base, name)
@@ -693,7 +698,24 @@ def proxy_port() -> int:
 THEIA_CLOUD_SERVICE_POD = {"app": "service"}
 
 
-def test_instance_pods_accept_the_proxy_port_from_anyone_and_nothing_else_but_the_service(
+#: The placeholder the base names as the gateway's namespace: none exists, so it admits nobody.
+UNSET_GATEWAY = "set-the-gateway-namespace-in-an-overlay"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def gateway_namespaces(proxy_rule: dict[str, Any]) -> list[str]:
+    """The namespaces the port-5000 rule admits: its one peer must be a namespaceSelector on
+    the namespace's name, with no podSelector beside it and nothing else (issue #27)."""
+    (peer,) = proxy_rule["from"]
+    assert set(peer) == {"namespaceSelector"}, peer
+    selector = peer["namespaceSelector"]
+    assert set(selector) == {"matchExpressions"}, selector
+    (expr,) = selector["matchExpressions"]
+    assert (expr["key"], expr["operator"]) == (NAMESPACE_NAME_LABEL, "In"), expr
+    return list(expr["values"])
+
+
+def test_instance_pods_accept_the_proxy_port_from_the_gateway_namespace_only_and_the_service(
     base: list[dict[str, Any]], with_redis: list[dict[str, Any]],
 ) -> None:
     from warmpool.pool import vocabulary as v
@@ -711,10 +733,12 @@ def test_instance_pods_accept_the_proxy_port_from_anyone_and_nothing_else_but_th
     # Ingress only (egress is not this policy's business), and exactly two rules.
     assert spec["policyTypes"] == ["Ingress"]
     proxy_rule, service_rule = spec["ingress"]
-    # Anyone (the ingress controller, in its own namespace) may reach oauth2-proxy ...
-    assert "from" not in proxy_rule
+    # oauth2-proxy's port, from the gateway's namespace only: as shipped, a namespace that does
+    # not exist (the setting unset fails closed), never every pod (no rule without `from`).
     assert proxy_rule["ports"] == [{"port": v.OAUTH2_PROXY_PORT, "protocol": "TCP"}]
     assert v.OAUTH2_PROXY_PORT == proxy_port() == 5000
+    assert gateway_namespaces(proxy_rule) == [UNSET_GATEWAY]
+    assert all("from" in rule for rule in spec["ingress"])
     # ... and only the Theia Cloud service's pods, of this namespace, reach the app itself
     # (spec.port, through the internal Service): no other pod bypasses the proxy.
     (peer,) = service_rule["from"]
@@ -723,6 +747,20 @@ def test_instance_pods_accept_the_proxy_port_from_anyone_and_nothing_else_but_th
     assert not selects(peer["podSelector"], instance_pod_labels())
     for d in by_kind(with_redis, "Deployment").values():
         assert not selects(peer["podSelector"], d["spec"]["template"]["metadata"]["labels"])
+
+
+def test_the_example_overlay_sets_the_gateway_namespace_and_nothing_else_of_the_policy(
+    base: list[dict[str, Any]], example: list[dict[str, Any]],
+) -> None:
+    """The setting as the example overlay makes it (the documented patch): only the list of
+    namespaces differs from the base's policy."""
+    shipped = by_kind(base, "NetworkPolicy")["theia-cloud-instances"]["spec"]
+    set_ = by_kind(example, "NetworkPolicy")["theia-cloud-instances"]["spec"]
+    assert gateway_namespaces(set_["ingress"][0]) == ["envoy-gateway-system"]
+    shipped_rule = copy.deepcopy(shipped["ingress"][0])
+    shipped_rule["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] = [
+        "envoy-gateway-system"]
+    assert set_ == {**shipped, "ingress": [shipped_rule, shipped["ingress"][1]]}
 
 
 def test_a_component_removes_the_instances_network_policy_and_nothing_else(

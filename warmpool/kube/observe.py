@@ -40,6 +40,8 @@ def list_sessions(kube: Kube, namespace: str, appdef_name: str | None = None) ->
 
 def proxy_template(kube: Kube, namespace: str) -> str | None:
     cm = kube.get("v1", "ConfigMap", namespace, v.NAMESPACE_PROXY_TEMPLATE)
+    # Anyone with `patch` on ConfigMaps writes it: returned as read, and bounded where it is
+    # used, by warmpool.pool.proxy.prepare (64 KiB, TOML, known values, rewritten).
     return None if cm is None else (cm.get("data") or {}).get(v.PROXY_CONFIG_KEY)
 
 

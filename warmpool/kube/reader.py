@@ -527,6 +527,8 @@ class CachedReader:
 
     def proxy_template(self, namespace: str) -> str | None:
         cm = self.cache.get("ConfigMap", namespace, v.NAMESPACE_PROXY_TEMPLATE)
+        # Anyone with `patch` on ConfigMaps writes it: returned as read, and bounded where it is
+        # used, by warmpool.pool.proxy.prepare (64 KiB, TOML, known values, rewritten).
         return None if cm is None else (cm.get("data") or {}).get(v.PROXY_CONFIG_KEY)
 
     def session_routes(self, namespace: str) -> list[Obj]:

@@ -13,25 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
-from warmpool.pool import naming
+from warmpool.pool import naming, proxy
 from warmpool.pool import vocabulary as v
 from warmpool.pool.availability import ProbeSettings, session_url
 from warmpool.pool.meta import labels_of
 from warmpool.pool.model import CEILING_SETTING, MAX_INSTANCES_CEILING, AppDefinition, Session
 from warmpool.pool.parts import Part
 
-MINIMAL_PROXY_CONFIG = """\
-# Written by warmpool: the namespace has no oauth2-proxy-config ConfigMap to copy from.
-http_address = "0.0.0.0:5000"
-reverse_proxy = true
-upstreams = ["http://127.0.0.1:placeholder-port/"]
-redirect_url = "https://placeholder/oauth2/callback"
-provider = "oidc"
-skip_provider_button = true
-cookie_secure = true
-"""
-
-OAUTH2_PROXY_IMAGE = "quay.io/oauth2-proxy/oauth2-proxy:v7.5.1"
+# The proxy's image and configuration: warmpool.pool.proxy (the advisories behind its default).
+OAUTH2_PROXY_IMAGE = proxy.DEFAULT_IMAGE
 
 
 SESSIONS_PER_USER_SETTING = "WARMPOOL_SESSIONS_PER_USER"
@@ -47,7 +37,14 @@ class PoolSettings:
     """Deployment-wide settings the object shapes depend on (not per AppDefinition)."""
 
     instances_host: str = "instances.theia-cloud.local"
+    # WARMPOOL_OAUTH2_PROXY_IMAGE (upstream's --oAuth2ProxyVersion, as a whole reference).
     oauth2_proxy_image: str = OAUTH2_PROXY_IMAGE
+    # WARMPOOL_TRUSTED_PROXY_IPS: the gateway's pod ranges, written as every proxy's
+    # trusted_proxy_ip; without them, skip routes are refused (warmpool.pool.proxy).
+    trusted_proxy_ips: tuple[str, ...] = ()
+    # WARMPOOL_PROXY_SECRET: a Secret the proxies read client_secret and cookie_secret from,
+    # which then stay out of the per-instance ConfigMaps. Empty: copied as Theia Cloud does.
+    proxy_secret: str = ""
     # The most instances an AppDefinition may ask for; above it, it is Invalid and left as it
     # is (parse_appdefinition's max_instances_ceiling).
     max_instances_ceiling: int = MAX_INSTANCES_CEILING
@@ -70,6 +67,10 @@ class PoolSettings:
     burst: bool = True
 
     @property
+    def proxy_policy(self) -> proxy.ProxyPolicy:
+        return proxy.ProxyPolicy(self.trusted_proxy_ips, self.proxy_secret)
+
+    @property
     def routing(self) -> bool:
         """Session routes (HTTPRoutes) in use."""
         return self.routes == "httproute"
@@ -81,11 +82,19 @@ class PoolSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
-        """The settings from WARMPOOL_INSTANCES_HOST and WARMPOOL_INSTANCES_CEILING (unset or
-        empty: the default); a bad value raises ValueError naming the variable."""
+        """The settings from the WARMPOOL_* variables below (unset or empty: the default); a
+        bad value raises ValueError naming the variable. Every value that reaches an object
+        or a proxy's configuration is held to a bounded grammar here (warmpool.pool.proxy's
+        parsers), so a quote or a newline in one is a configuration error, not a new line."""
         values: dict[str, Any] = {}
         if host := environ.get("WARMPOOL_INSTANCES_HOST", "").strip():
-            values["instances_host"] = host
+            values["instances_host"] = proxy.parse_host(host, "WARMPOOL_INSTANCES_HOST")
+        if raw := environ.get(proxy.IMAGE_SETTING, "").strip():
+            values["oauth2_proxy_image"] = proxy.parse_image(raw)
+        if raw := environ.get(proxy.TRUSTED_PROXIES_SETTING, "").strip():
+            values["trusted_proxy_ips"] = proxy.parse_trusted_proxies(raw)
+        if raw := environ.get(proxy.SECRET_SETTING, "").strip():
+            values["proxy_secret"] = proxy.parse_secret_name(raw)
         if raw := environ.get(CEILING_SETTING, "").strip():
             if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
                 raise ValueError(f"{CEILING_SETTING} must be a positive integer, got {raw!r}")
@@ -106,9 +115,15 @@ class PoolSettings:
                 raise ValueError(f"WARMPOOL_USE_PATHS must be true or false, got {raw!r}")
             values["use_paths"] = raw == "true"
         if raw := environ.get("WARMPOOL_INSTANCES_PATH", "").strip():
-            values["instances_path"] = raw
+            values["instances_path"] = proxy.parse_path(raw, "WARMPOOL_INSTANCES_PATH")
         if "WARMPOOL_INGRESS_PATH_SUFFIX" in environ:  # set and empty: HAProxy's
-            values["ingress_path_suffix"] = environ["WARMPOOL_INGRESS_PATH_SUFFIX"].strip()
+            suffix = environ["WARMPOOL_INGRESS_PATH_SUFFIX"].strip()
+            # A regex for the ingress controller, written into Ingress paths only: printable
+            # ASCII without spaces, at most 64 characters.
+            if len(suffix) > 64 or not all("!" <= c <= "~" for c in suffix):
+                raise ValueError("WARMPOOL_INGRESS_PATH_SUFFIX must be at most 64 printable "
+                                 f"ASCII characters without spaces, got {suffix[:80]!r}")
+            values["ingress_path_suffix"] = suffix
         values["url_probe"] = ProbeSettings.from_env(environ).enabled
         if raw := environ.get("WARMPOOL_BURST", "").strip():
             if raw not in ("on", "off"):
@@ -168,10 +183,11 @@ def base_labels(appdef: AppDefinition, part: Part, instance: int) -> dict[str, s
 def proxy_config(
     appdef: AppDefinition, instance: int, template: str | None, settings: PoolSettings
 ) -> str:
-    """The namespace's oauth2-proxy template with this instance's URL and port filled in."""
-    text = template if template is not None else MINIMAL_PROXY_CONFIG
-    url = f"https://{settings.instances_host}{settings.session_path(appdef, instance)}"
-    return text.replace("https://placeholder", url).replace("placeholder-port", str(appdef.port))
+    """The namespace's oauth2-proxy template, rewritten (warmpool.pool.proxy), with this
+    instance's URL, port and path filled in."""
+    path = settings.session_path(appdef, instance)
+    url = f"https://{settings.instances_host}{path}"
+    return proxy.prepare(template, settings.proxy_policy).render(url, appdef.port, path)
 
 
 def build(
@@ -272,9 +288,17 @@ def _deployment_spec(
         "ports": [{"containerPort": appdef.port}],
         "resources": _resources(appdef),
     }
+    # Hardening that keeps Theia Cloud's images working (docs/security.md, each a departure
+    # from the Java operator): no privilege escalation (no setuid sudo in the IDE), and
+    # runAsNonRoot where the AppDefinition names a uid other than 0 (one that names none, or
+    # 0, runs as its image says, as before).
+    app_security: dict[str, Any] = {"allowPrivilegeEscalation": False}
     if appdef.run_as_user is not None:
-        app["securityContext"] = {"runAsUser": appdef.run_as_user}
-    proxy = {
+        app_security["runAsUser"] = appdef.run_as_user
+        if appdef.run_as_user != 0:
+            app_security["runAsNonRoot"] = True
+    app["securityContext"] = app_security
+    proxy_container: dict[str, Any] = {
         "name": "oauth2-proxy",
         "image": settings.oauth2_proxy_image,
         "args": [
@@ -287,7 +311,21 @@ def _deployment_spec(
              "subPath": v.PROXY_CONFIG_KEY},
             {"name": "oauth2-emails", "mountPath": "/emails"},
         ],
+        "resources": copy.deepcopy(proxy.PROXY_RESOURCES),
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": proxy.PROXY_UID, "runAsGroup": proxy.PROXY_UID,
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
     }
+    if settings.proxy_secret:
+        # client_secret and cookie_secret come from the Secret (oauth2-proxy's environment
+        # wins over its file), so the per-instance ConfigMap does not carry them. Not optional:
+        # a missing Secret or key keeps the pod from starting, with the Secret's name.
+        proxy_container["env"] = [
+            {"name": env, "valueFrom": {"secretKeyRef": {"name": settings.proxy_secret,
+                                                          "key": key}}}
+            for key, env in proxy.SECRET_KEYS.values()]
     return {
         "replicas": 1,
         "selector": {"matchLabels": {v.LABEL_APP: selector}},
@@ -297,7 +335,9 @@ def _deployment_spec(
             },
             "spec": {
                 "automountServiceAccountToken": False,
-                "containers": [app, proxy],
+                # The container runtime's default seccomp profile for both containers.
+                "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [app, proxy_container],
                 "volumes": [
                     # Neither is optional: a pod whose allow-list is missing must not start
                     # (it would answer 403 to everyone, or worse, serve without the proxy).

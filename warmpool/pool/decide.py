@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from warmpool.pool import builders, ingress, naming, routes
+from warmpool.pool import builders, ingress, naming, proxy, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import (
     Action,
@@ -141,12 +141,26 @@ def decide_instance(
     else:
         plan = _free(instance, appdef_name, appdef, proxy_template, settings, shared_route)
     plan.actions[:] = _guard_route_deletes(instance, plan.actions, free=not claimants)
+    plan.actions.extend(_template_reports(plan.actions, proxy_template, settings))
     # A report is about the pool: file it on the AppDefinition unless it names its own object.
     regarding = {"apiVersion": v.APPDEF_API_VERSION, "kind": v.APPDEF_KIND, "name": appdef_name}
     plan.actions[:] = [replace(a, regarding=regarding)
                        if isinstance(a, Report) and not a.regarding else a
                        for a in plan.actions]
     return plan
+
+
+def _template_reports(
+    actions: Sequence[Action], template: str | None, settings: PoolSettings
+) -> list[Report]:
+    """A Warning on the namespace's template ConfigMap for each part of it the proxy
+    configuration just built does not use as written (warmpool.pool.proxy): once per
+    ConfigMap created, so an unchanged template is not reported on every reconcile."""
+    if not any(isinstance(a, Create) and a.part is Part.PROXY_CONFIGMAP for a in actions):
+        return []
+    regarding = {"apiVersion": "v1", "kind": "ConfigMap", "name": v.NAMESPACE_PROXY_TEMPLATE}
+    return [Report(f.reason, f.message, regarding=regarding)
+            for f in proxy.prepare(template, settings.proxy_policy).findings]
 
 
 def _claimed(

@@ -33,6 +33,16 @@ ROUTE_MISSING = "HTTPRoute not available."
 ROUTE_FAILED = "Failed to edit HTTPRoute."
 
 
+#: What the route tells oauth2-proxy the browser asked for (its sign-in redirect returns
+#: there). Theia Cloud's route sends `%REQ(:PATH)%`, the path *with its query*; oauth2-proxy
+#: before 7.11 matched skip_auth_routes against that (GHSA-7rh7-c77v-6434: `/x?/health`
+#: skipped authentication). Envoy's `%PATH(NQ)%` is the same path without the query. The
+#: header is still *set*, not dropped: dropped, a client's own X-Forwarded-Uri would pass
+#: through the gateway, which oauth2-proxy trusts (trusted_proxy_ip), and the sign-in
+#: redirect would lose the session's path prefix that the URLRewrite removes.
+FORWARDED_URI = "%PATH(NQ)%"
+
+
 def route_name(session_uid: str) -> str:
     return f"{session_uid}{v.ROUTE_SUFFIX}"
 
@@ -145,7 +155,7 @@ def desired_route(
                 {"matches": [{"path": {"type": "PathPrefix", "value": f"{path}/"}}],
                  "filters": [
                      {"type": "RequestHeaderModifier", "requestHeaderModifier": {
-                         "set": [{"name": "X-Forwarded-Uri", "value": "%REQ(:PATH)%"}]}},
+                         "set": [{"name": "X-Forwarded-Uri", "value": FORWARDED_URI}]}},
                      {"type": "URLRewrite", "urlRewrite": {"path": {
                          "type": "ReplacePrefixMatch", "replacePrefixMatch": "/"}}}],
                  "backendRefs": [{"name": service, "port": appdef.port}]},
