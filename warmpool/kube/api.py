@@ -130,6 +130,20 @@ class Kube:
             raise _wrap(exc) from None
         return json.loads(resp.data)
 
+    def date_header(self) -> str | None:
+        """The ``Date`` header of a response of the API server (a GET of ``/version``: no RBAC
+        needed, nothing written), as sent; `warmpool.kube.clock` parses and bounds it."""
+        call: Any = self.api_client.call_api  # the stubs lack its keyword arguments
+        # With _preload_content=False the answer is urllib3's response, headers and all.
+        resp: Any = call(
+            "/version", "GET", auth_settings=["BearerToken"], _preload_content=False,
+            _return_http_data_only=True, _request_timeout=self.request_timeout)
+        try:
+            header = resp.getheader("Date")
+        finally:
+            resp.release_conn()
+        return header if isinstance(header, str) else None
+
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
         try:
             return self._call(self._res(api_version, kind).get, name=name, namespace=namespace)
