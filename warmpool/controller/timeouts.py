@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from warmpool.controller.guard import Unguarded
 from warmpool.kube.api import Conflict, Kube, KubeError
-from warmpool.kube.clock import ApiServerClock, ClockUnavailable, ServerClock
+from warmpool.kube.clock import ApiServerClock, ServerClock
 from warmpool.kube.executor import Executor
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
@@ -366,13 +366,13 @@ class TimeoutRunner:
         self._warned: set[tuple[str, str, str]] = set()
 
     def run_once(self) -> PassReport:
+        """One pass. Raises ClockUnavailable, deciding nothing, when the API server's time
+        cannot be read: a pass without the cluster's clock is no pass (the caller counts it
+        as an error)."""
         report = PassReport()
-        try:
-            self.clock.now()  # the server's time, read first: without it nothing is decided
-        except ClockUnavailable as exc:
-            log.warning("timeouts: pass skipped: %s", exc)
-            report.errors.append(("", "", str(exc)))
-            return report
+        # The server's time, read afresh at each pass (one GET); within the pass it is
+        # carried forward on the monotonic clock.
+        self.clock.sync()
         resolver = self.resolver if self.resolver is not None else PoolServiceEndpoints(self.kube)
         for namespace in self.namespaces:
             try:

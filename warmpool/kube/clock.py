@@ -38,6 +38,9 @@ class ServerClock(Protocol):
     def now(self) -> float:
         """The cluster's current time; raises ClockUnavailable when it cannot be read."""
 
+    def sync(self) -> float:
+        """Read the server's time afresh (a pass starts with it); raises ClockUnavailable."""
+
 
 class ClockUnavailable(Exception):
     """The API server's time could not be read: decide nothing that depends on it."""
@@ -111,4 +114,7 @@ class FixedClock:
         self.at = at
 
     def now(self) -> float:
+        return self.at
+
+    def sync(self) -> float:
         return self.at
