@@ -27,6 +27,7 @@ from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import Report
 from warmpool.pool.model import ActivityTracker, Lifetime, parse_lifetime, parse_session
 from warmpool.pool.timeouts import (
+    CLOCK_RESOLUTION_MS,
     MINUTE_MS,
     REASON_BAD_LAST_ACTIVITY,
     REASON_INACTIVE,
@@ -314,8 +315,11 @@ def test_a_stored_last_activity_past_now_or_not_an_integer_is_rewritten_to_now(
         assert warning.reason == REASON_BAD_LAST_ACTIVITY
         assert "status.lastActivity" in warning.message
         assert write == WriteLastActivity(now_ms)
-    # Exactly now is a time, not a problem; nor is unset.
+    # Exactly now is a time, not a problem; nor is unset; nor a value within the clock's
+    # resolution after now (another reading of the cluster's clock wrote it), read as now.
     assert read_last_activity(now_ms, now) == StoredActivity(now_ms)
+    assert read_last_activity(now_ms + CLOCK_RESOLUTION_MS, now) == StoredActivity(now_ms)
+    assert read_last_activity(now_ms + CLOCK_RESOLUTION_MS + 1, now).problem is not None
     assert read_last_activity(None, now) == StoredActivity(None)
 
 

@@ -48,6 +48,11 @@ from warmpool.pool.actions import Report
 from warmpool.pool.model import ActivityTracker, Lifetime, Session
 
 MINUTE_MS = 60_000
+#: How far two readings of the cluster's clock may disagree (ms): the Date header has whole
+#: seconds and each reading lags the server by up to one request's round trip, so a value this
+#: pass wrote at its "now" can be a little after the next pass's "now". Within it a stored
+#: value is read as now (not a problem, not rewritten); beyond it, it is in the future.
+CLOCK_RESOLUTION_MS = 5_000
 
 #: Event reasons (Normal events on the Session, written right before its deletion).
 REASON_TIMED_OUT = "SessionTimedOut"
@@ -174,8 +179,9 @@ def _shown(raw: object) -> str:
 
 def read_last_activity(raw: object, now: float) -> StoredActivity:
     """Bound ``status.lastActivity`` (anyone with ``patch`` on ``sessions/status`` writes it, and
-    a worker writes it from its own clock): an integer of epoch ms in ``[0, now]``. Missing is
-    unset (no problem); anything else is unusable, and says why (shown cut to 40 characters)."""
+    a worker writes it from its own clock): an integer of epoch ms in ``[0, now]``, where a value
+    up to `CLOCK_RESOLUTION_MS` after now is read as now. Missing is unset (no problem);
+    anything else is unusable, and says why (shown cut to 40 characters)."""
     if raw is None:
         return StoredActivity(None)
     field_name = "status.lastActivity"
@@ -183,6 +189,8 @@ def read_last_activity(raw: object, now: float) -> StoredActivity:
         return StoredActivity(None, f"{field_name} must be epoch milliseconds (a non-negative "
                                     f"integer), got {_shown(raw)}")
     now_ms = int(now * 1000)
+    if raw <= now_ms + CLOCK_RESOLUTION_MS:
+        return StoredActivity(min(raw, now_ms))
     if raw > now_ms:
         ahead = (raw - now_ms) // 1000
         shown = f"{ahead} s" if ahead < 10**9 else "more than 30 years"
