@@ -18,14 +18,18 @@ from warmpool.controller.timeouts import (
     INTERVAL_SETTING,
     MONITOR_TIMEOUT_SETTING,
     TRACKER_SETTING,
+    PoolServiceEndpoints,
+    Resolution,
     TimeoutRunner,
     TimeoutSettings,
 )
 from warmpool.kube.api import Conflict
 from warmpool.kube.clock import FixedClock
+from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import Report
 from warmpool.pool.model import ActivityTracker, Lifetime, parse_lifetime, parse_session
+from warmpool.pool.parts import Part
 from warmpool.pool.timeouts import (
     CLOCK_RESOLUTION_MS,
     MINUTE_MS,
@@ -417,3 +421,83 @@ def test_runner_stops_when_no_longer_leading() -> None:
     kube = FakeKube([appdef_obj(timeout=5)], [session_obj("a"), session_obj("b")])
     report = run(kube, T0 + 6 * MIN, active=lambda: False)
     assert report.stopped and kube.calls == []
+
+
+# --- the monitor's target: only the pool's Service of the held instance ------------------------
+
+
+class ServicesKube:
+    """Lists the Services it is given (what PoolServiceEndpoints reads)."""
+
+    def __init__(self, services: list[dict[str, Any]]) -> None:
+        self.services = services
+
+    def list_pages(self, api_version: str, kind: str, namespace: str | None, **_: Any) -> Any:
+        assert kind == "Service"
+        yield list(self.services), "1"
+
+
+def held_session(k: int = 2) -> Any:
+    obj = session_obj("s1", uid="uid-s1")
+    obj["metadata"]["annotations"] = {v.ANNOTATION_INSTANCE_ID: str(k)}
+    return parse_session(obj)
+
+
+def pool_service(k: int = 2, *, appdef_uid: str = "uid-java", session_uid: str = "uid-s1",
+                 ip: Any = "10.0.0.7", name: str | None = None,
+                 label_uid: str | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name or Part.EXTERNAL_SERVICE.object_name("java-app", "uid-java", k),
+            "labels": {v.LABEL_SESSION_UUID: label_uid or session_uid,
+                       v.LABEL_APP: naming.app_selector("java-app", k)},
+            "ownerReferences": [
+                {"kind": v.APPDEF_KIND, "name": "java", "uid": appdef_uid},
+                {"kind": v.SESSION_KIND, "name": "s1", "uid": session_uid}]},
+        "spec": {"clusterIP": ip}}
+
+
+def resolve(services: list[dict[str, Any]], session: Any = None) -> Resolution:
+    return PoolServiceEndpoints(ServicesKube(services)).resolve(  # type: ignore[arg-type]
+        session or held_session(), lifetime(**TRACKED), 3000)
+
+
+def test_the_target_is_the_pools_external_service_of_the_held_instance() -> None:
+    r = resolve([pool_service()])
+    assert r.target is not None and r.target.base == "http://10.0.0.7:3000" and not r.foreign
+    assert resolve([pool_service(ip="fd00::7")]).target.base == "http://[fd00::7]:3000"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("service, why", [
+    (pool_service(appdef_uid="uid-predecessor"), "not owned by AppDefinition"),
+    (pool_service(session_uid="uid-other"), "not owned by this Session"),
+    (pool_service(label_uid="uid-other"), "is not labelled"),
+    (pool_service(ip="None"), "no cluster IP"),
+    (pool_service(ip="10.0.0.7/8"), "no cluster IP"),
+    (pool_service(ip="x" * 10_000), "no cluster IP"),
+    (pool_service(ip=7), "no cluster IP"),
+    (pool_service(k=3), "no Service"),  # another instance's Service: not the held one
+])
+def test_anything_short_of_the_pools_service_is_no_target(service: dict[str, Any], why: str
+                                                          ) -> None:
+    r = resolve([service])
+    assert r.target is None and why in r.why
+
+
+def test_other_services_owned_by_the_session_are_foreign_and_never_targets() -> None:
+    thief = {"metadata": {"name": "a-thief", "ownerReferences": [
+        {"kind": v.SESSION_KIND, "name": "s1", "uid": "uid-s1"}]},
+        "spec": {"clusterIP": "10.9.9.9"}}
+    by_name = {"metadata": {"name": "b-by-name", "ownerReferences": [
+        {"kind": v.SESSION_KIND, "name": "s1"}]}, "spec": {"clusterIP": "10.9.9.8"}}
+    predecessor = {"metadata": {"name": "c-old", "ownerReferences": [
+        {"kind": v.SESSION_KIND, "name": "s1", "uid": "uid-old-s1"}]}}
+    internal = pool_service(name=Part.INTERNAL_SERVICE.object_name("java-app", "uid-java", 2))
+    r = resolve([thief, by_name, predecessor, internal, pool_service()])
+    assert r.target is not None and r.target.base == "http://10.0.0.7:3000"
+    assert r.foreign == ("a-thief", "b-by-name")  # a predecessor's is not this Session's
+    # Without an instance (a claim in flight): no target at all; the pool's Services are not
+    # foreign, the others still named.
+    unheld = parse_session(session_obj("s1", uid="uid-s1"))
+    r = resolve([thief, pool_service()], unheld)
+    assert r.target is None and "names no instance" in r.why and r.foreign == ("a-thief",)

@@ -186,7 +186,8 @@ class PoolServiceEndpoints:
     - with a ``clusterIP`` that parses as an IP address (``ipaddress``: bounded).
 
     Every other Service with an owner reference to the Session (its uid, or its name without
-    a uid) is foreign: never asked, named in `Resolution.foreign` for a Warning event.
+    a uid) and none to its AppDefinition is foreign, and so is one with the external Service's
+    name that fails a check: never asked, named in `Resolution.foreign` for a Warning event.
     Lists each namespace's Services once, at its first use: make one per pass.
     """
 
@@ -209,10 +210,16 @@ class PoolServiceEndpoints:
             internal = Part.INTERNAL_SERVICE.object_name(lifetime.spec_name, lifetime.uid, k)
             ours = {external, internal}
         services = self._of(session.namespace)
+        # Foreign: owned by the Session, not one of the two names, and not the AppDefinition's
+        # either (another instance's Service in the middle of a claim is the pool's). Only
+        # what is reported depends on this; the target is decided by the checks below alone.
         foreign = tuple(sorted(
             name_of(svc) for svc in services
             if name_of(svc) not in ours
-            and any(_names_session(ref, session) for ref in owner_refs(svc))))
+            and any(_names_session(ref, session) for ref in owner_refs(svc))
+            and not (lifetime.uid and any(
+                ref.get("kind") == v.APPDEF_KIND and ref.get("uid") == lifetime.uid
+                for ref in owner_refs(svc)))))
         if k is None:
             return Resolution(None, "the Session names no instance (annotation "
                                     f"{v.ANNOTATION_INSTANCE_ID})", foreign)
