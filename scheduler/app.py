@@ -35,6 +35,7 @@ from scheduler.leader import LeaderConfig, LeaderElector
 from warmpool.controller.timeouts import TimeoutRunner, TimeoutSettings
 from warmpool.keys import Key, PoolKey
 from warmpool.kube.api import Kube, KubeError
+from warmpool.kube.clock import ClockUnavailable
 from warmpool.kube.observe import POOL_WATCHES
 from warmpool.kube.reflector import Backoff, Reflector, Watched
 from warmpool.pool import vocabulary as v
@@ -501,6 +502,10 @@ class Scheduler:
                 continue
             try:
                 report = runner.run_once()
+            except ClockUnavailable as exc:  # no cluster time, no decision: try next interval
+                self.stats.timeout_errors += 1
+                log.warning("timeout pass skipped: %s", exc)
+                continue
             except Exception:
                 self.stats.timeout_errors += 1
                 log.exception("timeout pass failed")

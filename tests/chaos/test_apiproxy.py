@@ -299,6 +299,23 @@ def test_settings_are_validated_and_restored(proxy: ApiProxy) -> None:
     assert proxy.faults() == Faults()
 
 
+def test_clock_offset_moves_the_clusters_clock_as_its_clients_read_it(
+    proxy: ApiProxy, via: Kube, kube: Kube,
+) -> None:
+    """`clock_offset` shifts the Date of every response (what `ApiServerClock` reads) and
+    nothing else: the server's own timestamps are left as they are."""
+    from warmpool.kube.clock import ApiServerClock
+
+    direct = ApiServerClock(kube).sync()
+    proxy.set(clock_offset=1800)
+    shifted = ApiServerClock(via).sync()
+    assert 1800 - 5 <= shifted - direct <= 1800 + 5  # whole seconds, one request apart
+    proxy.set(clock_offset=-7200)
+    assert -7200 - 5 <= ApiServerClock(via).sync() - direct <= -7200 + 5
+    proxy.reset()
+    assert abs(ApiServerClock(via).sync() - direct) <= 5
+
+
 class ManualClock:
     """The proxy's clock, moved by the test: a delayed chunk is released when it says so.
     It counts its readings, so the test knows when the delay line has looked at it."""

@@ -1680,3 +1680,190 @@ def test_a_bad_proxy_setting_exits_with_one_clear_line(
     """Each role refuses to start on a setting that would reach the proxy's configuration or
     its pod unchecked: one `error:` line naming the variable, exit 2, no traceback."""
     test_configuration_error_exits_with_one_clear_line(cluster, tmp_path, case)
+
+# --- timeouts and clocks (issue #29) ----------------------------------------------------------
+# A Session's timeouts read status.lastActivity (anyone with patch on sessions/status writes it,
+# and a worker writes it from its own clock) and the Services that name the Session as owner
+# (anyone who can create a Service makes one). Each case runs one timeout pass of the real
+# runner against the module's controller, on the API server's clock (the production
+# ApiServerClock), with the tracker on; the monitors are asked through a recording client that
+# never gets an answer (the test host cannot route to a cluster IP), so activity is unknown.
+
+
+CLOCKED = "clocked"  # a tracked AppDefinition: 60 minutes of inactivity, 30 hours hard limit
+
+
+class UnansweredMonitor:
+    """Records every monitor request (base URL, token) and answers none of them."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+
+    def last_activity(self, base: str, secret: str) -> int | None:
+        self.asked.append((base, secret))
+        raise ConnectionRefusedError("nothing listens here")
+
+    def popup(self, base: str, secret: str) -> None:
+        self.asked.append((base, secret))
+        raise ConnectionRefusedError("nothing listens here")
+
+    def message(self, base: str, secret: str, body: str) -> None:
+        self.asked.append((base, secret))
+        raise ConnectionRefusedError("nothing listens here")
+
+
+def _clocked_pool(ctl: Controller) -> None:
+    if ctl.kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ctl.ns, CLOCKED) is None:
+        create_appdef(ctl.kube, ctl.ns, CLOCKED, min_instances=1, max_instances=4,
+                      spec_name=CLOCKED, timeout=1800,
+                      monitor={"port": 3000, "activityTracker": {"timeoutAfter": 60}})
+
+
+def _handled_clocked_session(ctl: Controller, name: str, user: str) -> dict[str, Any]:
+    _clocked_pool(ctl)
+    create_session(ctl.kube, ctl.ns, name, user, CLOCKED)
+    ctl.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ctl.ns, name,
+                         {"spec": {"sessionSecret": f"token-{name}"}})
+    wait_status(ctl.kube, ctl.ns, name, "HANDLED", "Instance")
+    obj = ctl.kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ctl.ns, name)
+    assert obj is not None
+    return obj
+
+
+def _timeout_runner(ctl: Controller, monitor: UnansweredMonitor) -> Any:
+    from warmpool.controller.timeouts import TimeoutRunner, TimeoutSettings
+
+    return TimeoutRunner(ctl.kube, [ctl.ns], TimeoutSettings(activity_tracker=True),
+                         monitor=monitor)
+
+
+def _timeout_pass(ctl: Controller, monitor: UnansweredMonitor) -> Any:
+    return _timeout_runner(ctl, monitor).run_once()
+
+
+def _server_ms(ctl: Controller) -> int:
+    from warmpool.kube.clock import ApiServerClock
+
+    return int(ApiServerClock(ctl.kube).sync() * 1000)
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param("future-2h", id="two-hours-ahead"),
+    pytest.param(10**18, id="huge"),
+    pytest.param(10**30, id="beyond-int64"),
+    pytest.param("yesterday", id="text"),
+    pytest.param({"no": 1}, id="object"),
+    pytest.param(-5, id="negative"),
+    pytest.param(True, id="boolean"),
+])
+def test_last_activity_in_the_future_or_garbage_is_named_and_rewritten_to_now(
+    ctl: Controller, value: Any,
+) -> None:
+    """Today a future value keeps a Session alive until then (10^18: for ever). It gets a
+    Warning naming status.lastActivity and is rewritten to the cluster's now; the Session is
+    not deleted (its activity is unknown), and a sibling with a good value is left alone."""
+    kube, ns = ctl.kube, ctl.ns
+    tag = uuid.uuid4().hex[:5]
+    bad, good = f"la-bad-{tag}", f"la-good-{tag}"
+    try:
+        _last_activity_case(ctl, value, bad, good)
+    finally:  # the pool is shared by the cases: hand its instances back
+        for name in (bad, good):
+            with contextlib.suppress(KubeError):
+                kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+
+
+def _last_activity_case(ctl: Controller, value: Any, bad: str, good: str) -> None:
+    from warmpool.pool.timeouts import REASON_BAD_LAST_ACTIVITY
+
+    kube, ns = ctl.kube, ctl.ns
+    _handled_clocked_session(ctl, bad, USERS[11])
+    good_obj = _handled_clocked_session(ctl, good, USERS[12])
+    good_value = good_obj["status"]["lastActivity"]
+    raw = _server_ms(ctl) + 2 * 3_600_000 if value == "future-2h" else value
+    kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, bad,
+                     {"status": {"lastActivity": raw}}, status=True)
+
+    before = _server_ms(ctl)
+    report = _timeout_pass(ctl, UnansweredMonitor())
+    after = _server_ms(ctl)
+
+    assert report.errors == [] and report.deleted == []
+    written = dict(((n, x) for _, n, x in report.activity_written))
+    assert set(written) == {bad}, report.activity_written
+    assert before - 1000 <= written[bad] <= after + 1000  # the cluster's now (Date: 1 s steps)
+    assert status_of(kube, ns, bad)["lastActivity"] == written[bad]
+    [message] = events_about(kube, ns, bad, REASON_BAD_LAST_ACTIVITY)
+    assert "status.lastActivity" in message and len(message) < 400
+    assert status_of(kube, ns, good)["lastActivity"] == good_value
+    assert events_about(kube, ns, good, REASON_BAD_LAST_ACTIVITY) == []
+    # Both still held and served; the next pass finds nothing wrong.
+    for name in (bad, good):
+        assert status_of(kube, ns, name)["operatorStatus"] == "HANDLED"
+    assert _timeout_pass(ctl, UnansweredMonitor()).activity_written == []
+
+
+def test_a_foreign_service_owned_by_the_session_never_gets_its_token(ctl: Controller) -> None:
+    """Java sends the monitor's bearer token to the first Service not ending in -int with an
+    owner reference to the Session. A Service made by anyone, owned by the Session and listed
+    first, is ignored with a Warning naming it; the token goes only to the pool's Service of
+    the held instance; a second Session's monitor is asked as usual."""
+    kube, ns = ctl.kube, ctl.ns
+    tag = uuid.uuid4().hex[:5]
+    victim, other = f"fs-victim-{tag}", f"fs-other-{tag}"
+    try:
+        _foreign_service_case(ctl, tag, victim, other)
+    finally:  # the pool is shared by the cases: hand its instances back
+        for name in (victim, other):
+            with contextlib.suppress(KubeError):
+                kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
+        with contextlib.suppress(KubeError):
+            kube.delete("v1", "Service", ns, f"a-thief-{tag}")
+
+
+def _foreign_service_case(ctl: Controller, tag: str, victim: str, other: str) -> None:
+    from warmpool.pool.timeouts import REASON_FOREIGN_SERVICE
+
+    kube, ns = ctl.kube, ctl.ns
+    victim_obj = _handled_clocked_session(ctl, victim, USERS[13])
+    _handled_clocked_session(ctl, other, USERS[14])
+    thief = kube.create({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": f"a-thief-{tag}", "namespace": ns,
+                     "labels": {v.LABEL_SESSION_UUID: victim_obj["metadata"]["uid"]},
+                     "ownerReferences": [{"apiVersion": v.SESSION_API_VERSION,
+                                          "kind": v.SESSION_KIND, "name": victim,
+                                          "uid": victim_obj["metadata"]["uid"]}]},
+        "spec": {"ports": [{"port": 3000}], "selector": {"app": "thief"}}})
+
+    monitor = UnansweredMonitor()
+    runner = _timeout_runner(ctl, monitor)  # the leader's runner lives across passes
+    report = runner.run_once()
+
+    assert report.errors == [] and report.deleted == []
+    [message] = events_about(kube, ns, victim, REASON_FOREIGN_SERVICE)
+    assert thief["metadata"]["name"] in message and "metadata.ownerReferences" in message
+    thief_ip = thief["spec"]["clusterIP"]
+    assert all(thief_ip not in base for base, _ in monitor.asked), monitor.asked
+
+    def pool_ip(session: str) -> str:
+        obj = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, session) or {}
+        k = int(obj["metadata"]["annotations"][v.ANNOTATION_INSTANCE_ID])
+        appdef = parse_appdefinition(kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns,
+                                              CLOCKED) or {})
+        assert isinstance(appdef, AppDefinition)
+        svc = kube.get("v1", "Service", ns,
+                       builders.object_name(appdef, Part.EXTERNAL_SERVICE, k)) or {}
+        return str(svc["spec"]["clusterIP"])
+
+    assert sorted(monitor.asked) == sorted([
+        (f"http://{pool_ip(victim)}:3000", f"token-{victim}"),
+        (f"http://{pool_ip(other)}:3000", f"token-{other}")])
+    assert events_about(kube, ns, other, REASON_FOREIGN_SERVICE) == []
+    # One Warning per foreign Service, not one a pass; the token still only to the pool's.
+    asked = len(monitor.asked)
+    assert runner.run_once().errors == []
+    assert all(thief_ip not in base for base, _ in monitor.asked[asked:])
+    assert len(events_about(kube, ns, victim, REASON_FOREIGN_SERVICE)) == 1
+    for name in (victim, other):
+        assert status_of(kube, ns, name)["operatorStatus"] == "HANDLED"

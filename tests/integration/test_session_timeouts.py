@@ -23,15 +23,32 @@ from tests.producers import Recorder
 from tests.waiting import wait_for
 from warmpool.controller.timeouts import (
     LiveSource,
+    MonitorTarget,
     PassReport,
-    ServiceEndpoints,
+    PoolServiceEndpoints,
+    Resolution,
     TimeoutRunner,
     TimeoutSettings,
 )
 from warmpool.kube.api import Kube
+from warmpool.kube.clock import FixedClock
 from warmpool.pool import vocabulary as v
-from warmpool.pool.model import Session, parse_session
-from warmpool.pool.timeouts import REASON_INACTIVE, REASON_TIMED_OUT, epoch_seconds
+from warmpool.pool.builders import PoolSettings, build
+from warmpool.pool.model import (
+    Invalid,
+    Lifetime,
+    Session,
+    parse_appdefinition,
+    parse_lifetime,
+    parse_session,
+)
+from warmpool.pool.parts import Part
+from warmpool.pool.timeouts import (
+    REASON_INACTIVE,
+    REASON_MONITOR_UNKNOWN,
+    REASON_TIMED_OUT,
+    epoch_seconds,
+)
 from warmpool.testing.world import appdef_body, appdef_spec, create_session
 
 MIN = 60.0
@@ -103,7 +120,7 @@ def test_a_session_past_spec_timeout_gets_a_normal_event_and_is_deleted(
     free = make_session(kube, namespace, "s-unlimited", "unlimited")
     orphan = make_session(kube, namespace, "s-orphan", "no-such-appdef")
     now = created_at(old) + 6 * MIN  # 6 whole minutes: above 5, not above 30
-    runner = TimeoutRunner(kube, [namespace], TimeoutSettings(), clock=lambda: now)
+    runner = TimeoutRunner(kube, [namespace], TimeoutSettings(), clock=FixedClock(now))
 
     report = runner.run_once()
 
@@ -118,7 +135,7 @@ def test_a_session_past_spec_timeout_gets_a_normal_event_and_is_deleted(
     s2 = make_session(kube, namespace, "s-short-2", "short")
     at_limit = created_at(s2) + 5 * MIN + 59
     assert TimeoutRunner(kube, [namespace], TimeoutSettings(),
-                         clock=lambda: at_limit).run_once().deleted == []
+                         clock=FixedClock(at_limit)).run_once().deleted == []
 
 
 class RecreatingSource(LiveSource):
@@ -149,7 +166,7 @@ def test_a_session_recreated_under_the_same_name_before_the_delete_survives(
     now = created_at(old) + 10 * MIN  # the successor is "old" too by this clock
     source = RecreatingSource(kube, "again", "short")
     report = TimeoutRunner(kube, [namespace], TimeoutSettings(), source=source,
-                           clock=lambda: now).run_once()
+                           clock=FixedClock(now)).run_once()
     assert report.spared == [(namespace, "again")] and report.deleted == []
     assert source.recreated is not None
     current = session_or_none(kube, namespace, "again")
@@ -166,10 +183,10 @@ class FailingResolver:
     def __init__(self, fail: str) -> None:
         self.fail = fail
 
-    def endpoint(self, session: Session, port: int) -> str | None:
+    def resolve(self, session: Session, lifetime: Lifetime, port: int) -> Resolution:
         if session.name == self.fail:
             raise RuntimeError("resolver exploded")
-        return None
+        return Resolution(None, "none here")
 
 
 def test_malformed_sessions_and_appdefinitions_do_not_stop_the_pass(
@@ -195,7 +212,7 @@ def test_malformed_sessions_and_appdefinitions_do_not_stop_the_pass(
                      {"spec": {"timeout": 10_000}})
     now = max(created_at(o) for o in names.values()) + 3 * MIN
     report = TimeoutRunner(kube, [namespace], TRACKER_ON, resolver=FailingResolver("d-boom"),
-                           clock=lambda: now).run_once()
+                           clock=FixedClock(now)).run_once()
 
     assert report.sessions == 5
     assert [e[:2] for e in report.errors] == [(namespace, "d-boom")]
@@ -272,8 +289,10 @@ def monitor() -> Iterator[tuple[Monitor, int]]:
 
 
 class LocalResolver:
-    def endpoint(self, session: Session, port: int) -> str | None:
-        return f"http://127.0.0.1:{port}"
+    """Every Session's monitor is the local one (the pool's Services are another test's)."""
+
+    def resolve(self, session: Session, lifetime: Lifetime, port: int) -> Resolution:
+        return Resolution(MonitorTarget(f"http://127.0.0.1:{port}", "local"))
 
 
 def test_the_tracker_pops_up_raises_last_activity_and_posts_the_message_before_deleting(
@@ -294,21 +313,26 @@ def test_the_tracker_pops_up_raises_last_activity_and_posts_the_message_before_d
                          status={**handled, "lastActivity": now_ms - 30 * 60_000})
     silent = make_session(kube, namespace, "silent", "tracked", secret="secret-silent",
                           status={**handled, "lastActivity": now_ms - 61 * 60_000})
+    # Its monitor does not answer with a time (a 404): unknown, not inactive (issue #29).
+    mute = make_session(kube, namespace, "mute", "tracked", secret="secret-mute",
+                        status={**handled, "lastActivity": now_ms - 61 * 60_000})
     handling = make_session(kube, namespace, "handling", "tracked", secret="secret-handling",
                             status={"operatorStatus": "HANDLING",
                                     "lastActivity": now_ms - 600 * 60_000})
     server.last_activity.update({
+        "secret-idle": now_ms - 57 * 60_000,  # the same as stored: the popup
         "secret-active": now_ms - 2 * 60_000,  # higher: written, no popup
         "secret-stale": now_ms - 45 * 60_000,  # lower than stored: ignored
+        "secret-silent": now_ms - 61 * 60_000,  # the IDE says idle for 61 minutes
     })
 
     off = TimeoutRunner(kube, [namespace], TimeoutSettings(), resolver=LocalResolver(),
-                        clock=lambda: now).run_once()
-    assert off == PassReport(sessions=6)  # tracker off by default: nothing asked, nothing done
+                        clock=FixedClock(now)).run_once()
+    assert off == PassReport(sessions=7)  # tracker off by default: nothing asked, nothing done
     assert server.requests == []
 
     report = TimeoutRunner(kube, [namespace], TRACKER_ON, resolver=LocalResolver(),
-                           clock=lambda: now).run_once()
+                           clock=FixedClock(now)).run_once()
 
     assert report.errors == []
     assert report.popups == [(namespace, "idle")]
@@ -330,30 +354,74 @@ def test_the_tracker_pops_up_raises_last_activity_and_posts_the_message_before_d
     gets = [(path, auth) for method, path, auth, _, _ in server.requests if method == "GET"]
     assert sorted(gets) == sorted(
         ("/monitor/activity/lastActivity", f"Bearer secret-{n}")
-        for n in ("idle", "active", "stale", "silent"))
+        for n in ("idle", "active", "stale", "silent", "mute"))
+    # The mute monitor's Session is kept, told nothing, and a Warning says why and what caps it.
+    assert session_or_none(kube, namespace, "mute") is not None
+    assert server.posts("secret-mute") == []
+    warnings = [(e["type"], e["reason"], e["message"])
+                for e in events_for(kube, namespace, mute["metadata"]["uid"])]
+    assert [w[:2] for w in warnings] == [("Warning", REASON_MONITOR_UNKNOWN)], warnings
+    assert "not deleted for inactivity" in warnings[0][2] and "spec.timeout" in warnings[0][2]
     assert idle["metadata"]["uid"] and active["metadata"]["uid"]
 
 
-def test_the_default_resolver_targets_the_sessions_external_service(
+def pool_services(kube: Kube, appdef_obj: dict[str, Any], session_obj: dict[str, Any],
+                  k: int) -> dict[Part, dict[str, Any]]:
+    """Instance k's two Services exactly as the pool builds them for `session_obj` as holder
+    (`builders.build`), created, and the Session annotated with k as a claim annotates it."""
+    appdef = parse_appdefinition(appdef_obj)
+    assert not isinstance(appdef, Invalid), appdef
+    holder = parse_session(session_obj)
+    made = {part: kube.create(build(part, appdef, k, holder=holder, proxy_template=None,
+                                    settings=PoolSettings()))
+            for part in (Part.INTERNAL_SERVICE, Part.EXTERNAL_SERVICE)}
+    kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, holder.namespace, holder.name,
+                     {"metadata": {"annotations": {v.ANNOTATION_INSTANCE_ID: str(k)}}})
+    return made
+
+
+def foreign_service(kube: Kube, ns: str, name: str, owner: Session,
+                    labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return kube.create({"apiVersion": "v1", "kind": "Service",
+                        "metadata": {"name": name, "namespace": ns, "labels": labels or {},
+                                     "ownerReferences": [owner.owner_reference()]},
+                        "spec": {"ports": [{"port": 3000}], "selector": {"app": name}}})
+
+
+def test_the_default_resolver_targets_only_the_pools_service_of_the_held_instance(
     kube: Kube, namespace: str
 ) -> None:
-    s = parse_session(make_session(kube, namespace, "owner", "x"))
-    other = parse_session(make_session(kube, namespace, "other", "x"))
+    """Java asks the first Service not ending in -int owned by the Session, and sends it the
+    Session's token; anyone who can create a Service gets it. Here only instance k's external
+    Service the pool made for this holder is a target; any other Service owned by the Session
+    is foreign, and named so that the runner can warn."""
+    appdef_obj = make_appdef(kube, namespace, "java")
+    lifetime = parse_lifetime(appdef_obj)
+    owner_obj = make_session(kube, namespace, "owner", "java")
+    owner = parse_session(owner_obj)
+    # Listed before the pool's Services, not ending in -int, owned by the Session by uid:
+    # Java's rule would pick it.
+    foreign_service(kube, namespace, "a-thief", owner)
+    made = pool_services(kube, appdef_obj, owner_obj, 2)
+    owner = parse_session(session_or_none(kube, namespace, "owner") or {})
+    external = made[Part.EXTERNAL_SERVICE]
+    resolution = PoolServiceEndpoints(kube).resolve(owner, lifetime, 4242)
+    assert resolution.target == MonitorTarget(
+        f"http://{external['spec']['clusterIP']}:4242", external["metadata"]["name"])
+    assert resolution.foreign == ("a-thief",)
 
-    def service(name: str, owner: Session) -> dict[str, Any]:
-        return kube.create({"apiVersion": "v1", "kind": "Service",
-                            "metadata": {"name": name, "namespace": namespace,
-                                         "ownerReferences": [owner.owner_reference()]},
-                            "spec": {"ports": [{"port": 3000}], "selector": {"app": name}}})
+    # The same Service with the Session's uid label edited away is not the pool's any more.
+    kube.merge_patch("v1", "Service", namespace, external["metadata"]["name"],
+                     {"metadata": {"labels": {v.LABEL_SESSION_UUID: "someone-else"}}})
+    resolution = PoolServiceEndpoints(kube).resolve(owner, lifetime, 4242)
+    assert resolution.target is None and "is not labelled" in resolution.why
+    assert resolution.foreign == ("a-thief", external["metadata"]["name"])
 
-    internal = service("a-inst-int", s)  # listed first, but an internal Service
-    external = service("b-inst", s)
-    service("c-other", other)
-    resolver = ServiceEndpoints(kube)
-    assert internal["spec"]["clusterIP"] != external["spec"]["clusterIP"]
-    assert resolver.endpoint(s, 4242) == f"http://{external['spec']['clusterIP']}:4242"
-    lone = parse_session(make_session(kube, namespace, "lone", "x"))
-    assert resolver.endpoint(lone, 4242) is None
+    # A Session without an instance has no target, whatever Services it owns.
+    lone = parse_session(make_session(kube, namespace, "lone", "java"))
+    foreign_service(kube, namespace, "b-lone", lone)
+    resolution = PoolServiceEndpoints(kube).resolve(lone, lifetime, 4242)
+    assert resolution.target is None and resolution.foreign == ("b-lone",)
 
 
 # --- wiring: the scheduler's leader runs the pass ---------------------------------------------
@@ -368,7 +436,7 @@ def test_the_scheduler_runs_the_pass_periodically(
                              timeouts=TimeoutSettings(interval=0.2))
     app = Scheduler(lambda: Kube(kube_api), Recorder(), config)
     assert app.timeouts is not None
-    app.timeouts.clock = lambda: created_at(obj) + 3 * MIN
+    app.timeouts.clock = FixedClock(created_at(obj) + 3 * MIN)
     app.start()
     try:
         assert_deleted_after_normal_event(kube, namespace, obj, REASON_TIMED_OUT)

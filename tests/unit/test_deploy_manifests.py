@@ -238,8 +238,11 @@ KUBE_CALLS: dict[tuple[str, str], dict[str, set[Grant]]] = {
         "scheduler": {(SCHED, "poolschedules/status", "patch")}},
     ("warmpool.controller.timeouts", "LiveSource._all"): {
         "scheduler": _grants(THEIA, "appdefinitions sessions", "list")},
-    ("warmpool.controller.timeouts", "ServiceEndpoints._of"): {
+    ("warmpool.controller.timeouts", "PoolServiceEndpoints._of"): {
         "scheduler": {("", "services", "list")}},
+    # A lastActivity in the future or unreadable is rewritten to the server's now (issue #29).
+    ("warmpool.controller.timeouts", "TimeoutRunner._write_last_activity"): {
+        "scheduler": {(THEIA, "sessions/status", "patch")}},
     ("warmpool.controller.timeouts", "TimeoutRunner._delete"): {
         "scheduler": {("", "events", "create"), (THEIA, "sessions", "delete")}},
     # SetSessionStatus: the scheduler's activity tracker, the workers' claims and releases.

@@ -18,22 +18,38 @@ from warmpool.controller.timeouts import (
     INTERVAL_SETTING,
     MONITOR_TIMEOUT_SETTING,
     TRACKER_SETTING,
+    PoolServiceEndpoints,
+    Resolution,
     TimeoutRunner,
     TimeoutSettings,
 )
 from warmpool.kube.api import Conflict
+from warmpool.kube.clock import FixedClock
+from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.pool.actions import Report
 from warmpool.pool.model import ActivityTracker, Lifetime, parse_lifetime, parse_session
+from warmpool.pool.parts import Part
 from warmpool.pool.timeouts import (
+    CLOCK_RESOLUTION_MS,
     MINUTE_MS,
+    REASON_BAD_LAST_ACTIVITY,
     REASON_INACTIVE,
     REASON_TIMED_OUT,
     DeleteSession,
+    Observation,
+    Observed,
     Popup,
     PostMessage,
+    StoredActivity,
+    Unknown,
     WriteLastActivity,
     activity_plan,
+    hard_deadline,
     hard_limit,
+    inactivity_deadline,
+    read_last_activity,
+    session_deadline,
     timeout_message,
     tracker_for,
     whole_minutes,
@@ -190,6 +206,14 @@ def test_only_handled_sessions_with_a_positive_timeout_after_and_a_port_are_trac
 
 TRACKER = ActivityTracker(timeout_after=60, notify_after=55)
 LAST = int(T0 * 1000)
+SAME = Observed(LAST)  # the monitor answered, with nothing newer than what is stored
+SILENT = Unknown("no answer")
+
+
+def plan(tracker: ActivityTracker, last: Any, observation: Observation, now: float
+         ) -> tuple[Any, ...]:
+    """activity_plan on a stored lastActivity as the runner reads it (bounded at `now`)."""
+    return activity_plan(tracker, read_last_activity(last, now), observation, now)
 
 
 @pytest.mark.parametrize("minutes, expected", [
@@ -201,13 +225,13 @@ LAST = int(T0 * 1000)
 def test_popup_while_notify_after_le_m_lt_timeout_after(minutes: int, expected: tuple[Any, ...]
                                                         ) -> None:
     now = T0 + minutes * MIN + 59.9  # the minutes are floored
-    assert activity_plan(TRACKER, LAST, None, now) == expected
+    assert plan(TRACKER, LAST, SAME, now) == expected
 
 
 def test_message_then_delete_at_timeout_after() -> None:
-    plan = activity_plan(TRACKER, LAST, None, T0 + 60 * MIN)
-    assert [type(a) for a in plan] == [PostMessage, DeleteSession]
-    message, deletion = plan
+    actions = plan(TRACKER, LAST, SAME, T0 + 60 * MIN)
+    assert [type(a) for a in actions] == [PostMessage, DeleteSession]
+    message, deletion = actions
     assert isinstance(message, PostMessage) and isinstance(deletion, DeleteSession)
     assert message.body == ('{"message":"Your session has timed out!","level":"info",'
                             '"fullscreen":true,"detail":"Timeout of 60 minutes of inactivity '
@@ -218,40 +242,102 @@ def test_message_then_delete_at_timeout_after() -> None:
         '"detail":"Timeout of 7 minutes of inactivity was reached!"}')
 
 
-def test_a_silent_monitor_lets_the_session_die_timeout_after_minutes_after_handled() -> None:
-    handled_ms = LAST  # markHandled wrote lastActivity = now
-    just_before = handled_ms / 1000 + 60 * MIN - 0.001
-    assert not any(isinstance(a, DeleteSession)
-                   for a in activity_plan(TRACKER, handled_ms, None, just_before))
-    assert isinstance(activity_plan(TRACKER, handled_ms, None, handled_ms / 1000 + 60 * MIN)[-1],
-                      DeleteSession)
+def test_a_silent_monitor_is_unknown_never_inactive() -> None:
+    """Java deletes a Session whose monitor never answers timeoutAfter minutes after HANDLED;
+    here nothing is deleted for inactivity that was not observed, and no popup is sent."""
+    for minutes in (59, 60, 61, 10_000):
+        assert plan(TRACKER, LAST, SILENT, T0 + minutes * MIN) == ()
+    # Its deadline is the hard limit alone (the cap); observed, the inactivity one.
+    session = parse_session(session_obj(last_activity=LAST))
+    assert session_deadline(session, lifetime(timeout=90, **TRACKED), LAST, SILENT) \
+        == T0 + 91 * MIN
+    assert session_deadline(session, lifetime(timeout=90, **TRACKED), LAST, SAME) \
+        == T0 + 60 * MIN
+    assert session_deadline(session, lifetime(**TRACKED), LAST, SILENT) is None
+    assert inactivity_deadline(TRACKER, LAST, SILENT) is None
+
+
+def test_an_answer_after_a_silence_is_counted_from_what_it_says() -> None:
+    # Unreachable for an hour, then it answers: the user was active 5 minutes ago.
+    now = T0 + 65 * MIN
+    recent = LAST + 60 * MINUTE_MS
+    assert plan(TRACKER, LAST, Observed(recent), now) == (WriteLastActivity(recent),)
+    # ...or it answers that the user left before the silence: deleted, as observed.
+    assert isinstance(plan(TRACKER, LAST, SAME, now)[-1], DeleteSession)
 
 
 def test_a_higher_reported_value_is_written_and_counted_from() -> None:
     now = T0 + 59 * MIN
     reported = LAST + 50 * MINUTE_MS  # 9 minutes ago: no popup any more
-    assert activity_plan(TRACKER, LAST, reported, now) == (WriteLastActivity(reported),)
+    assert plan(TRACKER, LAST, Observed(reported), now) == (WriteLastActivity(reported),)
     # and it saves a Session that the stored value would have timed out
-    assert activity_plan(TRACKER, LAST, reported, T0 + 61 * MIN) == (WriteLastActivity(reported),)
+    assert plan(TRACKER, LAST, Observed(reported), T0 + 61 * MIN) \
+        == (WriteLastActivity(reported),)
 
 
 def test_a_lower_or_equal_reported_value_is_ignored() -> None:
     now = T0 + 56 * MIN
-    assert activity_plan(TRACKER, LAST, LAST - 5 * MINUTE_MS, now) == (Popup(),)
-    assert activity_plan(TRACKER, LAST, LAST, now) == (Popup(),)
-    assert activity_plan(TRACKER, LAST, -1, T0 + 60 * MIN)[-1].__class__ is DeleteSession
+    assert plan(TRACKER, LAST, Observed(LAST - 5 * MINUTE_MS), now) == (Popup(),)
+    assert plan(TRACKER, LAST, SAME, now) == (Popup(),)
+    assert plan(TRACKER, LAST, Observed(-1), T0 + 60 * MIN)[-1].__class__ is DeleteSession
 
 
 def test_unset_last_activity_starts_the_count_now_and_a_future_report_counts_as_now() -> None:
     now = T0 + 1000 * MIN
     now_ms = int(now * 1000)
-    assert activity_plan(TRACKER, None, None, now) == (WriteLastActivity(now_ms),)
-    assert activity_plan(TRACKER, LAST, now_ms + 10**9, now) == (WriteLastActivity(now_ms),)
+    assert plan(TRACKER, None, Observed(now_ms - 1000), now) \
+        == (WriteLastActivity(now_ms - 1000),)
+    assert plan(TRACKER, None, SILENT, now) == (WriteLastActivity(now_ms),)
+    assert plan(TRACKER, LAST, Observed(now_ms + 10**9), now) == (WriteLastActivity(now_ms),)
+
+
+@pytest.mark.parametrize("raw, why", [
+    (int(T0 * 1000) + 2 * 3_600_000, "7200 s after the cluster's current time"),  # 2 h ahead
+    (10**18, "more than 30 years after"),
+    (2**70, "more than 30 years after"),
+    ("yesterday", "must be epoch milliseconds"),
+    (True, "must be epoch milliseconds"),
+    (-5, "must be epoch milliseconds"),
+    (1.5e12, "must be epoch milliseconds"),
+    ({"no": 1}, "must be epoch milliseconds"),
+    ("x" * 10_000, "must be epoch milliseconds"),
+])
+def test_a_stored_last_activity_past_now_or_not_an_integer_is_rewritten_to_now(
+    raw: Any, why: str,
+) -> None:
+    """Stored in the future it would keep the Session alive until then (10^18: for ever);
+    capped at now in the decision alone it would look fresh on every pass. So it is named in
+    a Warning and rewritten to now, and the count starts there."""
+    now = T0
+    now_ms = int(now * 1000)
+    stored = read_last_activity(raw, now)
+    assert stored.value is None and stored.problem is not None and why in stored.problem
+    assert len(stored.problem) < 200  # a huge value is shown cut
+    for observation in (SAME, SILENT):
+        warning, write = plan(TRACKER, raw, observation, now)
+        assert isinstance(warning, Report) and warning.warning
+        assert warning.reason == REASON_BAD_LAST_ACTIVITY
+        assert "status.lastActivity" in warning.message
+        assert write == WriteLastActivity(now_ms)
+    # Exactly now is a time, not a problem; nor is unset; nor a value within the clock's
+    # resolution after now (another reading of the cluster's clock wrote it), read as now.
+    assert read_last_activity(now_ms, now) == StoredActivity(now_ms)
+    assert read_last_activity(now_ms + CLOCK_RESOLUTION_MS, now) == StoredActivity(now_ms)
+    assert read_last_activity(now_ms + CLOCK_RESOLUTION_MS + 1, now).problem is not None
+    assert read_last_activity(None, now) == StoredActivity(None)
 
 
 def test_no_popup_without_notify_after() -> None:
     tracker = ActivityTracker(timeout_after=60, notify_after=None)
-    assert activity_plan(tracker, LAST, None, T0 + 59 * MIN) == ()
+    assert plan(tracker, LAST, SAME, T0 + 59 * MIN) == ()
+
+
+def test_the_hard_deadline_is_the_first_instant_the_hard_limit_deletes() -> None:
+    session = parse_session(session_obj())
+    due = hard_deadline(session, lifetime(timeout=5))
+    assert due == T0 + 6 * MIN
+    assert hard_limit(session, lifetime(timeout=5), due - 0.001) is None
+    assert hard_limit(session, lifetime(timeout=5), due) is not None
 
 
 # --- settings ---------------------------------------------------------------------------------
@@ -305,8 +391,8 @@ class FakeKube:
 
 
 def run(kube: FakeKube, now: float, **kwargs: Any) -> Any:
-    runner = TimeoutRunner(kube, ["ns"], TimeoutSettings(), clock=lambda: now,  # type: ignore[arg-type]
-                           **kwargs)
+    runner = TimeoutRunner(kube, ["ns"], TimeoutSettings(),  # type: ignore[arg-type]
+                           clock=FixedClock(now), **kwargs)
     return runner.run_once()
 
 
@@ -335,3 +421,83 @@ def test_runner_stops_when_no_longer_leading() -> None:
     kube = FakeKube([appdef_obj(timeout=5)], [session_obj("a"), session_obj("b")])
     report = run(kube, T0 + 6 * MIN, active=lambda: False)
     assert report.stopped and kube.calls == []
+
+
+# --- the monitor's target: only the pool's Service of the held instance ------------------------
+
+
+class ServicesKube:
+    """Lists the Services it is given (what PoolServiceEndpoints reads)."""
+
+    def __init__(self, services: list[dict[str, Any]]) -> None:
+        self.services = services
+
+    def list_pages(self, api_version: str, kind: str, namespace: str | None, **_: Any) -> Any:
+        assert kind == "Service"
+        yield list(self.services), "1"
+
+
+def held_session(k: int = 2) -> Any:
+    obj = session_obj("s1", uid="uid-s1")
+    obj["metadata"]["annotations"] = {v.ANNOTATION_INSTANCE_ID: str(k)}
+    return parse_session(obj)
+
+
+def pool_service(k: int = 2, *, appdef_uid: str = "uid-java", session_uid: str = "uid-s1",
+                 ip: Any = "10.0.0.7", name: str | None = None,
+                 label_uid: str | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name or Part.EXTERNAL_SERVICE.object_name("java-app", "uid-java", k),
+            "labels": {v.LABEL_SESSION_UUID: label_uid or session_uid,
+                       v.LABEL_APP: naming.app_selector("java-app", k)},
+            "ownerReferences": [
+                {"kind": v.APPDEF_KIND, "name": "java", "uid": appdef_uid},
+                {"kind": v.SESSION_KIND, "name": "s1", "uid": session_uid}]},
+        "spec": {"clusterIP": ip}}
+
+
+def resolve(services: list[dict[str, Any]], session: Any = None) -> Resolution:
+    return PoolServiceEndpoints(ServicesKube(services)).resolve(  # type: ignore[arg-type]
+        session or held_session(), lifetime(**TRACKED), 3000)
+
+
+def test_the_target_is_the_pools_external_service_of_the_held_instance() -> None:
+    r = resolve([pool_service()])
+    assert r.target is not None and r.target.base == "http://10.0.0.7:3000" and not r.foreign
+    assert resolve([pool_service(ip="fd00::7")]).target.base == "http://[fd00::7]:3000"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("service, why", [
+    (pool_service(appdef_uid="uid-predecessor"), "not owned by AppDefinition"),
+    (pool_service(session_uid="uid-other"), "not owned by this Session"),
+    (pool_service(label_uid="uid-other"), "is not labelled"),
+    (pool_service(ip="None"), "no cluster IP"),
+    (pool_service(ip="10.0.0.7/8"), "no cluster IP"),
+    (pool_service(ip="x" * 10_000), "no cluster IP"),
+    (pool_service(ip=7), "no cluster IP"),
+    (pool_service(k=3), "no Service"),  # another instance's Service: not the held one
+])
+def test_anything_short_of_the_pools_service_is_no_target(service: dict[str, Any], why: str
+                                                          ) -> None:
+    r = resolve([service])
+    assert r.target is None and why in r.why
+
+
+def test_other_services_owned_by_the_session_are_foreign_and_never_targets() -> None:
+    thief = {"metadata": {"name": "a-thief", "ownerReferences": [
+        {"kind": v.SESSION_KIND, "name": "s1", "uid": "uid-s1"}]},
+        "spec": {"clusterIP": "10.9.9.9"}}
+    by_name = {"metadata": {"name": "b-by-name", "ownerReferences": [
+        {"kind": v.SESSION_KIND, "name": "s1"}]}, "spec": {"clusterIP": "10.9.9.8"}}
+    predecessor = {"metadata": {"name": "c-old", "ownerReferences": [
+        {"kind": v.SESSION_KIND, "name": "s1", "uid": "uid-old-s1"}]}}
+    internal = pool_service(name=Part.INTERNAL_SERVICE.object_name("java-app", "uid-java", 2))
+    r = resolve([thief, by_name, predecessor, internal, pool_service()])
+    assert r.target is not None and r.target.base == "http://10.0.0.7:3000"
+    assert r.foreign == ("a-thief", "b-by-name")  # a predecessor's is not this Session's
+    # Without an instance (a claim in flight): no target at all; the pool's Services are not
+    # foreign, the others still named.
+    unheld = parse_session(session_obj("s1", uid="uid-s1"))
+    r = resolve([thief, pool_service()], unheld)
+    assert r.target is None and "names no instance" in r.why and r.foreign == ("a-thief",)

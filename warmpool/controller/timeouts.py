@@ -22,29 +22,38 @@ The session secret is never logged, nor is ``spec.user``.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
-import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from warmpool.controller.guard import Unguarded
-from warmpool.kube.api import Conflict, Kube
+from warmpool.kube.api import Conflict, Kube, KubeError
+from warmpool.kube.clock import ApiServerClock, ServerClock
 from warmpool.kube.executor import Executor
+from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
-from warmpool.pool.actions import SetSessionStatus
-from warmpool.pool.meta import name_of, owner_refs
+from warmpool.pool.actions import Report
+from warmpool.pool.meta import labels_of, name_of, owner_refs
 from warmpool.pool.model import Lifetime, Session, parse_lifetime, parse_session
+from warmpool.pool.parts import Part
 from warmpool.pool.timeouts import (
+    REASON_FOREIGN_SERVICE,
+    REASON_MONITOR_UNKNOWN,
     DeleteSession,
+    Observation,
+    Observed,
     Popup,
     PostMessage,
+    Unknown,
     WriteLastActivity,
     activity_plan,
     hard_limit,
+    read_last_activity,
     tracker_for,
 )
 
@@ -137,17 +146,48 @@ class LiveSource:
         return self._all(v.SESSION_API_VERSION, v.SESSION_KIND, namespace)
 
 
+@dataclass(frozen=True, slots=True)
+class MonitorTarget:
+    """Where a Session's monitor is asked: `base` (``http://<clusterIP>:<port>``) of the pool's
+    Service `service` of the instance the Session holds."""
+
+    base: str
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """A monitor target, or why there is none (`why`), and the names of Services that claim to
+    be the Session's (an owner reference to it) but are not the pool's: ignored, reported."""
+
+    target: MonitorTarget | None
+    why: str = ""
+    foreign: tuple[str, ...] = ()
+
+
 class EndpointResolver(Protocol):
-    def endpoint(self, session: Session, port: int) -> str | None:
-        """The base URL of `session`'s monitor (``http://<host>:<port>``), or None when it
-        has no target."""
+    def resolve(self, session: Session, lifetime: Lifetime, port: int) -> Resolution:
+        """`session`'s monitor on `port`, or why it has none."""
 
 
-class ServiceEndpoints:
-    """§5.2 step 1: the ``clusterIP`` of the first listed Service not ending in ``-int`` with an
-    owner reference of kind Session naming the Session (its uid too, where the reference has
-    one: a predecessor's Service is not this Session's), i.e. its eager external Service.
+class PoolServiceEndpoints:
+    """§5.2 step 1, narrowed (issue #29): the ``clusterIP`` of the external Service the pool
+    made for the instance the Session holds, and nothing else.
 
+    Java takes the first Service not ending in ``-int`` with an owner reference naming the
+    Session, and sends it the Session's bearer token: anyone who can create a Service can
+    receive the token. Here the Service must be the one the pool makes for this holder:
+
+    - named as the pool names instance k's external Service (k: the Session's instance-id
+      annotation, parsed to at most 9 digits), derived from the AppDefinition's ``spec.name``
+      and **uid**, so another AppDefinition's or a predecessor's Service never matches;
+    - owned by the AppDefinition (its uid) and by the Session (its uid), and labelled with the
+      Session's uid and instance k's selector, as the pool writes them on a claim;
+    - with a ``clusterIP`` that parses as an IP address (``ipaddress``: bounded).
+
+    Every other Service with an owner reference to the Session (its uid, or its name without
+    a uid) and none to its AppDefinition is foreign, and so is one with the external Service's
+    name that fails a check: never asked, named in `Resolution.foreign` for a Warning event.
     Lists each namespace's Services once, at its first use: make one per pass.
     """
 
@@ -162,23 +202,79 @@ class ServiceEndpoints:
                 for item in page]
         return self._services[namespace]
 
-    def endpoint(self, session: Session, port: int) -> str | None:
-        for service in self._of(session.namespace):
-            if name_of(service).endswith("-int"):
-                continue
-            if not any(_names_session(ref, session) for ref in owner_refs(service)):
-                continue
-            ip = (service.get("spec") or {}).get("clusterIP")
-            if not isinstance(ip, str) or not ip or ip == "None":
-                return None
-            host = f"[{ip}]" if ":" in ip else ip
-            return f"http://{host}:{port}"
-        return None
+    def resolve(self, session: Session, lifetime: Lifetime, port: int) -> Resolution:
+        k = session.instance_id
+        ours: set[str] = set()
+        if k is not None and lifetime.uid and lifetime.spec_name:
+            external = Part.EXTERNAL_SERVICE.object_name(lifetime.spec_name, lifetime.uid, k)
+            internal = Part.INTERNAL_SERVICE.object_name(lifetime.spec_name, lifetime.uid, k)
+            ours = {external, internal}
+        services = self._of(session.namespace)
+        # Foreign: owned by the Session, not one of the two names, and not the AppDefinition's
+        # either (another instance's Service in the middle of a claim is the pool's). Only
+        # what is reported depends on this; the target is decided by the checks below alone.
+        foreign = tuple(sorted(
+            name_of(svc) for svc in services
+            if name_of(svc) not in ours
+            and any(_names_session(ref, session) for ref in owner_refs(svc))
+            and not (lifetime.uid and any(
+                ref.get("kind") == v.APPDEF_KIND and ref.get("uid") == lifetime.uid
+                for ref in owner_refs(svc)))))
+        if k is None:
+            return Resolution(None, "the Session names no instance (annotation "
+                                    f"{v.ANNOTATION_INSTANCE_ID})", foreign)
+        if not ours:
+            return Resolution(None, "its AppDefinition has no uid or spec.name", foreign)
+        found = next((svc for svc in services if name_of(svc) == external), None)
+        if found is None:
+            return Resolution(None, f"no Service {external} (instance {k})", foreign)
+        problem = _not_the_pools(found, session, lifetime, k)
+        if problem is not None:
+            return Resolution(None, f"Service {external} {problem}",
+                              tuple(sorted({*foreign, external})))
+        ip = _cluster_ip(found)
+        if ip is None:
+            return Resolution(None, f"Service {external} has no cluster IP", foreign)
+        host = f"[{ip}]" if ":" in ip else ip
+        return Resolution(MonitorTarget(f"http://{host}:{port}", external), "", foreign)
 
 
 def _names_session(ref: Mapping[str, Any], session: Session) -> bool:
-    return (ref.get("kind") == v.SESSION_KIND and ref.get("name") == session.name
-            and ref.get("uid") in (None, "", session.uid))
+    """An owner reference that points at `session`: its uid, or its name without any uid."""
+    if ref.get("kind") != v.SESSION_KIND:
+        return False
+    uid = ref.get("uid")
+    return uid == session.uid if uid else ref.get("name") == session.name
+
+
+def _not_the_pools(service: Obj, session: Session, lifetime: Lifetime, k: int) -> str | None:
+    """Why `service`, named as instance k's external Service, is not the one the pool made
+    for `session` (None: it is). Every check is an exact string comparison."""
+    refs = owner_refs(service)
+    if not any(ref.get("kind") == v.APPDEF_KIND and ref.get("uid") == lifetime.uid
+               for ref in refs):
+        return f"is not owned by AppDefinition {lifetime.name} (uid {lifetime.uid})"
+    if not any(ref.get("kind") == v.SESSION_KIND and ref.get("uid") == session.uid
+               for ref in refs):
+        return "is not owned by this Session (its uid)"
+    labels = labels_of(service)
+    if labels.get(v.LABEL_SESSION_UUID) != session.uid:
+        return f"is not labelled {v.LABEL_SESSION_UUID}={session.uid}"
+    if labels.get(v.LABEL_APP) != naming.app_selector(lifetime.spec_name, k):
+        return f"does not select instance {k}"
+    return None
+
+
+def _cluster_ip(service: Obj) -> str | None:
+    """``spec.clusterIP`` when it is one IP address (the only bound needed: the text is put in
+    a URL's host), else None ("None" for a headless Service, missing, anything else)."""
+    ip = (service.get("spec") or {}).get("clusterIP")
+    if not isinstance(ip, str) or len(ip) > 45:
+        return None
+    try:
+        return str(ipaddress.ip_address(ip))
+    except ValueError:
+        return None
 
 
 class MonitorClient(Protocol):
@@ -248,30 +344,43 @@ class PassReport:
 
 
 class TimeoutRunner:
-    """One pass at a time (``run_once``) over `namespaces` (None in it: every namespace)."""
+    """One pass at a time (``run_once``) over `namespaces` (None in it: every namespace).
+
+    `clock` is the cluster's (`warmpool.kube.clock.ApiServerClock` on `kube` by default): no
+    deadline is compared with this host's wall clock, and a pass that cannot read the server's
+    time decides nothing."""
 
     def __init__(
         self, kube: Kube, namespaces: Sequence[str | None], settings: TimeoutSettings, *,
         source: TimeoutSource | None = None,
         resolver: EndpointResolver | None = None,
         monitor: MonitorClient | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: ServerClock | None = None,
         active: Callable[[], bool] = lambda: True,
     ) -> None:
         self.kube = kube
         self.namespaces = list(namespaces)
         self.settings = settings
         self.source: TimeoutSource = source if source is not None else LiveSource(kube)
-        self.resolver = resolver  # None: a ServiceEndpoints per pass
+        self.resolver = resolver  # None: a PoolServiceEndpoints per pass
         self.monitor: MonitorClient = (monitor if monitor is not None
                                        else HttpMonitor(settings.monitor_timeout))
-        self.clock = clock
+        self.clock: ServerClock = clock if clock is not None else ApiServerClock(kube)
         self.active = active  # checked before each Session: a deposed leader stops at once
         self._reported: set[tuple[str, str, tuple[str, ...]]] = set()
+        # Warning events already recorded by this runner, (Session uid, reason, detail): one
+        # per distinct finding, not one a pass.
+        self._warned: set[tuple[str, str, str]] = set()
 
     def run_once(self) -> PassReport:
+        """One pass. Raises ClockUnavailable, deciding nothing, when the API server's time
+        cannot be read: a pass without the cluster's clock is no pass (the caller counts it
+        as an error)."""
         report = PassReport()
-        resolver = self.resolver if self.resolver is not None else ServiceEndpoints(self.kube)
+        # The server's time, read afresh at each pass (one GET); within the pass it is
+        # carried forward on the monotonic clock.
+        self.clock.sync()
+        resolver = self.resolver if self.resolver is not None else PoolServiceEndpoints(self.kube)
         for namespace in self.namespaces:
             try:
                 lifetimes = self._lifetimes(self.source.appdefinitions(namespace))
@@ -306,18 +415,57 @@ class TimeoutRunner:
         try:
             session = parse_session(obj)
             ns, name = session.namespace, session.name
-            self._decide_and_act(session, lifetimes.get((session.namespace, session.appdef)),
+            # status.lastActivity raw: bounded by read_last_activity (an integer up to now).
+            raw = (obj.get("status") or {}).get("lastActivity") if isinstance(
+                obj.get("status"), dict) else None
+            self._decide_and_act(session, raw, lifetimes.get((session.namespace,
+                                                              session.appdef)),
                                  resolver, report)
         except Exception as exc:
             log.warning("timeouts: Session %s/%s failed: %s", ns, name, exc)
             report.errors.append((ns, name, str(exc)))
 
-    def _decide_and_act(self, session: Session, lifetime: Lifetime | None,
-                        resolver: EndpointResolver, report: PassReport) -> None:
-        now = self.clock()
+    def _warn(self, session: Session, reason: str, detail: str, message: str) -> None:
+        """A Warning event on `session`, once per (Session, reason, detail) for this runner,
+        through the executor's event path (`Report`)."""
+        key = (session.uid, reason, detail)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        Executor(self.kube, session.namespace, Unguarded()).apply([Report(
+            reason, f"Session {session.name}: {message}",
+            regarding=session.owner_reference())])
+
+    def _observe(self, session: Session, lifetime: Lifetime, port: int,
+                 resolver: EndpointResolver) -> tuple[Observation, MonitorTarget | None]:
+        """Ask the Session's monitor, only at the pool's Service of its instance. Every failure
+        is `Unknown`: silence is not inactivity."""
+        resolution = resolver.resolve(session, lifetime, port)
+        for service in resolution.foreign:
+            self._warn(session, REASON_FOREIGN_SERVICE, service,
+                       f"Service {service} has an owner reference to this Session "
+                       "(metadata.ownerReferences) but is not the pool's Service of its "
+                       "instance: ignored, the activity monitor is never asked there")
+        target = resolution.target
+        if target is None:
+            return Unknown(f"no monitor target: {resolution.why}"), None
+        try:
+            reported = self.monitor.last_activity(target.base, session.secret)
+        except Exception as exc:
+            return Unknown(f"the monitor at Service {target.service} did not answer: "
+                           f"{type(exc).__name__}: {str(exc)[:200]}"), target
+        if reported is None:
+            return Unknown(f"the monitor at Service {target.service} answered without an "
+                           "epoch-ms number"), target
+        return Observed(reported), target
+
+    def _decide_and_act(self, session: Session, raw_last_activity: object,
+                        lifetime: Lifetime | None, resolver: EndpointResolver,
+                        report: PassReport) -> None:
+        now = self.clock.now()
         deletion = hard_limit(session, lifetime, now)
         if deletion is not None:
-            self._delete(session, deletion, report)
+            self._delete(session, deletion, report, by_version=False)
             return
         if not self.settings.activity_tracker:
             return
@@ -325,43 +473,78 @@ class TimeoutRunner:
         if tracker is None or lifetime is None or lifetime.monitor_port is None:
             return
         ref = (session.namespace, session.name)
-        base = resolver.endpoint(session, lifetime.monitor_port)
-        if base is None:
-            log.info("Session %s/%s: no monitor target (no external Service with a cluster "
-                     "IP): activity not tracked this pass", *ref)
-            return
-        reported: int | None = None
-        try:
-            reported = self.monitor.last_activity(base, session.secret)
-        except Exception as exc:
-            log.info("Session %s/%s: the monitor did not answer: %s", *ref, exc)
-        for action in activity_plan(tracker, session.last_activity, reported, now):
+        observation, target = self._observe(session, lifetime, lifetime.monitor_port, resolver)
+        if isinstance(observation, Unknown):
+            log.info("Session %s/%s: activity unknown (%s)", *ref, observation.why)
+            cap = (f"spec.timeout ({lifetime.timeout} minutes from creation) still applies"
+                   if lifetime.timeout is not None and lifetime.timeout > 0 else
+                   f"AppDefinition {lifetime.name} has no spec.timeout: nothing ends it")
+            # Once per Session: the reason may change from pass to pass (an error's text).
+            self._warn(session, REASON_MONITOR_UNKNOWN, "",
+                       f"its activity cannot be observed ({observation.why}): it is not "
+                       f"deleted for inactivity while it is unknown; {cap}")
+        now = self.clock.now()  # asking the monitor takes time: decide on the time after it
+        stored = read_last_activity(raw_last_activity, now)
+        for action in activity_plan(tracker, stored, observation, now):
             match action:
+                case Report():
+                    self._warn(session, action.reason, repr(raw_last_activity)[:64],
+                               action.message)
                 case WriteLastActivity(value=value):
-                    Executor(self.kube, session.namespace, Unguarded()).apply([SetSessionStatus(
-                        session.name, {"lastActivity": value}, uid=session.uid)])
-                    report.activity_written.append((*ref, value))
+                    if self._write_last_activity(session, value):
+                        report.activity_written.append((*ref, value))
                 case Popup():
+                    assert target is not None, "no popup without an observation"
                     try:
-                        self.monitor.popup(base, session.secret)
+                        self.monitor.popup(target.base, session.secret)
                     except Exception as exc:
                         log.info("Session %s/%s: the inactivity popup failed: %s", *ref, exc)
                     else:
                         report.popups.append(ref)
                 case PostMessage(body=body):
+                    assert target is not None, "no deletion for inactivity without one"
                     try:  # a courtesy to the user: the deletion follows whatever its outcome
-                        self.monitor.message(base, session.secret, body)
+                        self.monitor.message(target.base, session.secret, body)
                     except Exception as exc:
                         log.info("Session %s/%s: the timeout message failed: %s", *ref, exc)
                     else:
                         report.messages.append(ref)
                 case DeleteSession():
-                    self._delete(session, action, report)
+                    self._delete(session, action, report, by_version=True)
 
-    def _delete(self, session: Session, deletion: DeleteSession, report: PassReport) -> None:
+    def _write_last_activity(self, session: Session, value: int) -> bool:
+        """Set ``status.lastActivity`` to `value`, refused by the server (422) unless the
+        Session still has the uid and the resourceVersion this decision read: a pass decided on
+        a stale read (a deposed leader's, or one racing a newer value) writes nothing."""
+        if not session.uid or not session.resource_version:
+            raise ValueError("the Session was read without its uid or resourceVersion")
+        try:
+            self.kube.json_patch(v.SESSION_API_VERSION, v.SESSION_KIND, session.namespace,
+                                 session.name, [
+                                     {"op": "test", "path": "/metadata/uid", "value": session.uid},
+                                     {"op": "test", "path": "/metadata/resourceVersion",
+                                      "value": session.resource_version},
+                                     {"op": "add", "path": "/status/lastActivity",
+                                      "value": value}], status=True)
+        except KubeError as exc:
+            if exc.status not in (404, 422):
+                raise
+            log.info("Session %s/%s changed or went away since it was read: lastActivity "
+                     "not written", session.namespace, session.name)
+            return False
+        return True
+
+    def _delete(self, session: Session, deletion: DeleteSession, report: PassReport, *,
+                by_version: bool) -> None:
+        """Delete `session`, preconditioned on its uid (a Session re-created under the name
+        survives) and, for inactivity (`by_version`), on the resourceVersion the decision read:
+        a lastActivity raised since refuses the delete (409). The hard limit counts from the
+        immutable creationTimestamp, so the uid is enough there."""
         ref = (session.namespace, session.name)
         if not session.uid:
             raise ValueError("the Session has no metadata.uid to delete it by")
+        if by_version and not session.resource_version:
+            raise ValueError("the Session has no metadata.resourceVersion to delete it by")
         if not self.active():
             report.stopped = True
             return
@@ -369,9 +552,11 @@ class TimeoutRunner:
                         deletion.message, warning=False)
         try:
             self.kube.delete(v.SESSION_API_VERSION, v.SESSION_KIND, session.namespace,
-                             session.name, uid=session.uid)
+                             session.name, uid=session.uid,
+                             resource_version=session.resource_version if by_version else None)
         except Conflict:
-            log.info("Session %s/%s was re-created since it was read: left alone", *ref)
+            log.info("Session %s/%s changed or was re-created since it was read: left alone",
+                     *ref)
             report.spared.append(ref)
             return
         log.info("Session %s/%s deleted (%s): %s", *ref, deletion.reason, deletion.message)

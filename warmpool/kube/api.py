@@ -16,7 +16,7 @@ from typing import Any
 
 from kubernetes import config as kube_config
 from kubernetes import watch as kube_watch
-from kubernetes.client import ApiClient, Configuration
+from kubernetes.client import ApiClient, Configuration, VersionApi
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, ResourceNotFoundError
@@ -129,6 +129,18 @@ class Kube:
         except DynamicApiError as exc:
             raise _wrap(exc) from None
         return json.loads(resp.data)
+
+    def date_header(self) -> str | None:
+        """The ``Date`` header of a response of the API server (a GET of ``/version``: no RBAC
+        needed, nothing written), as sent; `warmpool.kube.clock` parses and bounds it."""
+        # Without preloading, the client hands back urllib3's response, headers and all.
+        resp: Any = VersionApi(self.api_client).get_code(
+            _preload_content=False, _request_timeout=self.request_timeout)
+        try:
+            header = resp.headers.get("Date")
+        finally:
+            resp.release_conn()
+        return header if isinstance(header, str) else None
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
         try:

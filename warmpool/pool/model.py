@@ -289,6 +289,10 @@ class Lifetime:
     monitor_port: int | None  # spec.monitor.port
     tracker: ActivityTracker | None  # None: no spec.monitor.activityTracker block
     problems: tuple[str, ...] = ()
+    # metadata.uid and spec.name ("" when missing or not a string): what names the instance
+    # Services the pool made, the only place the monitor's token is sent (§5.2, issue #29).
+    uid: str = ""
+    spec_name: str = ""
 
 
 _DECIMAL = re.compile(r"-?[0-9]{1,18}")
@@ -345,7 +349,9 @@ def parse_lifetime(obj: Mapping[str, Any]) -> Lifetime:
     return Lifetime(
         name=str(meta.get("name") or ""),
         namespace=str(meta.get("namespace") or ""),
-        timeout=timeout, monitor_port=port, tracker=tracker, problems=tuple(problems))
+        timeout=timeout, monitor_port=port, tracker=tracker, problems=tuple(problems),
+        uid=str(meta.get("uid") or ""),
+        spec_name=spec_name if isinstance(spec_name := spec.get("name"), str) else "")
 
 
 def _deployment_error(

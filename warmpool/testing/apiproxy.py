@@ -18,6 +18,12 @@ from one seeded RNG:
 | `p_lost_response` | a write is forwarded (it takes effect), then its connection is closed |
 | `p_drop_watch`, `drop_watch_after` | a watch stream is cut after uniform(0, drop_watch_after) s |
 | `watch_delay`, `watch_delay_client` | watch events reach that client (None: all) that late |
+| `clock_offset` | every response's `Date` says the server's time plus that many seconds |
+
+`clock_offset` moves the cluster's clock as its clients read it (`warmpool.kube.clock` reads
+the `Date` header and nothing else of the server's time), while the objects' timestamps stay
+the server's: a test makes minutes of the cluster's time pass in a second, and the controller
+under test still compares the server's times through its production path.
 
 `watch_delay` holds each chunk a watch stream reads from the server (an event, or a few) for
 that many seconds before relaying it, in order, while the stream goes on reading: a watch-fed
@@ -53,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import email.utils
 import http.client
 import json
 import random
@@ -65,6 +72,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
@@ -101,6 +109,7 @@ class Faults:
     drop_watch_after: float = 5.0
     watch_delay: float = 0.0
     watch_delay_client: str | None = None
+    clock_offset: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -118,6 +127,15 @@ class Faults:
         default = Faults()
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if getattr(self, f.name) != getattr(default, f.name)}
+
+
+def _shifted_date(value: str, offset: float) -> str:
+    """An HTTP date `offset` seconds later (the upstream's value when it is not one)."""
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return value
+    return email.utils.format_datetime(parsed + timedelta(seconds=offset), usegmt=True)
 
 
 def status_body(code: int, message: str) -> bytes:
@@ -354,9 +372,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response_only(resp.status, resp.reason)
         length = resp.getheader("Content-Length")
         no_body = self.command == "HEAD" or resp.status in NO_BODY_STATUS or resp.status < 200
+        offset = self.proxy.faults().clock_offset
         for k, val in resp.getheaders():
             if k.lower() in HOP_BY_HOP or k.lower() == "content-length":
                 continue
+            if k.lower() == "date" and offset:
+                val = _shifted_date(val, offset)
             self.send_header(k, val)
         if no_body:
             if length is not None:

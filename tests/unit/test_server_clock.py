@@ -1,0 +1,78 @@
+"""The cluster's clock (`warmpool.kube.clock`): the API server's Date, bounded, carried forward
+on the monotonic clock, never the host's wall clock (issue #29)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from warmpool.kube.clock import ApiServerClock, ClockUnavailable, parse_http_date
+
+DATE = "Fri, 04 Dec 2026 10:17:16 GMT"
+EPOCH = datetime(2026, 12, 4, 10, 17, 16, tzinfo=UTC).timestamp()
+
+
+class DateKube:
+    """Answers `date_header` with what it is told; counts the requests."""
+
+    def __init__(self, header: str | None) -> None:
+        self.header: str | Exception | None = header
+        self.requests = 0
+
+    def date_header(self) -> str | None:
+        self.requests += 1
+        if isinstance(self.header, Exception):
+            raise self.header
+        return self.header
+
+
+class Monotonic:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_an_imf_fixdate_is_read_exactly() -> None:
+    assert parse_http_date(DATE) == EPOCH
+    assert parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT") == 784111777.0
+
+
+@pytest.mark.parametrize("header", [
+    None, "", "yesterday", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994",
+    "Fri, 04 Dec 2026 10:17:16 UTC", "Fri, 31 Feb 2026 10:17:16 GMT",
+    "Fri, 04 Dec 2026 25:17:16 GMT", "Fri, 04 Dec 2026 10:17:60 GMT",
+    "Fri, 04 Dec 2026 10:17:16 GMT, Fri, 04 Dec 2026 10:17:17 GMT", "x" * 100_000,
+    "Fri, \u06604 Dec 2026 10:17:16 GMT",
+])
+def test_anything_else_is_no_date(header: str | None) -> None:
+    assert parse_http_date(header) is None
+
+
+def test_the_clock_is_the_servers_carried_on_the_monotonic_clock_not_the_wall_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube = DateKube(DATE)
+    mono = Monotonic()
+    clock = ApiServerClock(kube, max_age=30, monotonic=mono)  # type: ignore[arg-type]
+    # A host whose wall clock is 2 h fast changes nothing.
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 7200)
+    assert clock.now() == EPOCH
+    mono.t += 12.5
+    assert clock.now() == EPOCH + 12.5 and kube.requests == 1  # carried forward, no request
+    mono.t += 18.0  # older than max_age: sampled again
+    kube.header = "Fri, 04 Dec 2026 10:17:47 GMT"
+    assert clock.now() == EPOCH + 31 and kube.requests == 2
+
+
+@pytest.mark.parametrize("answer", ["not a date", None, RuntimeError("connection refused")])
+def test_no_usable_date_is_no_time_at_all(answer: str | Exception | None) -> None:
+    kube = DateKube(DATE)
+    kube.header = answer
+    clock = ApiServerClock(kube, monotonic=Monotonic())  # type: ignore[arg-type]
+    with pytest.raises(ClockUnavailable):
+        clock.now()
