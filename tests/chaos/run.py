@@ -67,6 +67,7 @@ from tests.chaos.checks import quiet_problems, summary
 from tests.chaos.config import ChaosConfig
 from tests.chaos.faults import FaultInjector, plan_faults
 from tests.chaos.history import History
+from tests.chaos.hostile import HostileEdits
 from tests.chaos.operations import Operations
 from tests.chaos.system import chaos_system
 from tests.chaos.watchdog import DeletionAudit, Watchdog
@@ -98,6 +99,11 @@ class ChaosResult:
     audit_gaps: int = 0
     gc_races: int = 0
     unrebuildable: list[str] = field(default_factory=list)
+    hostile_edits: int = 0  # hostile edits made (refused by the API server included)
+    hostile: str = ""  # their categories and outcomes
+    hostile_log: list[str] = field(default_factory=list)  # every edit, as the history wrote it
+    liveness: str = ""  # the liveness check's obligations met and longest waits
+    liveness_met: int = 0  # obligations (serve, revoke, route) seen unmet, then met in time
 
     @property
     def ok(self) -> bool:
@@ -138,6 +144,10 @@ class ChaosResult:
                  f"  watchdog polls: {self.polls}; deletions audited: {self.deletions_audited}"
                  f" (watch gaps: {self.audit_gaps}; held objects the garbage collector took "
                  f"from claims racing their AppDefinition's deletion: {self.gc_races})"]
+        if self.hostile_edits:
+            lines.append(f"  hostile edits: {self.hostile}")
+        if self.liveness:
+            lines.append(f"  liveness: {self.liveness}")
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  excused, not rebuildable (AppDefinition gone, damaged by hand or by the "
                   f"garbage collector racing a claim): {x}"
@@ -147,6 +157,9 @@ class ChaosResult:
             lines += [f"  {x}" for x in self.violations]
             lines.append("history (operations and faults up to the first violation):")
             lines += [f"  {h}" for h in self.history]
+            if self.hostile_log:
+                lines.append("hostile edits (all):")
+                lines += [f"  {h}" for h in self.hostile_log]
         return "\n".join(lines)
 
 
@@ -174,8 +187,10 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
     proxy = system.proxy
     assert proxy is not None
     ops = Operations(direct, namespaces, rng, cfg, history)
-    faults = FaultInjector(system, cfg, history, ops)
-    dog = Watchdog(pinned, namespaces, cfg, history, faults, ops)
+    hostile = HostileEdits(Kube(connect(str(cluster.kubeconfig))), namespaces, cfg, history,
+                           hidden=ops.hidden)
+    faults = FaultInjector(system, cfg, history, ops, hostile)
+    dog = Watchdog(pinned, namespaces, cfg, history, faults, ops, hostile)
     audit = DeletionAudit(Kube(connect(str(cluster.kubeconfig))),
                           PinnedKube(connect(str(cluster.kubeconfig))), namespaces,
                           ops, history, dog.violate, proxy.deleted)
@@ -237,7 +252,10 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
         history=dog.first_history or history.tail(), notes=notes, workdir=workdir,
         rerun=cfg.command(), deletions_audited=audit.audited, audit_gaps=audit.gaps,
         gc_races=audit.gc_races,
-        unrebuildable=sorted(dog.excusals.unrebuildable))
+        unrebuildable=sorted(dog.excusals.unrebuildable),
+        hostile_edits=len(hostile.edits), hostile=hostile.summary(),
+        hostile_log=[e.describe() for e in hostile.snapshot()],
+        liveness=dog.liveness.summary(), liveness_met=dog.liveness.met.total())
 
 
 def _settle(kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig, history: History,
@@ -250,7 +268,7 @@ def _settle(kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig, history: 
     last_note = t0
     while time.monotonic() - t0 < cfg.settle_timeout:
         try:
-            problems = quiet_problems(kube, namespaces, dog.excusals)
+            problems = quiet_problems(kube, namespaces, dog.excusals, dog.hostile)
         except Exception as exc:
             problems = [f"check failed: {exc!r}"]
         passes = passes + 1 if not problems else 0
@@ -265,8 +283,12 @@ def _settle(kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig, history: 
             history.add("settle", f"quiet after {took:.1f}s: {summary(kube, namespaces)}")
             return took
         time.sleep(0.5)  # the poll interval of the settle loop (it has a deadline)
+    last = ""
+    if dog.hostile is not None and dog.hostile.edits:
+        last = " [last hostile edits: " + "; ".join(
+            e.describe() for e in dog.hostile.recent(history.now())) + "]"
     dog.violate(f"did not settle in {time.monotonic() - t0:.0f}s: " + "; ".join(problems[:12]),
-                f" ({queue_notes(system)})")
+                f" ({queue_notes(system)}){last}")
     return time.monotonic() - t0
 
 
