@@ -178,23 +178,34 @@ class HostileEdits:
 
     def run(self, edits: int, gap: float, hold: float, seed: int) -> None:
         """Make up to `edits` edits `gap` s apart, each healed `hold` s after it at the latest;
-        returns when every one is over."""
+        returns when every one is over. If the fault itself fails, its edits still in effect
+        are healed (best effort) and ended all the same: an edit never stays "in effect" for
+        the checks past its fault."""
         rng = random.Random(seed)
         active: list[Edit] = []
-        for i in range(edits):
-            if len(self.edits) >= self.cfg.hostile_max:
-                self.history.add("hostile", f"run-wide cap of {self.cfg.hostile_max} edits reached")
-                break
-            edit = self._edit(rng)
-            if edit is not None and edit.ended is None:
-                active.append(edit)
-            self._watch(active, hold)
-            if i < edits - 1:
-                time.sleep(gap)  # the stimulus: the pace of the hand
-        while active:
-            self._watch(active, hold)
-            if active:
-                time.sleep(self.POLL)  # poll interval of a loop bounded by `hold`
+        try:
+            for i in range(edits):
+                if len(self.edits) >= self.cfg.hostile_max:
+                    self.history.add("hostile", f"run-wide cap of {self.cfg.hostile_max} "
+                                     "edits reached")
+                    break
+                edit = self._edit(rng)
+                if edit is not None and edit.ended is None:
+                    active.append(edit)
+                self._watch(active, hold)
+                if i < edits - 1:
+                    time.sleep(gap)  # the stimulus: the pace of the hand
+            while active:
+                self._watch(active, hold)
+                if active:
+                    time.sleep(self.POLL)  # poll interval of a loop bounded by `hold`
+        finally:
+            for edit in active:
+                try:
+                    outcome = self._heal(edit)
+                except Exception as exc:  # the fault failed: say so, end the edit anyway
+                    outcome = f"not healed ({exc!r})"
+                self._end(edit, outcome, self.history.now())
 
     def _watch(self, active: list[Edit], hold: float) -> None:
         """End the edits the controller overwrote; heal those older than `hold`."""
@@ -237,7 +248,10 @@ class HostileEdits:
                 or any(is_session_ref(r) for r in refs(o))]
         obj = rng.choice(held if held and rng.random() < 0.6 else targets)
         part = observe.classify(obj) if obj["kind"] != v.SESSION_KIND else None
-        fields = _SESSION_FIELDS if part is None else _pool_fields(part)
+        fields = [f for f in (_SESSION_FIELDS if part is None else _pool_fields(part))
+                  if f[1] not in self.cfg.hostile_skip]
+        if not fields:
+            return None
         field, key, _ = rng.choices(fields, [w for *_, w in fields])[0]
         sessions = [o for o in targets if o["kind"] == v.SESSION_KIND]
         for attempt in range(5):
@@ -284,8 +298,10 @@ class HostileEdits:
         name = meta["name"]
         others = [s for s in sessions if s["metadata"]["uid"] != meta["uid"]]
         pool, k, holders = self._context(obj, sessions)
+        before: Any
+        after: Any
         if field == _OWNER_FIELD:
-            ref, category, before = self._ref_change(rng, obj, key, others, targets)
+            ref, category = self._ref_change(rng, obj, key, others, targets)
             if ref is None:
                 return None
             after = ref if key == "add" else None
@@ -363,12 +379,13 @@ class HostileEdits:
 
     def _ref_change(self, rng: random.Random, obj: dict[str, Any], key: str,
                     others: list[dict[str, Any]], targets: list[dict[str, Any]]
-                    ) -> tuple[dict[str, Any] | None, str, Any]:
+                    ) -> tuple[dict[str, Any] | None, str]:
+        """The reference to add or remove, and the edit's category."""
         if key == "remove":
             current = refs(obj)
             if not current:
-                return None, "", None
-            return rng.choice(current), "removed", None
+                return None, ""
+            return rng.choice(current), "removed"
         choices: list[tuple[str, dict[str, Any]]] = [
             ("foreign", {"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
                          "name": "nobody",
@@ -385,8 +402,8 @@ class HostileEdits:
                                         "uid": cm["metadata"]["uid"]}))
         category, ref = rng.choice(choices)
         if any(r.get("uid") == ref["uid"] for r in refs(obj)):
-            return None, "", None
-        return ref, category, None
+            return None, ""
+        return ref, category
 
     @staticmethod
     def _patch(edit: Edit, obj: dict[str, Any]) -> dict[str, Any]:

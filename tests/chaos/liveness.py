@@ -93,11 +93,12 @@ def obligations(world: World, namespaces: list[str]) -> dict[Key, tuple[str, str
             uid = routes.session_uid_of(route)
             if uid not in held:
                 rname = route["metadata"]["name"]
-                s = by_uid.get(uid)
-                who = f"Session {s.name}" if s is not None else f"a deleted Session ({uid[:8]})"
+                ended = by_uid.get(uid)
+                who = (f"Session {ended.name}" if ended is not None
+                       else f"a deleted Session ({uid[:8]})")
                 out[(ns, "route", rname)] = (
                     f"{ns}: liveness: route {rname} of {who} still exists while that Session "
-                    "holds no instance", s.appdef if s is not None else "")
+                    "holds no instance", ended.appdef if ended is not None else "")
     return out
 
 

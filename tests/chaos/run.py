@@ -104,6 +104,7 @@ class ChaosResult:
     hostile_log: list[str] = field(default_factory=list)  # every edit, as the history wrote it
     liveness: str = ""  # the liveness check's obligations met and longest waits
     liveness_met: int = 0  # obligations (serve, revoke, route) seen unmet, then met in time
+    liveness_bound: float = 30.0  # L of the run
 
     @property
     def ok(self) -> bool:
@@ -255,7 +256,8 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
         unrebuildable=sorted(dog.excusals.unrebuildable),
         hostile_edits=len(hostile.edits), hostile=hostile.summary(),
         hostile_log=[e.describe() for e in hostile.snapshot()],
-        liveness=dog.liveness.summary(), liveness_met=dog.liveness.met.total())
+        liveness=dog.liveness.summary(), liveness_met=dog.liveness.met.total(),
+        liveness_bound=cfg.liveness_bound)
 
 
 def _settle(kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig, history: History,

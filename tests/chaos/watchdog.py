@@ -57,6 +57,8 @@ class Watchdog:
         if text in self._reported:
             return
         self._reported.add(text)
+        if self.hostile is not None and "hostile edits" not in detail:
+            detail += self.hostile.context(text, self.history.now())  # what a hand did
         self.violations.append(f"{self.history.now():8.2f}s {text}{detail}")
         self.history.add("VIOLATION", text + detail)
         if self.first_history is None:
