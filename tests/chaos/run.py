@@ -29,7 +29,10 @@ SIGKILLed, Redis restarted with its data or emptied (or, on a run with Sentinels
 responses to writes, dropping connections and watch streams, slow, or unreachable (outages),
 and one worker process's watch events delivered seconds late (`watch_lag`: that worker alone
 reaches the API through the proxy's second port, so its watch-fed reads fall behind the
-others' and the truth while its writes stay prompt).
+others' and the truth while its writes stay prompt), and hostile edits: foreign values written
+by hand into the labels, annotations and owner references the controller reads on pool objects
+and Sessions (`hostile_edits`, tests/chaos/hostile.py, which also says how the checks tell a
+refused hostile value from a violation).
 
 Checks:
 
@@ -40,6 +43,9 @@ Checks:
   repaired within `missing_grace` seconds, not counting the time a fault made repair
   impossible (an outage, a dead leader, an emptied Redis: see `Fault.tail`), plus the delay
   of a lagging worker's watches while that fault lasts (`Fault.slack`).
+- liveness (tests/chaos/liveness.py), at every poll: every valid Session with room served,
+  every instance no live Session holds with an empty allow-list, no route of a Session that
+  holds nothing, each within `liveness_bound` seconds of fault-free time.
 - at quiescence (after every round of operations, faults stopped): all of I1-I6, zero lost or
   doubled claims (every live valid Session HANDLED on its own instance, or waiting while no
   instance is free), invalid Sessions in ERROR, no orphaned pool object.
