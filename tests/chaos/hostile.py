@@ -72,7 +72,8 @@ _SESSION_FIELDS = (("annotation", v.ANNOTATION_INSTANCE_ID, 4.0),
 
 def _pool_fields(part: Part) -> list[tuple[str, str, float]]:
     """(field, key, weight) a hostile hand may edit on a pool object of this part."""
-    out = [("annotation", v.ANNOTATION_FENCE, 4.0), ("annotation", v.ANNOTATION_SHAPE, 1.0),
+    # The fence weighs most: one value there reaches the shared counter (issue 27, point 1).
+    out = [("annotation", v.ANNOTATION_FENCE, 6.0), ("annotation", v.ANNOTATION_SHAPE, 1.0),
            ("label", v.LABEL_GENERATION, 2.0), (_OWNER_FIELD, "add", 1.5),
            (_OWNER_FIELD, "remove", 1.5)]
     if part.is_service:
@@ -90,7 +91,8 @@ def _pool_fields(part: Part) -> list[tuple[str, str, float]]:
 def _numeric(before: str | None, plausible: list[str]) -> list[tuple[str, str | None]]:
     """Hostile values for a key read as a number (fence, generation, instance id)."""
     out: list[tuple[str, str | None]] = [
-        ("huge", "99999999999999"), ("huge", "1" + "0" * 20), ("huge", "1e+14"),
+        ("huge", "99999999999999"), ("huge", "99999999999999999999"),
+        ("huge", "1" + "0" * 20), ("huge", "1e+14"),
         ("negative", "-1"), ("negative", "-99999999999999"), ("non-ascii", "²"),
         ("non-ascii", "٣"), ("empty", ""), ("over-long", "9" * 5000), ("removed", None),
         ("plausible", "0"), ("plausible", " 1"), ("plausible", "01")]
