@@ -108,6 +108,17 @@ def _text(plausible: list[str]) -> list[tuple[str, str | None]]:
             ("removed", None), ("huge", "9" * 63)] + [("plausible", p) for p in plausible]
 
 
+def _weighted(fields: list[tuple[str, str, float]], u: float) -> tuple[str, str]:
+    """The (field, key) that `u` in [0, 1) falls on, each taking its weight's share."""
+    total = sum(w for *_, w in fields)
+    at = u * total
+    for field, key, w in fields:
+        if at < w:
+            return field, key
+        at -= w
+    return fields[-1][0], fields[-1][1]
+
+
 @dataclass
 class Edit:
     """One hostile edit and what became of it (times are the run's history times)."""
@@ -183,7 +194,8 @@ class HostileEdits:
         returns when every one is over. If the fault itself fails, its edits still in effect
         are healed (best effort) and ended all the same: an edit never stays "in effect" for
         the checks past its fault."""
-        rng = random.Random(seed)
+        rng = random.Random(seed)  # what is edited: three draws an edit, whatever the cluster
+        picks = random.Random(seed + 1)  # which object: as many draws as the cluster asks
         active: list[Edit] = []
         try:
             for i in range(edits):
@@ -191,7 +203,7 @@ class HostileEdits:
                     self.history.add("hostile", f"run-wide cap of {self.cfg.hostile_max} "
                                      "edits reached")
                     break
-                edit = self._edit(rng)
+                edit = self._edit(rng, picks)
                 if edit is not None and edit.ended is None:
                     active.append(edit)
                 self._watch(active, hold)
@@ -239,8 +251,13 @@ class HostileEdits:
                    if observe.classify(o) is not None]
         return sorted(live + objects, key=lambda o: (o["kind"], o["metadata"]["name"]))
 
-    def _edit(self, rng: random.Random) -> Edit | None:
-        ns = rng.choice(self.namespaces)
+    def _edit(self, rng: random.Random, picks: random.Random) -> Edit | None:
+        """One edit. Its namespace, key and value come from exactly three draws of `rng`
+        (each mapped onto the list it picks from), so the n-th edit of a seed is the same
+        kind of edit in every run (a huge fence, say) even where the clusters differ; the
+        object comes from `picks`."""
+        u_ns, u_field, u_value = rng.random(), rng.random(), rng.random()
+        ns = self.namespaces[int(u_ns * len(self.namespaces))]
         targets = self._targets(ns)
         if not targets:
             self.history.add("hostile", f"{ns}: nothing to edit")
@@ -248,13 +265,13 @@ class HostileEdits:
         # Held instances and Sessions are the interesting targets: prefer them.
         held = [o for o in targets if o["kind"] == v.SESSION_KIND
                 or any(is_session_ref(r) for r in refs(o))]
-        obj = rng.choice(held if held and rng.random() < 0.6 else targets)
+        obj = picks.choice(held if held and picks.random() < 0.6 else targets)
         part = observe.classify(obj) if obj["kind"] != v.SESSION_KIND else None
         fields = [f for f in (_SESSION_FIELDS if part is None else _pool_fields(part))
                   if f[1] not in self.cfg.hostile_skip]
         if not fields:
             return None
-        field, key, _ = rng.choices(fields, [w for *_, w in fields])[0]
+        field, key = _weighted(fields, u_field)
         sessions = [o for o in targets if o["kind"] == v.SESSION_KIND]
         for attempt in range(5):
             if attempt:
@@ -264,7 +281,7 @@ class HostileEdits:
                 fresh.setdefault("kind", obj["kind"])
                 fresh.setdefault("apiVersion", obj["apiVersion"])
                 obj = fresh
-            edit = self._plan(rng, ns, obj, field, key, sessions, targets)
+            edit = self._plan(u_value, picks, ns, obj, field, key, sessions, targets)
             if edit is None:
                 self.history.add("hostile", f"{ns} {obj['kind']}/{obj['metadata']['name']}: "
                                  f"no {field} {key} to edit")
@@ -294,7 +311,8 @@ class HostileEdits:
         self.categories[edit.category] += 1
         self.history.add("hostile", edit.describe())
 
-    def _plan(self, rng: random.Random, ns: str, obj: dict[str, Any], field: str, key: str,
+    def _plan(self, u_value: float, picks: random.Random, ns: str, obj: dict[str, Any],
+              field: str, key: str,
               sessions: list[dict[str, Any]], targets: list[dict[str, Any]]) -> Edit | None:
         meta = obj["metadata"]
         name = meta["name"]
@@ -303,15 +321,16 @@ class HostileEdits:
         before: Any
         after: Any
         if field == _OWNER_FIELD:
-            ref, category = self._ref_change(rng, obj, key, others, targets)
+            ref, category = self._ref_change(picks, obj, key, others, targets)
             if ref is None:
                 return None
             after = ref if key == "add" else None
             before = ref if key == "remove" else None
         else:
-            values = labels_of(obj) if field == "label" else annotations_of(obj)
-            before = values.get(key)
-            category, after = rng.choice(self._values(key, before, obj, others, targets))
+            present = labels_of(obj) if field == "label" else annotations_of(obj)
+            before = present.get(key)
+            values = self._values(key, before, obj, others, targets)
+            category, after = values[int(u_value * len(values))]
             if after == before:
                 category, after = "removed", None
             if after is None and before is None:
