@@ -153,6 +153,8 @@ class ChaosResult:
                  f"from claims racing their AppDefinition's deletion: {self.gc_races})"]
         if self.hostile_edits:
             lines.append(f"  hostile edits: {self.hostile}")
+            if not self.violations:  # with violations, all of them follow the history
+                lines += [f"    {h}" for h in self.hostile_log[-12:]]
         if self.liveness:
             lines.append(f"  liveness: {self.liveness}")
         lines += [f"  note: {n}" for n in self.notes]
