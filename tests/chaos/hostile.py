@@ -88,24 +88,40 @@ def _pool_fields(part: Part) -> list[tuple[str, str, float]]:
     return out
 
 
-def _numeric(before: str | None, plausible: list[str]) -> list[tuple[str, str | None]]:
-    """Hostile values for a key read as a number (fence, generation, instance id)."""
-    out: list[tuple[str, str | None]] = [
-        ("huge", "99999999999999"), ("huge", "99999999999999999999"),
-        ("huge", "1" + "0" * 20), ("huge", "1e+14"),
-        ("negative", "-1"), ("negative", "-99999999999999"), ("non-ascii", "²"),
-        ("non-ascii", "٣"), ("empty", ""), ("over-long", "9" * 5000), ("removed", None),
-        ("plausible", "0"), ("plausible", " 1"), ("plausible", "01")]
-    if before is not None and before.isascii() and before.isdigit():
-        out += [("plausible", str(int(before) + 1)), ("plausible", str(max(0, int(before) - 1)))]
-    out += [("plausible", p) for p in plausible]
-    return out
+Values = tuple[list[tuple[str, str | None]], list[tuple[str, str | None]]]
+
+#: A hostile value for a key read as a number (fence, generation, instance id), whatever is there.
+_NUMERIC: list[tuple[str, str | None]] = [
+    ("huge", "99999999999999"), ("huge", "99999999999999999999"), ("huge", "1" + "0" * 20),
+    ("huge", "1e+14"), ("negative", "-1"), ("negative", "-99999999999999"),
+    ("non-ascii", "²"), ("non-ascii", "٣"), ("empty", ""), ("over-long", "9" * 5000),
+    ("removed", None), ("plausible", "0"), ("plausible", " 1"), ("plausible", "01")]
+#: ... for a key read as a word (a label, a strategy, a digest).
+_TEXT: list[tuple[str, str | None]] = [
+    ("empty", ""), ("non-ascii", "ÉAGER\u202e"), ("over-long", "x" * 300), ("removed", None),
+    ("huge", "9" * 63)]
 
 
-def _text(plausible: list[str]) -> list[tuple[str, str | None]]:
-    """Hostile values for a key read as a word (a label, a strategy, a digest)."""
-    return [("empty", ""), ("non-ascii", "ÉAGER\u202e"), ("over-long", "x" * 300),
-            ("removed", None), ("huge", "9" * 63)] + [("plausible", p) for p in plausible]
+def _numeric(before: str | None, plausible: list[str]) -> Values:
+    """The fixed hostile numbers, and the plausible ones this object suggests."""
+    near = ([str(int(before) + 1), str(max(0, int(before) - 1))]
+            if before is not None and before.isascii() and before.isdigit() else [])
+    return _NUMERIC, [("plausible", p) for p in near + plausible]
+
+
+def _text(plausible: list[str]) -> Values:
+    return _TEXT, [("plausible", p) for p in plausible]
+
+
+def _choose(values: Values, u: float) -> tuple[str, str | None]:
+    """The value `u` in [0, 1) falls on: below 0.75 always the same fixed one (so the n-th
+    edit of a seed writes the same value in every run), above it one this object suggests
+    (or a fixed one again, when it suggests none)."""
+    fixed, situational = values
+    if u < 0.75:
+        return fixed[int(u / 0.75 * len(fixed))]
+    rest = situational or fixed
+    return rest[min(len(rest) - 1, int((u - 0.75) / 0.25 * len(rest)))]
 
 
 def _weighted(fields: list[tuple[str, str, float]], u: float) -> tuple[str, str]:
@@ -252,20 +268,27 @@ class HostileEdits:
         return sorted(live + objects, key=lambda o: (o["kind"], o["metadata"]["name"]))
 
     def _edit(self, rng: random.Random, picks: random.Random) -> Edit | None:
-        """One edit. Its namespace, key and value come from exactly three draws of `rng`
-        (each mapped onto the list it picks from), so the n-th edit of a seed is the same
-        kind of edit in every run (a huge fence, say) even where the clusters differ; the
-        object comes from `picks`."""
-        u_ns, u_field, u_value = rng.random(), rng.random(), rng.random()
+        """One edit. Its namespace, Session or pool object, key and value come from exactly
+        four draws of `rng` (each mapped onto what it picks from), so the n-th edit of a seed
+        is the same kind of edit in every run (a fence of 99999999999999 on a pool object,
+        say) even where the clusters differ; which object, from `picks`."""
+        u_ns, u_target, u_field, u_value = (rng.random() for _ in range(4))
         ns = self.namespaces[int(u_ns * len(self.namespaces))]
         targets = self._targets(ns)
         if not targets:
             self.history.add("hostile", f"{ns}: nothing to edit")
             return None
-        # Held instances and Sessions are the interesting targets: prefer them.
+        # A Session one edit in five, else a pool object, a held one's more often than not.
         held = [o for o in targets if o["kind"] == v.SESSION_KIND
                 or any(is_session_ref(r) for r in refs(o))]
-        obj = picks.choice(held if held and picks.random() < 0.6 else targets)
+        sessions_only = [o for o in targets if o["kind"] == v.SESSION_KIND]
+        pool_only = [o for o in targets if o["kind"] != v.SESSION_KIND]
+        if sessions_only and (u_target < 0.2 or not pool_only):
+            obj = picks.choice(sessions_only)
+        else:
+            held_objects = [o for o in held if o["kind"] != v.SESSION_KIND]
+            obj = picks.choice(held_objects if held_objects and picks.random() < 0.6
+                               else pool_only)
         part = observe.classify(obj) if obj["kind"] != v.SESSION_KIND else None
         fields = [f for f in (_SESSION_FIELDS if part is None else _pool_fields(part))
                   if f[1] not in self.cfg.hostile_skip]
@@ -329,8 +352,7 @@ class HostileEdits:
         else:
             present = labels_of(obj) if field == "label" else annotations_of(obj)
             before = present.get(key)
-            values = self._values(key, before, obj, others, targets)
-            category, after = values[int(u_value * len(values))]
+            category, after = _choose(self._values(key, before, obj, others, targets), u_value)
             if after == before:
                 category, after = "removed", None
             if after is None and before is None:
@@ -364,7 +386,8 @@ class HostileEdits:
 
     def _values(self, key: str, before: str | None, obj: dict[str, Any],
                 others: list[dict[str, Any]], targets: list[dict[str, Any]]
-                ) -> list[tuple[str, str | None]]:
+                ) -> Values:
+        """The fixed hostile values of `key`'s kind, and the plausible ones it suggests."""
         other_uids = [s["metadata"]["uid"] for s in others]
         match key:
             case v.ANNOTATION_FENCE | v.LABEL_GENERATION:

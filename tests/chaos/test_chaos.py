@@ -33,10 +33,10 @@ CI_SEEDS = (1, 2, 3)
 #: The three seeds' kinds: every kind of a one-server run but `hostile_edits`, which has a seed
 #: of its own (below), so that these keep one fault of each kind (12 faults, 12 kinds).
 CI_KINDS = tuple(k for k in FAULT_KINDS if k not in ("hostile_edits", "redis_failover"))
-#: Its hostile faults' edits number 0, 4 and 7 of the first and 0 of the second are a huge fence
-#: (`1e+14`, `99999999999999`) whenever the object picked is a pool object (each edit's key and
-#: value are three fixed draws of the fault's seed, tests/chaos/hostile.py): the value that
-#: poisoned the shared fence counter (issue 27, point 1) is in this seed by construction.
+#: The second, fourth and sixth edits of its first hostile fault (before operation 10) write a
+#: fence of 99999999999999 or 10^20 on a pool object (each edit's target kind, key and value
+#: are fixed draws of the fault's seed, tests/chaos/hostile.py): the values that poisoned the
+#: shared fence counter (issue 27, point 1) are in this seed by construction.
 HOSTILE_SEED = 25
 
 
