@@ -44,7 +44,9 @@ class ChaosConfig:
     # an edit stays in effect at most before the fault heals it, and a cap per run
     hostile_edits: tuple[int, int] = (2, 5)
     hostile_gap: tuple[float, float] = (0.3, 1.5)
-    hostile_hold: tuple[float, float] = (3.0, 8.0)
+    # (long enough that the controller often writes the instance meanwhile, a claim or a
+    # repair: it reads a foreign fence only then)
+    hostile_hold: tuple[float, float] = (5.0, 30.0)
     hostile_max: int = 400
     # keys `hostile_edits` leaves alone (e.g. "warmpool.io/fence", to see what the other keys
     # find while a known finding about the fence is still open)

@@ -154,7 +154,7 @@ class ChaosResult:
         if self.hostile_edits:
             lines.append(f"  hostile edits: {self.hostile}")
             if not self.violations:  # with violations, all of them follow the history
-                lines += [f"    {h}" for h in self.hostile_log[-12:]]
+                lines += [f"    {h}" for h in self.hostile_log[-40:]]
         if self.liveness:
             lines.append(f"  liveness: {self.liveness}")
         lines += [f"  note: {n}" for n in self.notes]
