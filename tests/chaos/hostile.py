@@ -562,17 +562,20 @@ class HostileEdits:
                 and (ns is None or e.ns == ns)][-count:]
 
     def context(self, text: str, first: float) -> str:
-        """For a violation's report: the edits about it and the last ones before it began."""
+        """For a violation's report: the edits about it, and those in effect or just made
+        when it began (an edit that stalls the queue is about nothing it stops)."""
         about = self.touching(text)
-        last = [e for e in self.recent(first) if e not in about]
-        if not about and not last:
-            return ""
+        then = {e.n: e for e in self.snapshot()
+                if e.at <= first and (e.ended is None or e.ended >= first)}
+        then.update({e.n: e for e in self.recent(first)})
+        around = [then[n] for n in sorted(then) if then[n] not in about][-8:]
         parts = []
         if about:
             parts.append("hostile edits about it: " + "; ".join(e.describe() for e in about[-3:]))
-        if last:
-            parts.append("last hostile edits before it: " + "; ".join(e.describe() for e in last))
-        return " [" + " | ".join(parts) + "]"
+        if around:
+            parts.append("hostile edits in effect or just made when it began: "
+                         + "; ".join(e.describe() for e in around))
+        return " [" + " | ".join(parts) + "]" if parts else ""
 
     def summary(self) -> str:
         return (f"{len(self.edits)} edits, by category {dict(self.categories)}, outcomes "
