@@ -279,23 +279,19 @@ class HostileEdits:
             self.history.add("hostile", f"{ns}: nothing to edit")
             return None
         # A Session one edit in five, else a pool object, a held one's more often than not.
-        held = [o for o in targets if o["kind"] == v.SESSION_KIND
-                or any(is_session_ref(r) for r in refs(o))]
-        sessions_only = [o for o in targets if o["kind"] == v.SESSION_KIND]
-        pool_only = [o for o in targets if o["kind"] != v.SESSION_KIND]
-        if sessions_only and (u_target < 0.2 or not pool_only):
-            obj = picks.choice(sessions_only)
+        sessions = [o for o in targets if o["kind"] == v.SESSION_KIND]
+        objects = [o for o in targets if o["kind"] != v.SESSION_KIND]
+        if sessions and (u_target < 0.2 or not objects):
+            obj = picks.choice(sessions)
         else:
-            held_objects = [o for o in held if o["kind"] != v.SESSION_KIND]
-            obj = picks.choice(held_objects if held_objects and picks.random() < 0.6
-                               else pool_only)
+            held = [o for o in objects if any(is_session_ref(r) for r in refs(o))]
+            obj = picks.choice(held if held and picks.random() < 0.6 else objects)
         part = observe.classify(obj) if obj["kind"] != v.SESSION_KIND else None
         fields = [f for f in (_SESSION_FIELDS if part is None else _pool_fields(part))
                   if f[1] not in self.cfg.hostile_skip]
         if not fields:
             return None
         field, key = _weighted(fields, u_field)
-        sessions = [o for o in targets if o["kind"] == v.SESSION_KIND]
         for attempt in range(5):
             if attempt:
                 fresh = self.kube.get(obj["apiVersion"], obj["kind"], ns, obj["metadata"]["name"])
