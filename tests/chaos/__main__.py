@@ -49,6 +49,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kinds", default=None,
                    help="comma-separated fault kinds to inject [default: every kind that "
                    "fits the Redis: see FAULT_KINDS in tests/chaos/faults.py]")
+    p.add_argument("--hostile-skip", default="",
+                   help="comma-separated label/annotation keys hostile_edits leaves alone "
+                   "(e.g. warmpool.io/fence) [default: none]")
     p.add_argument("--report", type=Path, default=ROOT / "docs" / "reliability.md",
                    help="where to write the figures ('-': nowhere)")
     p.add_argument("--workdir", type=Path, default=None)
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = ChaosConfig(seed=seed, ops=args.ops, ops_per_fault=args.ops_per_fault,
                               round_ops=args.round_ops, long_outages=long_outages,
                               outage_seconds=(lo, hi), sentinels=args.sentinels,
-                              kinds=kinds)
+                              kinds=kinds, hostile_skip=tuple(
+                                  k for k in args.hostile_skip.split(",") if k))
             if cfg.command() in done:
                 print(f"chaos: seed {seed} already in {args.results}", flush=True)
                 results.append(done[cfg.command()])

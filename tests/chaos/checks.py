@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from tests.chaos.hostile import HostileEdits
 from tests.chaos.watchdog import Excusals
 from tests.chaos.world import PinnedKube, World, snapshot, violations_in
 from warmpool.pool import naming
@@ -14,9 +15,16 @@ from warmpool.pool.model import AppDefinition, parse_appdefinition, parse_sessio
 
 
 def quiet_problems(kube: PinnedKube, namespaces: list[str],
-                   excusals: Excusals | None = None) -> list[str]:
-    """Everything that must hold once the system is quiet (one consistent snapshot)."""
+                   excusals: Excusals | None = None,
+                   hostile: HostileEdits | None = None) -> list[str]:
+    """Everything that must hold once the system is quiet (one consistent snapshot).
+
+    Quiet means every hostile edit is over (healed or overwritten), so `hostile.mask` changes
+    nothing then; it is applied all the same, so that a check never reads a hint a hand
+    wrote in place of the truth."""
     world = snapshot(kube, namespaces)
+    if hostile is not None:
+        world = hostile.mask(world)
     out = violations_in(world, namespaces, quiet=True)
     if excusals is not None:
         out = [x for x in out if not excusals.classify(x, world)]

@@ -40,12 +40,28 @@ class ChaosConfig:
     sentinels: int = 0
     lag_seconds: tuple[float, float] = (10.0, 20.0)  # a `watch_lag` window lasts this long
     lag_delay: tuple[float, float] = (3.0, 8.0)  # and delays the lagging worker's watches so
+    # `hostile_edits` (tests/chaos/hostile.py): edits per fault, seconds between two, seconds
+    # an edit stays in effect at most before the fault heals it, and a cap per run
+    hostile_edits: tuple[int, int] = (2, 5)
+    hostile_gap: tuple[float, float] = (0.3, 1.5)
+    # (long enough that the controller often writes the instance meanwhile, a claim or a
+    # repair: it reads a foreign fence only then)
+    hostile_hold: tuple[float, float] = (5.0, 30.0)
+    hostile_max: int = 400
+    # keys `hostile_edits` leaves alone (e.g. "warmpool.io/fence", to see what the other keys
+    # find while a known finding about the fence is still open)
+    hostile_skip: tuple[str, ...] = ()
+    # L, the liveness bound (tests/chaos/liveness.py): every valid Session that has room is
+    # served, and every ended holder's allow-list and route are gone, within L seconds of
+    # fault-free time (the resync period: whatever an event missed, the resync finds)
+    liveness_bound: float = 30.0
 
     def command(self) -> str:
         """The long tier's command line that replays this configuration."""
         lo, hi = self.outage_seconds
         extra = (f" --sentinels {self.sentinels}" if self.sentinels else "") + (
-            f" --kinds {','.join(self.kinds)}" if self.kinds is not None else "")
+            f" --kinds {','.join(self.kinds)}" if self.kinds is not None else "") + (
+            f" --hostile-skip {','.join(self.hostile_skip)}" if self.hostile_skip else "")
         return (f"python -m tests.chaos --seeds {self.seed} --ops {self.ops} "
                 f"--ops-per-fault {self.ops_per_fault} --round-ops {self.round_ops} "
                 f"--long-outages {self.long_outages} --outage-seconds {lo:g},{hi:g}{extra}")

@@ -18,6 +18,7 @@ from warmpool.testing.apiproxy import ApiProxy
 from warmpool.testing.apiproxy import Faults as ProxyFaults
 
 if TYPE_CHECKING:
+    from tests.chaos.hostile import HostileEdits
     from tests.chaos.operations import Operations
 
 
@@ -41,6 +42,9 @@ FAULT_KINDS: dict[str, tuple[float, str]] = {
     "api_outage": (1.0, "outage"),
     "api_outage_long": (0.0, "outage"),  # only as `long_outages` (30 s)
     "watch_lag": (2.0, "lag"),  # one worker's watch events seconds late (its cache behind)
+    # foreign values written by hand into the labels, annotations and owner references the
+    # controller reads on pool objects and Sessions (tests/chaos/hostile.py)
+    "hostile_edits": (2.0, "hostile"),
 }
 
 
@@ -140,6 +144,9 @@ def fault_params(rng: random.Random, kind: str, cfg: ChaosConfig) -> dict[str, A
         case "watch_lag":
             return {"seconds": rng.uniform(*cfg.lag_seconds),
                     "delay": rng.uniform(*cfg.lag_delay)}
+        case "hostile_edits":
+            return {"edits": rng.randint(*cfg.hostile_edits), "gap": rng.uniform(*cfg.hostile_gap),
+                    "hold": rng.uniform(*cfg.hostile_hold), "seed": rng.randrange(2**31)}
     raise ValueError(kind)
 
 
@@ -147,8 +154,9 @@ class FaultInjector:
     """Starts planned faults, each in its own thread; knows when repair was impossible."""
 
     def __init__(self, system: System, cfg: ChaosConfig, history: History,
-                 ops: Operations | None = None) -> None:
+                 ops: Operations | None = None, hostile: HostileEdits | None = None) -> None:
         self.system, self.cfg, self.history = system, cfg, history
+        self.hostile = hostile  # `hostile_edits` makes its edits through it
         assert system.proxy is not None, "a chaos system runs behind the fault proxy"
         self.proxy: ApiProxy = system.proxy
         self.ops = ops  # `redis_flush_race` hands its flush to the next race operation
@@ -391,3 +399,13 @@ class FaultInjector:
         # Keys that failed all along sit in backoff (5 ms doubling, capped at 60 s) and watches
         # in the reflector's (0.8 s doubling, capped at 30 s): both bounded by about a minute.
         f.tail = min(60.0, 0.005 * 2 ** min(20, seconds / 2)) + 30.0
+
+    def _hostile_edits(self, f: Fault, edits: int, gap: float, hold: float, seed: int) -> None:
+        """Foreign values by hand (tests/chaos/hostile.py). Not blocking: a hostile value may
+        stop at most its own object, instance or Session, and the checks excuse only reports
+        about those (`HostileEdits.touching`) while the edit is in effect; everything else
+        must go on as if the fault were not there."""
+        assert self.hostile is not None, "a run with hostile edits passes HostileEdits"
+        f.blocking = False
+        self.hostile.run(edits, gap, hold, seed)
+        f.end = self.history.now()

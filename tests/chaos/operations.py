@@ -68,6 +68,9 @@ class Operations:
         # between its claims and its scale-down, then sets the event
         self.flush_race: tuple[Callable[[], None], threading.Event] | None = None
         self.race_next = False  # set by `worker_stop`: the next operation is a race
+        # uids of pool objects a hostile edit took out of the pool's selector (generation label
+        # removed): a watch by the selector reports them DELETED while they still exist
+        self.hidden: set[str] = set()
 
     def setup(self) -> None:
         for ns in self.namespaces:

@@ -69,6 +69,11 @@ def figures(results: list[ChaosResult], command: str, root: Path) -> str:
         f"{sum(r.deletions_audited for r in results)} |",
         f"| held objects the garbage collector took from a claim racing its AppDefinition's "
         f"deletion (excused, counted) | {sum(r.gc_races for r in results)} |",
+        f"| hostile edits by hand (`hostile_edits`: foreign fences, ids, labels, owner "
+        f"references) | {sum(r.hostile_edits for r in results)} |",
+        f"| liveness obligations met within L = {results[0].liveness_bound if results else 30:g} "
+        f"s (Sessions served, allow-lists emptied, routes removed) | "
+        f"{sum(r.liveness_met for r in results)} |",
         f"| invariant violations | {violations} |",
         f"| lost or doubled claims | "
         f"{sum(1 for r in results for v in r.violations if 'claim' in v)} |",

@@ -29,7 +29,10 @@ SIGKILLed, Redis restarted with its data or emptied (or, on a run with Sentinels
 responses to writes, dropping connections and watch streams, slow, or unreachable (outages),
 and one worker process's watch events delivered seconds late (`watch_lag`: that worker alone
 reaches the API through the proxy's second port, so its watch-fed reads fall behind the
-others' and the truth while its writes stay prompt).
+others' and the truth while its writes stay prompt), and hostile edits: foreign values written
+by hand into the labels, annotations and owner references the controller reads on pool objects
+and Sessions (`hostile_edits`, tests/chaos/hostile.py, which also says how the checks tell a
+refused hostile value from a violation).
 
 Checks:
 
@@ -40,6 +43,9 @@ Checks:
   repaired within `missing_grace` seconds, not counting the time a fault made repair
   impossible (an outage, a dead leader, an emptied Redis: see `Fault.tail`), plus the delay
   of a lagging worker's watches while that fault lasts (`Fault.slack`).
+- liveness (tests/chaos/liveness.py), at every poll: every valid Session with room served,
+  every instance no live Session holds with an empty allow-list, no route of a Session that
+  holds nothing, each within `liveness_bound` seconds of fault-free time.
 - at quiescence (after every round of operations, faults stopped): all of I1-I6, zero lost or
   doubled claims (every live valid Session HANDLED on its own instance, or waiting while no
   instance is free), invalid Sessions in ERROR, no orphaned pool object.
@@ -67,6 +73,7 @@ from tests.chaos.checks import quiet_problems, summary
 from tests.chaos.config import ChaosConfig
 from tests.chaos.faults import FaultInjector, plan_faults
 from tests.chaos.history import History
+from tests.chaos.hostile import HostileEdits
 from tests.chaos.operations import Operations
 from tests.chaos.system import chaos_system
 from tests.chaos.watchdog import DeletionAudit, Watchdog
@@ -98,6 +105,12 @@ class ChaosResult:
     audit_gaps: int = 0
     gc_races: int = 0
     unrebuildable: list[str] = field(default_factory=list)
+    hostile_edits: int = 0  # hostile edits made (refused by the API server included)
+    hostile: str = ""  # their categories and outcomes
+    hostile_log: list[str] = field(default_factory=list)  # every edit, as the history wrote it
+    liveness: str = ""  # the liveness check's obligations met and longest waits
+    liveness_met: int = 0  # obligations (serve, revoke, route) seen unmet, then met in time
+    liveness_bound: float = 30.0  # L of the run
 
     @property
     def ok(self) -> bool:
@@ -138,6 +151,12 @@ class ChaosResult:
                  f"  watchdog polls: {self.polls}; deletions audited: {self.deletions_audited}"
                  f" (watch gaps: {self.audit_gaps}; held objects the garbage collector took "
                  f"from claims racing their AppDefinition's deletion: {self.gc_races})"]
+        if self.hostile_edits:
+            lines.append(f"  hostile edits: {self.hostile}")
+            if not self.violations:  # with violations, all of them follow the history
+                lines += [f"    {h}" for h in self.hostile_log[-40:]]
+        if self.liveness:
+            lines.append(f"  liveness: {self.liveness}")
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  excused, not rebuildable (AppDefinition gone, damaged by hand or by the "
                   f"garbage collector racing a claim): {x}"
@@ -147,6 +166,9 @@ class ChaosResult:
             lines += [f"  {x}" for x in self.violations]
             lines.append("history (operations and faults up to the first violation):")
             lines += [f"  {h}" for h in self.history]
+            if self.hostile_log:
+                lines.append("hostile edits (all):")
+                lines += [f"  {h}" for h in self.hostile_log]
         return "\n".join(lines)
 
 
@@ -174,8 +196,10 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
     proxy = system.proxy
     assert proxy is not None
     ops = Operations(direct, namespaces, rng, cfg, history)
-    faults = FaultInjector(system, cfg, history, ops)
-    dog = Watchdog(pinned, namespaces, cfg, history, faults, ops)
+    hostile = HostileEdits(Kube(connect(str(cluster.kubeconfig))), namespaces, cfg, history,
+                           hidden=ops.hidden)
+    faults = FaultInjector(system, cfg, history, ops, hostile)
+    dog = Watchdog(pinned, namespaces, cfg, history, faults, ops, hostile)
     audit = DeletionAudit(Kube(connect(str(cluster.kubeconfig))),
                           PinnedKube(connect(str(cluster.kubeconfig))), namespaces,
                           ops, history, dog.violate, proxy.deleted)
@@ -237,7 +261,11 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
         history=dog.first_history or history.tail(), notes=notes, workdir=workdir,
         rerun=cfg.command(), deletions_audited=audit.audited, audit_gaps=audit.gaps,
         gc_races=audit.gc_races,
-        unrebuildable=sorted(dog.excusals.unrebuildable))
+        unrebuildable=sorted(dog.excusals.unrebuildable),
+        hostile_edits=len(hostile.edits), hostile=hostile.summary(),
+        hostile_log=[e.describe() for e in hostile.snapshot()],
+        liveness=dog.liveness.summary(), liveness_met=dog.liveness.met.total(),
+        liveness_bound=cfg.liveness_bound)
 
 
 def _settle(kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig, history: History,
@@ -250,7 +278,7 @@ def _settle(kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig, history: 
     last_note = t0
     while time.monotonic() - t0 < cfg.settle_timeout:
         try:
-            problems = quiet_problems(kube, namespaces, dog.excusals)
+            problems = quiet_problems(kube, namespaces, dog.excusals, dog.hostile)
         except Exception as exc:
             problems = [f"check failed: {exc!r}"]
         passes = passes + 1 if not problems else 0
@@ -265,8 +293,12 @@ def _settle(kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig, history: 
             history.add("settle", f"quiet after {took:.1f}s: {summary(kube, namespaces)}")
             return took
         time.sleep(0.5)  # the poll interval of the settle loop (it has a deadline)
+    last = ""
+    if dog.hostile is not None and dog.hostile.edits:
+        last = " [last hostile edits: " + "; ".join(
+            e.describe() for e in dog.hostile.recent(history.now())) + "]"
     dog.violate(f"did not settle in {time.monotonic() - t0:.0f}s: " + "; ".join(problems[:12]),
-                f" ({queue_notes(system)})")
+                f" ({queue_notes(system)}){last}")
     return time.monotonic() - t0
 
 

@@ -1,10 +1,13 @@
 """The chaos tiers (see run.py for what a run does and checks).
 
 CI tier (`-m chaos`): three seeds of 90 operations and about a dozen faults each, every fault
-kind in every seed (`watch_lag` included: one worker's watch events 3-8 s late for 10-20 s;
-`worker_stop`: a lease holder SIGSTOPped past its lease TTL, then resumed; `redis_flush_race`:
-Redis emptied between a race's claims and its scale-down), one quiescence check in the middle
-and one at the end. A few minutes.
+kind but `hostile_edits` in every seed (`watch_lag` included: one worker's watch events 3-8 s
+late for 10-20 s; `worker_stop`: a lease holder SIGSTOPped past its lease TTL, then resumed;
+`redis_flush_race`: Redis emptied between a race's claims and its scale-down), one quiescence
+check in the middle
+and one at the end; and a fourth seed of 60 operations with `hostile_edits` among every other
+kind (foreign values written by hand into what the controller reads, tests/chaos/hostile.py).
+A few minutes.
 
 Long tier (`-m slow`, on demand): `pytest tests/chaos -m slow --chaos-seeds 1,2,3
 --chaos-ops 10000 [--chaos-sentinels 3] [--chaos-report docs/reliability.md]`, or
@@ -21,11 +24,20 @@ import pytest
 
 from tests.chaos.config import ROOT, ChaosConfig
 from tests.chaos.conftest import option
+from tests.chaos.faults import FAULT_KINDS
 from tests.chaos.report import figures, write_figures
 from tests.chaos.run import run_chaos
 from warmpool.cluster.local import ClusterInfo
 
 CI_SEEDS = (1, 2, 3)
+#: The three seeds' kinds: every kind of a one-server run but `hostile_edits`, which has a seed
+#: of its own (below), so that these keep one fault of each kind (12 faults, 12 kinds).
+CI_KINDS = tuple(k for k in FAULT_KINDS if k not in ("hostile_edits", "redis_failover"))
+#: The second, fourth and sixth edits of its first hostile fault (before operation 10) write a
+#: fence of 99999999999999 or 10^20 on a pool object (each edit's target kind, key and value
+#: are fixed draws of the fault's seed, tests/chaos/hostile.py): the values that poisoned the
+#: shared fence counter (issue 27, point 1) are in this seed by construction.
+HOSTILE_SEED = 25
 
 
 @pytest.mark.chaos
@@ -33,7 +45,8 @@ CI_SEEDS = (1, 2, 3)
 def test_chaos_ci_tier(cluster: ClusterInfo, tmp_path: Path, seed: int) -> None:
     # One fault per 7 operations: 12 faults, one of each of the 12 kinds.
     cfg = ChaosConfig(seed=seed, ops=90, ops_per_fault=7, round_ops=45,
-                      outage_seconds=(4.0, 12.0), long_outages=1 if seed == 3 else 0)
+                      outage_seconds=(4.0, 12.0), long_outages=1 if seed == 3 else 0,
+                      kinds=CI_KINDS)
     result = run_chaos(cluster, cfg, tmp_path)
     print(result.report())
     assert result.ok, result.report()
@@ -44,6 +57,24 @@ def test_chaos_ci_tier(cluster: ClusterInfo, tmp_path: Path, seed: int) -> None:
     assert result.faults["worker_stop"] >= 1, result.report()
     assert result.faults["redis_flush_race"] >= 1, result.report()
     assert result.ops["race_claim_flush_scale"] >= 1, result.report()
+
+
+@pytest.mark.chaos
+def test_chaos_ci_hostile_edits(cluster: ClusterInfo, tmp_path: Path) -> None:
+    """Hostile edits among every other fault (issue 27): foreign fences, instance ids,
+    generation and session labels, owner references written by hand while Sessions come and
+    go. 0 violations of I1-I6, and the liveness check (every valid Session with room served,
+    every ended holder's allow-list and route gone, within L fault-free seconds) holds."""
+    # 60 operations, one fault per 4: 15 planned, every one of the 13 kinds at least once;
+    # each hostile fault makes 6-10 edits.
+    cfg = ChaosConfig(seed=HOSTILE_SEED, ops=60, ops_per_fault=4, round_ops=30,
+                      outage_seconds=(4.0, 12.0), hostile_edits=(6, 10))
+    result = run_chaos(cluster, cfg, tmp_path)
+    print(result.report())
+    assert result.ok, result.report()
+    assert result.faults["hostile_edits"] >= 1, result.report()
+    assert result.hostile_edits >= 6, result.report()
+    assert result.liveness_met >= 1, result.report()
 
 
 @pytest.mark.slow

@@ -12,6 +12,8 @@ from typing import Any
 from tests.chaos.config import ChaosConfig
 from tests.chaos.faults import FaultInjector
 from tests.chaos.history import History
+from tests.chaos.hostile import HostileEdits
+from tests.chaos.liveness import Liveness
 from tests.chaos.operations import Operations
 from tests.chaos.world import PinnedKube, World, live_name, snapshot, violations_in
 from warmpool.kube import observe
@@ -29,9 +31,12 @@ class Watchdog:
     AUDIT_WAIT = 10.0  # s: longer than the audit's wait for the proxy's record of a delete
 
     def __init__(self, kube: PinnedKube, namespaces: list[str], cfg: ChaosConfig,
-                 history: History, faults: FaultInjector, ops: Operations) -> None:
+                 history: History, faults: FaultInjector, ops: Operations,
+                 hostile: HostileEdits | None = None) -> None:
         self.kube, self.namespaces, self.cfg = kube, namespaces, cfg
         self.history, self.faults, self.ops = history, faults, ops
+        self.hostile = hostile
+        self.liveness = Liveness(namespaces, cfg, history, faults, hostile, self.violate)
         self.violations: list[str] = []
         self.excusals = Excusals(ops, history)
         self.first_history: list[str] | None = None
@@ -52,6 +57,8 @@ class Watchdog:
         if text in self._reported:
             return
         self._reported.add(text)
+        if self.hostile is not None and "hostile edits" not in detail:
+            detail += self.hostile.context(text, self.history.now())  # what a hand did
         self.violations.append(f"{self.history.now():8.2f}s {text}{detail}")
         self.history.add("VIOLATION", text + detail)
         if self.first_history is None:
@@ -78,6 +85,8 @@ class Watchdog:
 
     def poll(self) -> World:
         world = snapshot(self.kube, self.namespaces)
+        if self.hostile is not None:  # a hostile instance-id is a hint: read the truth
+            world = self.hostile.mask(world)
         now = self.history.now()
         self.polls += 1
         current = violations_in(world, self.namespaces, quiet=False)
@@ -85,8 +94,8 @@ class Watchdog:
         for text in current:
             if self.excusals.classify(text, world):
                 continue
-            if ": I3:" in text or ": I4:" in text:
-                self.violate(text)
+            if (": I3:" in text or ": I4:" in text) and not self._hostile_now(text, now):
+                self.violate(text, self._context(text, now))
             else:
                 damage.add(text)
         for text in damage:
@@ -99,12 +108,38 @@ class Watchdog:
             else:
                 first = self._pending[text]
                 effective = (now - first) - self.faults.blocked(first, now)
+                if self.hostile is not None:  # an edit about it: not repairable meanwhile
+                    effective -= self.hostile.covered(self.hostile.touching(text), first, now)
                 if effective > self.cfg.missing_grace + self.faults.slack(first, now):
                     self.violate(text, f" (for {now - first:.1f}s, {effective:.1f}s of it "
-                                 "fault-free)")
+                                 "fault-free)" + self._context(text, first))
         self._track_uids(world)
+        self.liveness.poll(world, now)
         self._last = world
         return world
+
+    def _hostile_now(self, text: str, now: float) -> bool:
+        """Whether an I3/I4 report is about a hostile edit in effect or just over: such a
+        report is the edit itself (a Session reference added by hand makes two holders, one
+        removed by hand leaves no owner), so it is damage, which must clear within the grace
+        once the edit is over, not a violation on sight."""
+        if self.hostile is None:
+            return False
+        grace = self.cfg.missing_grace + self.faults.slack(now - self.cfg.missing_grace, now)
+        return any(e.window(now)[1] >= now - grace for e in self.hostile.touching(text))
+
+    def _context(self, text: str, first: float) -> str:
+        return self.hostile.context(text, first) if self.hostile is not None else ""
+
+    def _still_there(self, ns: str, name: str, uid: str) -> bool:
+        """For an object a hostile edit took out of the pool's selector (its generation label
+        removed): whether it still exists, unreplaced (then it was not deleted)."""
+        if uid not in self.ops.hidden:
+            return False
+        kind, obj_name = name.split("/", 1)
+        api_version = "apps/v1" if kind == "Deployment" else "v1"
+        obj = self.kube.get(api_version, kind, ns, obj_name)
+        return obj is not None and obj["metadata"].get("uid") == uid
 
     def _before(self, text: str) -> str:
         """For a held instance's damage: its objects and their owners one poll earlier."""
@@ -173,6 +208,8 @@ class Watchdog:
                 if uid in self.ops.hand_deleted or uid in self.ops.gc_deleted:
                     continue
                 if name not in now:
+                    if self._still_there(ns, name, uid):
+                        continue  # relabelled by a hostile hand, not deleted
                     if not had_ref and key in gone:
                         continue
                     if key in gone:
@@ -279,6 +316,13 @@ class DeletionAudit:
         name = meta["name"]
         if meta["uid"] in self.ops.hand_deleted:
             return
+        if meta["uid"] in self.ops.hidden:
+            # A hostile edit removed its generation label: the watch by the pool's selector
+            # says DELETED, the server may still hold it. Judged only if it is really gone.
+            there = self.kube.get(obj.get("apiVersion") or ("apps/v1" if obj["kind"] ==
+                                  "Deployment" else "v1"), obj["kind"], ns, name)
+            if there is not None and there["metadata"].get("uid") == meta["uid"]:
+                return
         k = naming.instance_id_from_name(name)
         m = _UID12.search(name)
         if k is None or m is None:
