@@ -159,3 +159,38 @@ def test_a_claim_annotated_before_the_normalisation_is_still_its_users() -> None
     (patch,) = of(p.actions, Patch)
     assert patch.patch["metadata"]["annotations"]["warmpool.io/claimed-for"] == (
         naming.claimed_for(s.uid, "jane@example.com"))
+
+
+# --- a holder's reference removed by hand from the external Service (issue #27) -------------
+
+def _without_session_refs(view, part_name="EXTERNAL_SERVICE"):
+    obj = copy.deepcopy(view.get(Part[part_name]))
+    obj["metadata"]["ownerReferences"] = [r for r in obj["metadata"]["ownerReferences"]
+                                          if r.get("kind") != "Session"]
+    return with_objects(view, **{part_name: obj})
+
+
+def test_a_reference_removed_by_hand_is_put_back_not_released() -> None:
+    a = appdef()
+    s = session(instance=1, status="HANDLED")
+    p = plan(_without_session_refs(instance(a, 1, holder=s)), a, [s])
+    assert p.holder == s and p.state.name == "CLAIMED" and not p.released
+    assert not of(p.actions, ResetPods)
+    (patch,) = of(p.actions, Patch)
+    assert patch.part is Part.EXTERNAL_SERVICE
+    assert s.owner_reference() in patch.patch["metadata"]["ownerReferences"]
+
+
+def test_without_the_annotation_or_with_a_forged_claimed_for_the_session_holds_nothing() -> None:
+    from warmpool.pool import naming
+    a = appdef()
+    s = session(instance=1, status="HANDLED")
+    bare = _without_session_refs(instance(a, 1, holder=s))
+    # Not annotated with this instance: the Service's word alone makes no holder.
+    elsewhere = session(instance=2, status="HANDLED")
+    assert plan(bare, a, [elsewhere]).holder is None
+    # A claimed-for naming the Session but another user (a forgery, or a user change).
+    ext = copy.deepcopy(bare.get(Part.EXTERNAL_SERVICE))
+    ext["metadata"]["annotations"]["warmpool.io/claimed-for"] = naming.claimed_for(
+        s.uid, "mallory@example.com")
+    assert plan(with_objects(bare, EXTERNAL_SERVICE=ext), a, [s]).holder is None

@@ -144,6 +144,22 @@ class HolderIndex:
                     or claimed_for in (naming.claimed_for(s.uid, s.user),
                                        naming.claimed_for_as_spelt(s.uid, s.user)))
 
+        if ext is not None and not self.live.keys() & uids:
+            # The Service references no live Session, yet says whom it was claimed for: a
+            # reference removed by hand (anyone with `patch` on Services can). The holding
+            # stands when all of our own traces agree: the claimed-for value names a live
+            # Session of this pool and its user, exactly as a claim writes it, and that
+            # Session is annotated with this instance. The plan then puts the reference back
+            # (a patch at the Service's resourceVersion), instead of releasing a live user's
+            # instance and deleting its objects (the chaos tier's hostile edits, issue #27).
+            # A release never leaves both: it runs only for a Session that ended or whose user
+            # changed, and a new claim overwrites claimed-for in its deciding write.
+            uid = claimed_for.partition("/")[0]
+            s = self.live.get(uid)
+            if (s is not None and s.instance_id == instance.id
+                    and claimed_for in (naming.claimed_for(s.uid, s.user),
+                                        naming.claimed_for_as_spelt(s.uid, s.user))):
+                uids = {uid}
         # the live Sessions' uids (str) among the referenced ones (a reference may lack one)
         return sorted((self.live[u] for u in self.live.keys() & uids
                        if user_unchanged(self.live[u])), key=rank)
