@@ -15,7 +15,7 @@ an edit decided on a version someone else has changed since is refused and decid
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from warmpool.pool import builders
@@ -86,15 +86,24 @@ def without_rule(ingress: Obj, appdef: AppDefinition, instance: int,
     """The Ingress's rules without the instance's path on its host, or None if it has none.
     A rule left with no path by that is dropped; every other rule stays as it is."""
     host, path = settings.instances_host, rule_path(appdef, instance, settings)
-    rules = _rules(ingress)
+    return _without_paths(
+        ingress, lambda rule, entry: rule.get("host") == host
+        and isinstance(entry, Mapping) and entry.get("path") == path)
+
+
+def _without_paths(ingress: Obj, drop: Callable[[dict[str, Any], Any], bool]
+                   ) -> list[Any] | None:
+    """The Ingress's rules without every path `drop` names, or None if it names none. A rule
+    left with no path by that is dropped; every other rule (and every rule that is not an
+    object: foreign content is kept as it is) stays as it is."""
     out: list[Any] = []
     changed = False
-    for rule in rules:
+    for rule in _rules(ingress):
         paths = _paths(rule)
-        if not isinstance(rule, dict) or rule.get("host") != host or not paths:
+        if not isinstance(rule, dict) or not paths:
             out.append(rule)
             continue
-        kept = [p for p in paths if not (isinstance(p, Mapping) and p.get("path") == path)]
+        kept = [p for p in paths if not drop(rule, p)]
         if len(kept) == len(paths):
             out.append(rule)
             continue
@@ -121,16 +130,4 @@ def without_backend(ingress: Obj, service: str) -> list[Any] | None:
     the spec, but its backend is the instance's external Service, whose name the instance's
     own object says. Every path sending there is the released instance's, on whatever host.
     """
-    out: list[Any] = []
-    changed = False
-    for rule in _rules(ingress):
-        paths = _paths(rule)
-        kept = [p for p in paths if _backend_service(p) != service]
-        if not isinstance(rule, dict) or len(kept) == len(paths):
-            out.append(rule)
-            continue
-        changed = True
-        if kept:
-            rule["http"]["paths"] = kept
-            out.append(rule)
-    return out if changed else None
+    return _without_paths(ingress, lambda _rule, entry: _backend_service(entry) == service)
