@@ -138,3 +138,22 @@ def test_a_lease_written_without_expiry_is_found_and_repaired_by_the_audit(jobs:
     assert jobs.client.get(lo.lease(UNRELATED)) == held.lease.value.encode()
     assert maintenance.audit() == 1
     assert run(jobs, POISONED).fence > held.fence
+
+
+@pytest.mark.parametrize("attr", ["dirty", "pending", "messages_list", "inflight"])
+def test_a_shared_key_of_another_type_is_repaired_and_every_key_runs_again(
+    jobs: Jobs, attr: str,
+) -> None:
+    """A string where the scripts keep a set, hash, list or sorted set: every script that
+    touches it failed with WRONGTYPE, for every key. The recovery pass deletes it and the
+    epoch (so the scheduler resyncs from the cluster), and keys start again."""
+    lo = jobs.queue.layout
+    name = getattr(lo, attr)
+    jobs.client.set(lo.epoch, "known")
+    jobs.client.set(name, "not ours")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        run(jobs, UNRELATED)
+    jobs.client.delete(lo.lease(UNRELATED))  # whatever the failed start left, as a crash would
+    assert Maintenance(jobs).repair_shared_types() == [name]
+    assert jobs.client.get(lo.epoch) is None
+    assert run(jobs, POISONED).key == POISONED

@@ -186,3 +186,33 @@ def test_a_run_in_flight_keeps_its_lease_with_the_lease_ttl(
     assert 0 < jobs.client.pttl(lo.lease(KEY)) <= jobs.settings.lease_ttl_ms
     assert jobs.client.pttl(lo.lease(other.key)) > 0  # leases with a TTL are not touched
     assert maintenance.repair_unexpiring_leases() == 0
+
+
+# --- shared keys of another type (issue #27: Redis contents are not trusted) -----------------
+
+
+def test_every_shared_key_of_the_scripts_has_its_type_checked() -> None:
+    from warmpool.queue.maintenance import SHARED_KEY_TYPES
+    from warmpool.queue.scripts import KEY_NAMES
+    shared = {attr for _, attr in KEY_NAMES if not attr.endswith("_prefix")}
+    assert {attr for attr, _ in SHARED_KEY_TYPES} == shared
+
+
+def test_a_shared_key_of_another_type_is_deleted_with_the_epoch_and_keys_run_again(
+    jobs: Jobs, caplog: pytest.LogCaptureFixture,
+) -> None:
+    lo = jobs.queue.layout
+    jobs.client.set(lo.epoch, "e1")
+    jobs.client.set(lo.dirty, "garbage")  # a string where the scripts keep a set
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        jobs.queue.add(KEY)  # every add of every key fails while it stays
+    maintenance = Maintenance(jobs)
+    with caplog.at_level(logging.WARNING, logger="warmpool.queue.maintenance"):
+        assert maintenance.repair_shared_types() == [lo.dirty]
+    assert lo.dirty in caplog.text and "resyncs" in caplog.text
+    assert jobs.client.get(lo.epoch) is None  # every process now sees a loss: a resync
+    assert jobs.queue.add(KEY) == "enqueued"
+    assert isinstance(jobs.begin(KEY), JobContext)
+    jobs.queue.add("instance/ns/java/9")
+    assert maintenance.repair_shared_types() == []  # sound keys are left alone
+    assert jobs.client.sismember(lo.dirty, "instance/ns/java/9")

@@ -12,6 +12,13 @@ Every `recovery_period`, in one process at a time (a short SET NX PX lock):
     instead of on dramatiq's 0.1 % of calls with a 60 s timeout, for both queues (claims and
     bulk) and their delay queues.
 
+Also every `recovery_period`, likewise once: the queue's shared keys (`SHARED_KEY_TYPES`)
+each of the Redis type the scripts use. One of another type (written by someone else: anyone
+who can reach the Redis can) would make every script that touches it fail with WRONGTYPE, for
+every key of every namespace; it is deleted and the epoch with it, so every process reads a
+Redis that lost its data and the scheduler resyncs everything from the cluster
+(`repair_shared_types`).
+
 Every `audit_period`, likewise once: lease keys with no expiry (written by someone else, or
 made to persist: every lease of ours has a TTL) are repaired, since nothing else would ever
 free their key (`repair_unexpiring_leases`); then dirty keys with no lease and no queued
@@ -40,6 +47,28 @@ from warmpool.queue.jobs import Jobs
 from warmpool.queue.replies import text
 
 log = logging.getLogger(__name__)
+
+#: The Redis type of each key every script shares (Layout's property -> TYPE's answer; "none",
+#: a missing key, is always fine). The per-key prefixes (lease, triggers, own writes) are not
+#: here: a wrong-typed lease is repaired by the script that meets it, triggers and own writes
+#: are read with HGETALL/HGET inside scripts whose keys are the queue's own.
+SHARED_KEY_TYPES: tuple[tuple[str, str], ...] = (
+    ("dirty", "set"),
+    ("inflight", "zset"),
+    ("failures", "hash"),
+    ("delayed", "zset"),
+    ("errors", "hash"),
+    ("added_at", "hash"),
+    ("pending", "hash"),
+    ("dead", "hash"),
+    ("fence", "string"),
+    ("messages_list", "list"),
+    ("messages", "hash"),
+    ("claims_messages_list", "list"),
+    ("claims_messages", "hash"),
+    ("xq", "zset"),
+    ("xq_messages", "hash"),
+)
 
 #: Lease names one audit pass looks at, at most (a scan of the whole keyspace is bounded).
 SCAN_LIMIT = 100_000
@@ -116,6 +145,32 @@ class Maintenance:
             ]
             dispatch(keys=[broker.namespace], args=args)
 
+    def repair_shared_types(self) -> list[str]:
+        """Delete each shared key of a type the scripts do not use, and the epoch with it
+        (every process then sees a Redis that lost its data, and the scheduler resyncs: every
+        key is derived from the cluster again). Returns the names deleted. One round trip
+        when all is well: TYPE of the 15 names in a pipeline."""
+        layout = self.jobs.queue.layout
+        names = [(str(getattr(layout, attr)), want) for attr, want in SHARED_KEY_TYPES]
+        with self.client.pipeline(transaction=False) as p:
+            for name, _ in names:
+                p.type(name)
+            types = [text(t) for t in p.execute()]
+        wrong = [(name, want, got) for (name, want), got in zip(names, types, strict=True)
+                 if got not in (want, "none")]
+        if not wrong:
+            return []
+        with self.client.pipeline(transaction=True) as p:
+            for name, _, _ in wrong:
+                p.delete(name)
+            p.delete(layout.epoch)
+            p.execute()
+        for name, want, got in wrong:
+            log.warning("queue key %s was a Redis %s, not the %s the queue keeps there (not "
+                        "written by warmpool): deleted, with the epoch, so the scheduler "
+                        "resyncs every key from the cluster", name, got, want)
+        return [name for name, _, _ in wrong]
+
     def repair_unexpiring_leases(self) -> int:
         """Find lease keys without an expiry (PTTL -1) and repair each (`unexpiring.lua`): a
         run in flight keeps it with the lease TTL, anything else loses it. Returns how many
@@ -185,6 +240,7 @@ class Maintenance:
         if now >= self._next_recovery:
             self._next_recovery = now + s.recovery_period
             if self._once("recovery", s.recovery_period):
+                self.repair_shared_types()
                 self.recover_crashed()
                 self.requeue_dead_workers()
         if now >= self._next_audit:
