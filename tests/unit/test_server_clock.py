@@ -76,3 +76,21 @@ def test_no_usable_date_is_no_time_at_all(answer: str | Exception | None) -> Non
     clock = ApiServerClock(kube, monotonic=Monotonic())  # type: ignore[arg-type]
     with pytest.raises(ClockUnavailable):
         clock.now()
+
+
+def test_a_worker_stamps_handled_with_the_servers_time_not_its_own() -> None:
+    """The readers' `server_now_ms` (a Session marked HANDLED records it as lastActivity):
+    the API server's Date, whatever this host's wall clock says (issue #29)."""
+    from typing import Any, cast
+
+    from warmpool.kube.cache import ClusterCache
+    from warmpool.kube.reader import CachedReader, LiveReader
+    kube = cast(Any, DateKube("Fri, 04 Dec 2026 10:17:16 GMT"))
+    for reader in (LiveReader(kube), CachedReader(cast(ClusterCache, None), kube)):
+        stamped = reader.server_now_ms()
+        # The sample is carried forward on the monotonic clock (< 1 s in this test); the
+        # wall clock, hours past EPOCH whenever this runs, is not read.
+        assert EPOCH * 1000 <= stamped < (EPOCH + 60) * 1000
+    kube.header = "not a date"
+    with pytest.raises(ClockUnavailable):
+        LiveReader(kube).server_now_ms()  # never the host's clock instead

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -163,7 +162,7 @@ def reconcile_instance(
                                    held_elsewhere=elsewhere,
                                    shared_route=_shared_route(reader, appdef, settings,
                                                               fresh=fresh),
-                                   now_ms=int(time.time() * 1000))
+                                   now_ms=reader.server_now_ms())
         if not fresh and unguarded_deletes(view, plan):
             fresh = True  # nothing on the server would refuse these deletes: read it first
             continue

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from warmpool.kube import observe
 from warmpool.kube.api import Kube
 from warmpool.kube.cache import ClusterCache
+from warmpool.kube.clock import ApiServerClock
 from warmpool.pool import builders, naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import PoolFacts, pool_facts
@@ -65,6 +66,15 @@ class Reader(Protocol):
         ...
 
     def sessions(self, namespace: str, appdef_name: str) -> list[Session]: ...
+
+    def server_now_ms(self) -> int:
+        """The API server's clock now, in epoch ms (`warmpool.kube.clock`: the Date of one of
+        its answers, at most a minute old, carried forward on this host's monotonic clock):
+        what a Session marked HANDLED records as its `lastActivity`, so that a worker whose
+        wall clock is off never stamps a time the timeouts would misread. Raises
+        ClockUnavailable when the server's time cannot be read (the job fails and retries:
+        the host's wall clock is never the fallback)."""
+        ...
 
     def session_gone(self, namespace: str, name: str, uid: str) -> bool:
         """Known without a request to have been deleted (that very uid); False if unsure."""
@@ -163,8 +173,12 @@ class LiveReader:
         self.kube = kube
         self.max_instances_ceiling = max_instances_ceiling
         self.clock = clock
+        self.server_clock = ApiServerClock(kube, max_age=60.0)
         # Whether Session routes are in use: instance views then carry theirs.
         self.routes = routes
+
+    def server_now_ms(self) -> int:
+        return int(self.server_clock.now() * 1000)
 
     def appdef(self, namespace: str, name: str, *, fresh: bool = False
                ) -> AppDefinition | Invalid | None:
@@ -331,6 +345,10 @@ class CachedReader:
         self.kube = kube
         self.max_instances_ceiling = max_instances_ceiling
         self.clock = clock
+        self.server_clock = ApiServerClock(kube, max_age=60.0)
+
+    def server_now_ms(self) -> int:
+        return int(self.server_clock.now() * 1000)
 
     def appdef(self, namespace: str, name: str, *, fresh: bool = False
                ) -> AppDefinition | Invalid | None:
