@@ -166,7 +166,8 @@ def test_the_instances_network_policy_selects_exactly_the_pool_pods_on_the_serve
 
     ns = namespace
     (policy,) = [o for o in render(DEPLOY / "base", ns, tmp_path)
-                 if o["kind"] == "NetworkPolicy"]
+                 if o["kind"] == "NetworkPolicy"
+                 and o["metadata"]["name"] == "theia-cloud-instances"]
     kubectl(cluster, "apply", "-f", "-", stdin=dump([policy]))
     stored = kube.get("networking.k8s.io/v1", "NetworkPolicy", ns, "theia-cloud-instances")
     assert stored is not None
@@ -238,7 +239,8 @@ def test_the_proxy_port_admits_the_gateway_namespace_and_no_other_on_the_server(
                                   (with_gateway_namespaces(tmp_path, namespace, [gateway]),
                                    {gateway})):
             (policy,) = [o for o in render(overlay, namespace, tmp_path)
-                         if o["kind"] == "NetworkPolicy"]
+                         if o["kind"] == "NetworkPolicy"
+                         and o["metadata"]["name"] == "theia-cloud-instances"]
             kubectl(cluster, "apply", "-f", "-", stdin=dump([policy]))
             stored = kube.get("networking.k8s.io/v1", "NetworkPolicy", namespace,
                               "theia-cloud-instances")
