@@ -1113,6 +1113,42 @@ def test_a_claim_decided_on_a_cache_that_missed_the_older_session_is_refused(
     assert status_of(kube, ns, second.name).get("operatorStatus") == "ERROR"
 
 
+def test_an_older_sessions_claim_waits_for_a_younger_ones_claim_in_flight(
+    kube: Kube, namespace: str
+) -> None:
+    """The race the re-check alone left open: the younger Session's claim has read that no
+    older one exists yet and is about to make its deciding write, while the older one's
+    claim reads that the younger holds nothing yet: both would be served. The older claim
+    takes the younger's key lease first, so while that claim runs (its lease held here) the
+    older one defers and writes nothing; afterwards exactly one of them is served."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns, LIMIT_ONE)
+    create_session(kube, ns, "first", USERS[5])
+    create_session(kube, ns, "second", USERS[5])
+    create_session(kube, ns, "other-user", USERS[6])
+    older, younger = sorted(
+        (parse_session(kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name))
+         for name in ("first", "second")), key=claim_order)
+    leases = LocalLeases()
+    with leases.try_lease(str(SessionKey(ns, younger.name))) as in_flight:
+        assert in_flight is not None
+        waited = claim_session(LiveReader(kube), kube, SessionKey(ns, older.name), leases,
+                               LIMIT_ONE, hand_on=False)
+        assert waited.outcome.value == "deferred", waited
+        assert younger.name in (waited.message or "")
+        assert held_instance_of(kube, ns, older.name) is None  # no deciding write was made
+        assert status_of(kube, ns, older.name).get("operatorStatus") != "HANDLED"
+
+    run_until_quiet(kube, ns, LIMIT_ONE)
+    served = [s.name for s in (older, younger) if _served(kube, ns, s.name)]
+    assert len(served) == 1, {s.name: status_of(kube, ns, s.name) for s in (older, younger)}
+    (refused,) = {older.name, younger.name} - set(served)
+    st = status_of(kube, ns, refused)
+    assert (st.get("operatorStatus"), st.get("error")) == ("ERROR", MORE_SESSIONS)
+    assert _served(kube, ns, "other-user")
+
+
 @pytest.mark.parametrize("forgery", ["label-only", "template-hash-of-another-controller"])
 def test_a_pod_with_a_colliding_app_label_survives_a_reset_with_a_warning(
     kube: Kube, namespace: str, forgery: str

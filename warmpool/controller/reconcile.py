@@ -375,6 +375,19 @@ def _holding(
                      if held(namespace, s.uid))
 
 
+def _hold_younger_rivals(
+    leases: Leases, held: contextlib.ExitStack, session: Session, user_sessions: list[Session],
+) -> str | None:
+    """Take the lease of each younger Session of `session`'s user (`claim.younger_rivals`,
+    the server's list) into `held`; the name of the first one busy (its claim is running),
+    else None."""
+    for rival in younger_rivals(session, user_sessions):
+        if held.enter_context(leases.try_lease(str(SessionKey(session.namespace,
+                                                                rival.name)))) is None:
+            return rival.name
+    return None
+
+
 def _disown_annotation(reader: Reader, kube: Kube, session: Session) -> None:
     """Report and remove an `instance-id` annotation the owner references do not back.
 
@@ -542,12 +555,24 @@ def claim_session(
     annotation and status. `hand_on`: name the next waiting Sessions to wake (`follow_ups`);
     a caller that runs every key anyway (the sequential driver) does not need them.
     """
+    with contextlib.ExitStack() as rivals:
+        return _claim(reader, kube, key, leases, settings, rivals, hand_on=hand_on,
+                      prober=prober)
+
+
+def _claim(
+    reader: Reader, kube: Kube, key: SessionKey, leases: Leases, settings: PoolSettings,
+    rivals: contextlib.ExitStack, *, hand_on: bool, prober: Prober | None,
+) -> Result:
+    """`claim_session`'s attempts. `rivals` holds, until the claim returns, the leases of the
+    user's younger Sessions (`_hold_younger_rivals`)."""
     ns = key.namespace
     confirmed = False
     asked_server = False
     # The user's Sessions as the server had them, once a claim under sessionsPerUser was
     # about to write (`needs_user_recheck`): (the user as compared, the Sessions).
     users_on_server: tuple[str, list[Session]] | None = None
+    rivals_held = False
     for _ in range(MAX_ATTEMPTS):
         session = reader.session(ns, key.session)
         if session is None or session.deleting:
@@ -623,6 +648,19 @@ def claim_session(
             # Only where a limit is set; a waiting or refused Session asks nothing.
             users_on_server = (user_key(session.user), reader.user_sessions_as_of(
                 ns, session.user, session.resource_version))
+            continue
+        if needs_user_recheck(decision, limit) and not rivals_held:
+            # Serialized with the claims of the user's younger Sessions: the limit is
+            # decided on their holdings, which their claims could change between this read
+            # and our deciding write (both would then be served). Their keys' leases are held
+            # until this claim returns, so their holdings are read once more, and stay. Only
+            # the older waits for the younger (an older Session refuses a younger one without
+            # waiting), so two claims never wait for each other.
+            rivals_held = True
+            claiming = _hold_younger_rivals(leases, rivals, session, users_on_server[1]
+                                            if users_on_server is not None else [])
+            if claiming is not None:
+                return Result.deferred(f"Session {claiming} of the same user is being claimed")
             continue
         match decision:
             case ClaimSkip(reason=reason):
