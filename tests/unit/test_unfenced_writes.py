@@ -120,10 +120,27 @@ def test_a_user_change_while_the_service_is_missing_releases_and_resets_the_pod(
     assert of(p.actions, ResetPods)
     assert not [x for x in of(p.actions, Patch)
                 if "mallory" in str(x.patch.get("data", {}))], "the new user got the old pod"
-    # An empty allow-list names no one: the pod may have served anybody.
+
+
+def test_with_the_service_and_the_allow_list_gone_the_holder_keeps_a_reset_instance() -> None:
+    """An empty allow-list names no one: the pod may have served anybody. The Session its
+    references name keeps the instance (nothing of a live Session's is released or deleted),
+    and the pod is reset before the allow-list names it again."""
+    a = appdef()
+    s = session(instance=1, status="HANDLED")
+    view = instance(a, 1, holder=s, missing=(Part.EXTERNAL_SERVICE,))
     email = copy.deepcopy(view.get(Part.EMAIL_CONFIGMAP))
     email["data"]["authenticated-emails-list"] = ""
-    assert plan(with_objects(view, EMAIL_CONFIGMAP=email), a, [s]).holder is None
+    p = plan(with_objects(view, EMAIL_CONFIGMAP=email), a, [s])
+    assert p.holder == s and not p.released
+    reset = next(i for i, x in enumerate(p.actions) if isinstance(x, ResetPods))
+    allow = next(i for i, x in enumerate(p.actions) if isinstance(x, Patch)
+                 and x.part is Part.EMAIL_CONFIGMAP)
+    assert reset < allow
+    assert p.actions[allow].patch["data"]["authenticated-emails-list"] == s.user
+    # With the allow-list ConfigMap deleted too: the same, it is created after the reset.
+    p = plan(with_objects(view, EMAIL_CONFIGMAP=None), a, [s])
+    assert p.holder == s and of(p.actions, ResetPods)
 
 
 def test_the_holder_the_allow_list_names_keeps_its_instance_and_gets_its_service_back() -> None:

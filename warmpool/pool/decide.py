@@ -189,7 +189,12 @@ def _claimed(
         # The AppDefinition is gone: its spec cannot rebuild anything, so keep what exists and
         # keep only the allow-list right. The release deletes the instance when the Session ends.
         email = instance.get(Part.EMAIL_CONFIGMAP)
-        if email is not None and emails_of(email) != emails:
+        unvouched = (instance.get(Part.EXTERNAL_SERVICE) is None
+                     and not emails_of(email).strip())
+        # With the Service and the allow-list's content gone, nothing says whom the pod
+        # served, and without the AppDefinition it cannot be reset (its selector is the
+        # spec's): the allow-list stays empty (a 403, never another user's pod).
+        if email is not None and emails_of(email) != emails and not unvouched:
             actions.append(_patch(Part.EMAIL_CONFIGMAP, email, {"data": {v.EMAILS_KEY: emails}},
                                   "allow-list of the holder"))
         complete = holder.instance_id == instance.id and instance.complete
@@ -220,6 +225,15 @@ def _claimed(
         return Plan(State.CLAIMED, holder, actions)
 
     email_written = False
+    deployment = instance.get(Part.DEPLOYMENT)
+    unknown_user = (instance.get(Part.EXTERNAL_SERVICE) is None and deployment is not None
+                    and not emails_of(instance.get(Part.EMAIL_CONFIGMAP)).strip())
+    if unknown_user and emails and deployment is not None:
+        # The Service and the allow-list are both gone (deleted by hand): nothing says whom
+        # the running pod served (`HolderIndex.of`), so it is reset before the allow-list
+        # names the holder again, and no one's state reaches another user.
+        actions.append(ResetPods(naming.app_selector(appdef.spec_name, instance.id),
+                                 *_deployment_id(deployment)))
     for part in PARTS:
         obj = instance.get(part)
         if obj is None:
@@ -255,7 +269,6 @@ def _claimed(
             email_written = True
         if patch:
             actions.append(_patch(part, obj, patch, f"held by Session {holder.name}"))
-    deployment = instance.get(Part.DEPLOYMENT)
     if email_written and deployment is not None:
         # Only the pods of the Deployment as read; one created by this plan starts its pods
         # with the allow-list already written, so there is nothing to refresh.

@@ -120,11 +120,14 @@ class HolderIndex:
         them (`emails.user_key`): a change of case only is the same person.
 
         While the Service is missing there is no claimed-for to read, and its running pod
-        may have served someone: the allow-list says whom. A Session it does not name (as
-        oauth2-proxy compares; an empty or missing allow-list names no one) holds nothing
-        either, so the instance is released (its pod reset) rather than handed on with the
-        previous user's pod; the Session then claims again (issue #27). The Session it does
-        name keeps its instance, whose Service is recreated for it.
+        may have served someone: the allow-list says whom. A Session it names another user
+        for (as oauth2-proxy compares) holds nothing, so the instance is released (its pod
+        reset) rather than handed on with the previous user's pod; the Session then claims
+        again (issue #27). An allow-list that names no one (emptied or deleted as well)
+        cannot tell: the Session its references name keeps the instance, so nothing of a
+        live Session's is deleted (with its AppDefinition gone, a release would delete the
+        instance), and its plan resets the pod before it writes the allow-list again
+        (`decide._claimed`), so whoever the pod served, its state never reaches the user.
         """
         ext = instance.get(Part.EXTERNAL_SERVICE)
         evidence = [ext] if ext is not None else [o for _, o in instance.existing()]
@@ -139,7 +142,7 @@ class HolderIndex:
 
         def user_unchanged(s: Session) -> bool:
             if ext is None:
-                return bool(allowed) and same_user(allowed, s.user)
+                return not allowed or same_user(allowed, s.user)
             return (not claimed_for.startswith(f"{s.uid}/")
                     or claimed_for in (naming.claimed_for(s.uid, s.user),
                                        naming.claimed_for_as_spelt(s.uid, s.user)))
