@@ -101,15 +101,27 @@ def observe_instance(kube: Kube, appdef: AppDefinition, instance: int) -> Instan
 
 
 def classify(obj: Mapping[str, Any]) -> Part | None:
-    """Which of the five an object is, from its kind and labels (when names cannot be computed)."""
+    """Which of the five an object is (when names cannot be computed): from its kind and its
+    name, which the controller chose at creation and nobody can change, so a hand-edited
+    `template-purpose` or `service-type` label cannot turn an allow-list into a proxy
+    configuration (the chaos tier's hostile edits, issue #27); from the labels only for a
+    name that is not one of ours."""
     kind = obj.get("kind")
     labels = labels_of(obj)
     if kind == "Deployment":
         return Part.DEPLOYMENT
+    split = naming.split_instance_name(str(meta_of(obj).get("name") or ""))
+    rest = split[1] if split is not None else None
     if kind == "Service":
+        if rest is not None:  # "-int" is the internal Service's suffix, kept whole
+            return Part.INTERNAL_SERVICE if rest.endswith("-int") else Part.EXTERNAL_SERVICE
         internal = labels.get(v.LABEL_SERVICE_TYPE) == v.SERVICE_TYPE_INTERNAL
         return Part.INTERNAL_SERVICE if internal else Part.EXTERNAL_SERVICE
     if kind == "ConfigMap":
+        if rest is not None:  # the ident comes first: instance-<k>-email-..., -proxy-...
+            for part in (Part.EMAIL_CONFIGMAP, Part.PROXY_CONFIGMAP):
+                if rest.startswith(f"{part.ident}-"):
+                    return part
         by_purpose: dict[str | None, Part] = {v.PURPOSE_PROXY: Part.PROXY_CONFIGMAP,
                                               v.PURPOSE_EMAILS: Part.EMAIL_CONFIGMAP}
         return by_purpose.get(labels.get(v.LABEL_TEMPLATE_PURPOSE))
