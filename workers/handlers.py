@@ -32,6 +32,7 @@ from warmpool.keys import InstanceKey, PoolKey, SessionKey, parse_key
 from warmpool.kube import kinds
 from warmpool.kube.api import Kube, connect
 from warmpool.kube.cache import ClusterCache
+from warmpool.kube.clock import ApiServerClock
 from warmpool.kube.guard import Guard
 from warmpool.kube.reader import CachedReader, LiveReader, Reader
 from warmpool.pool import naming
@@ -105,6 +106,13 @@ def _start_cache(broker: RedisBroker, settings: QueueSettings) -> None:
                     SYNC_WAIT)
 
 
+@functools.cache
+def server_clock() -> ApiServerClock:
+    """This process's reading of the API server's clock (a Session's HANDLED time), shared by
+    every job's reader: one `GET /version` a minute at most."""
+    return ApiServerClock(kube(), max_age=60.0)
+
+
 def reader_for(namespace: str) -> Reader | None:
     """The cache's reader, or None while it has not synced once (the job then waits)."""
     c = cache()
@@ -112,10 +120,10 @@ def reader_for(namespace: str) -> Reader | None:
     if not c.serves(namespace):
         # a key outside the watched namespaces: ask directly
         return LiveReader(kube(), max_instances_ceiling=ceiling,
-                          routes=pool_settings().routing)
+                          routes=pool_settings().routing, server_clock=server_clock())
     if not c.synced():
         return None
-    return CachedReader(c, kube(), max_instances_ceiling=ceiling)
+    return CachedReader(c, kube(), max_instances_ceiling=ceiling, server_clock=server_clock())
 
 
 @functools.cache

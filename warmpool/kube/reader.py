@@ -169,11 +169,14 @@ class LiveReader:
     """Every read is a request to the API server (always current, cost grows with the pool)."""
 
     def __init__(self, kube: Kube, *, max_instances_ceiling: int = MAX_INSTANCES_CEILING,
-                 routes: bool = False, clock: Clock = utc_now) -> None:
+                 routes: bool = False, clock: Clock = utc_now,
+                 server_clock: ApiServerClock | None = None) -> None:
         self.kube = kube
         self.max_instances_ceiling = max_instances_ceiling
         self.clock = clock
-        self.server_clock = ApiServerClock(kube, max_age=60.0)
+        # One per process where readers are made per job (workers/handlers.py), so that the
+        # server's time is asked at most once a minute, not once a job.
+        self.server_clock = server_clock or ApiServerClock(kube, max_age=60.0)
         # Whether Session routes are in use: instance views then carry theirs.
         self.routes = routes
 
@@ -340,12 +343,14 @@ class CachedReader:
 
     def __init__(self, cache: ClusterCache, kube: Kube, *,
                  max_instances_ceiling: int = MAX_INSTANCES_CEILING,
-                 clock: Clock = utc_now) -> None:
+                 clock: Clock = utc_now, server_clock: ApiServerClock | None = None) -> None:
         self.cache = cache
         self.kube = kube
         self.max_instances_ceiling = max_instances_ceiling
         self.clock = clock
-        self.server_clock = ApiServerClock(kube, max_age=60.0)
+        # One per process where readers are made per job (workers/handlers.py), so that the
+        # server's time is asked at most once a minute, not once a job.
+        self.server_clock = server_clock or ApiServerClock(kube, max_age=60.0)
 
     def server_now_ms(self) -> int:
         return int(self.server_clock.now() * 1000)
