@@ -75,7 +75,8 @@ def check(
     out += _check_routes(kube, namespace, appdefs, sessions, objects, held, quiet)
     if quiet:  # I6
         for s in sessions:
-            if not s.live or session_error(s) is not None or s.appdef not in appdefs:
+            if (not s.live or session_error(s) is not None or s.appdef not in appdefs
+                    or s.started_lazily):  # runs on its own Deployment: not a pool's
                 continue
             ok_handled = s.status == v.STATUS_HANDLED and s.name in held[s.appdef]
             ok_waiting = s.status == v.STATUS_HANDLING and bool(s.message)
@@ -89,9 +90,31 @@ def _check_pool(
     name: str, appdef: AppDefinition | None, pool: dict[int, InstanceView],
     sessions: list[Session], quiet: bool, held: dict[str, set[str]],
 ) -> list[Violation]:
-    out: list[Violation] = []
     live = [s for s in sessions if s.live]
     index = HolderIndex(name, sessions)
+    by_instance = _claimants_by_instance(pool, live)
+    out = [Violation("I3", f"instance {k} of {name} is held by {sorted(who)}")
+           for k, who in sorted(by_instance.items()) if len(who) > 1]
+    for s in live:  # I1 and I2 for held instances
+        if s.instance_id is not None:
+            out += _check_held(name, appdef, pool, index, s, held)
+    for k, inst in pool.items():  # I2 for free instances and I5, once quiet
+        # Between a Session's end and its release the allow-list still names the old holder:
+        # that is the release's work in progress, so only a quiet pool must show it empty.
+        if quiet and not index.of(inst) and k not in by_instance:
+            out += _check_free(name, appdef, k, inst)
+    if quiet and appdef is not None and not appdef.deleting:
+        for k in range(1, appdef.min_instances + 1):
+            if k not in pool and k not in by_instance:
+                out.append(Violation("I5", f"instance {k} of {name} is missing"))
+    return out
+
+
+def _claimants_by_instance(
+    pool: dict[int, InstanceView], live: list[Session],
+) -> dict[int, set[str]]:
+    """The names of the live Sessions that claim each instance: by their annotation, or by
+    their reference on its external Service."""
     by_instance: dict[int, set[str]] = defaultdict(set)
     for s in live:
         if s.instance_id is not None:
@@ -101,59 +124,61 @@ def _check_pool(
         for r in refs(ext):
             if r.get("kind") == v.SESSION_KIND and any(s.uid == r.get("uid") for s in live):
                 by_instance[k].add(str(r.get("name")))
-    for k, who in sorted(by_instance.items()):  # I3
-        if len(who) > 1:
-            out.append(Violation("I3", f"instance {k} of {name} is held by {sorted(who)}"))
+    return by_instance
 
-    for s in live:  # I1 and I2 for held instances
-        if s.instance_id is None:
+
+def _check_held(
+    name: str, appdef: AppDefinition | None, pool: dict[int, InstanceView], index: HolderIndex,
+    s: Session, held: dict[str, set[str]],
+) -> list[Violation]:
+    """I1 and I2 for the instance live Session `s` is annotated with (noting it in `held`
+    where `s` is its holder)."""
+    assert s.instance_id is not None
+    out: list[Violation] = []
+    inst = pool.get(s.instance_id, InstanceView(s.instance_id, {}))
+    top = index.of(inst)
+    if top and top[0].uid == s.uid:
+        held[name].add(s.name)
+    for part in PARTS:
+        obj = inst.get(part)
+        if obj is None:
+            out.append(Violation("I1", f"Session {s.name} holds instance {s.instance_id} of "
+                                 f"{name} but its {part.name} is missing"))
             continue
-        inst = pool.get(s.instance_id, InstanceView(s.instance_id, {}))
-        top = index.of(inst)
-        if top and top[0].uid == s.uid:
-            held[name].add(s.name)
+        owners = refs(obj)
+        need = [s.owner_reference()] + ([appdef.owner_reference()] if appdef else [])
+        for ref in need:
+            if not has_ref(owners, ref):
+                out.append(Violation("I1", f"{part.kind} {obj['metadata']['name']} of "
+                                     f"Session {s.name} is not owned by {ref['kind']}"))
+    email = inst.get(Part.EMAIL_CONFIGMAP)
+    if email is not None and _emails(email) != s.user:
+        out.append(Violation("I2", f"allow-list of instance {s.instance_id} of {name} does "
+                             f"not hold exactly the user of Session {s.name}"))
+    return out
+
+
+def _check_free(
+    name: str, appdef: AppDefinition | None, k: int, inst: InstanceView,
+) -> list[Violation]:
+    """I2 and I5 for free instance `k` of a quiet pool."""
+    out: list[Violation] = []
+    email = inst.get(Part.EMAIL_CONFIGMAP)
+    if email is not None and _emails(email).strip():
+        out.append(Violation("I2", f"free instance {k} of {name} has a non-empty allow-list"))
+    if appdef is None:
+        return out
+    if k > appdef.min_instances and inst.existing():
+        out.append(Violation("I5", f"free instance {k} of {name} exists above "
+                             f"minInstances={appdef.min_instances} (the target)"))
+    elif k <= appdef.min_instances:
         for part in PARTS:
             obj = inst.get(part)
-            if obj is None:
-                out.append(Violation("I1", f"Session {s.name} holds instance {s.instance_id} of "
-                                     f"{name} but its {part.name} is missing"))
-                continue
-            owners = refs(obj)
-            need = [s.owner_reference()] + ([appdef.owner_reference()] if appdef else [])
-            for ref in need:
-                if not has_ref(owners, ref):
-                    out.append(Violation("I1", f"{part.kind} {obj['metadata']['name']} of "
-                                         f"Session {s.name} is not owned by {ref['kind']}"))
-        email = inst.get(Part.EMAIL_CONFIGMAP)
-        if email is not None and _emails(email) != s.user:
-            out.append(Violation("I2", f"allow-list of instance {s.instance_id} of {name} does "
-                                 f"not hold exactly the user of Session {s.name}"))
-
-    for k, inst in pool.items():  # I2 for free instances and I5, once quiet
-        # Between a Session's end and its release the allow-list still names the old holder:
-        # that is the release's work in progress, so only a quiet pool must show it empty.
-        if not quiet or index.of(inst) or k in by_instance:
-            continue
-        email = inst.get(Part.EMAIL_CONFIGMAP)
-        if email is not None and _emails(email).strip():
-            out.append(Violation("I2", f"free instance {k} of {name} has a non-empty allow-list"))
-        if appdef is None:
-            continue
-        if k > appdef.min_instances and inst.existing():
-            out.append(Violation("I5", f"free instance {k} of {name} exists above "
-                                 f"minInstances={appdef.min_instances} (the target)"))
-        elif k <= appdef.min_instances:
-            for part in PARTS:
-                obj = inst.get(part)
-                gen = labels_of(obj).get(v.LABEL_GENERATION) if obj else None
-                if gen != str(appdef.generation):
-                    state = "missing" if obj is None else f"at generation {gen}"
-                    out.append(Violation("I5", f"free instance {k} of {name}: {part.name} is "
-                                         f"{state}"))
-    if quiet and appdef is not None and not appdef.deleting:
-        for k in range(1, appdef.min_instances + 1):
-            if k not in pool and k not in by_instance:
-                out.append(Violation("I5", f"instance {k} of {name} is missing"))
+            gen = labels_of(obj).get(v.LABEL_GENERATION) if obj else None
+            if gen != str(appdef.generation):
+                state = "missing" if obj is None else f"at generation {gen}"
+                out.append(Violation("I5", f"free instance {k} of {name}: {part.name} is "
+                                     f"{state}"))
     return out
 
 

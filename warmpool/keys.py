@@ -54,7 +54,47 @@ class PoolKey:
         return _SEP.join((self.kind, self.namespace, self.appdef))
 
 
-Key = InstanceKey | SessionKey | PoolKey
+@dataclass(frozen=True, slots=True)
+class TimeoutKey:
+    """A Session's deadlines (session-lifecycle §5): the key of the job that ends it past its
+    limits and otherwise runs again at its next deadline (issue #29: time is a key)."""
+
+    namespace: str
+    session: str
+    kind = "timeout"
+
+    def __str__(self) -> str:
+        return _SEP.join((self.kind, self.namespace, self.session))
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeKey:
+    """A claimed Session's URL probe (session-lifecycle §2): one attempt a run, the next one
+    at the probe schedule's delay."""
+
+    namespace: str
+    session: str
+    kind = "probe"
+
+    def __str__(self) -> str:
+        return _SEP.join((self.kind, self.namespace, self.session))
+
+
+@dataclass(frozen=True, slots=True)
+class SweepKey:
+    """A namespace's pool objects that nothing owns: the key of the job that deletes those
+    whose AppDefinition is gone and queues the instances of those whose AppDefinition lives
+    (warmpool.controller.orphans). No other key reaches such an object: the scheduler maps a
+    pool object's event by its owner references, and a resync by the AppDefinitions."""
+
+    namespace: str
+    kind = "sweep"
+
+    def __str__(self) -> str:
+        return _SEP.join((self.kind, self.namespace))
+
+
+Key = InstanceKey | SessionKey | PoolKey | TimeoutKey | ProbeKey | SweepKey
 
 
 def parse_key(text: str) -> Key:
@@ -68,6 +108,12 @@ def parse_key(text: str) -> Key:
                 return SessionKey(ns, name)
             case ["pool", ns, appdef] if ns and appdef:
                 return PoolKey(ns, appdef)
+            case ["timeout", ns, name] if ns and name:
+                return TimeoutKey(ns, name)
+            case ["probe", ns, name] if ns and name:
+                return ProbeKey(ns, name)
+            case ["sweep", ns] if ns:
+                return SweepKey(ns)
     except ValueError:
         pass
     raise ValueError(f"not a warmpool work key: {text!r}")

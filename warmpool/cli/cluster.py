@@ -43,9 +43,14 @@ def build() -> None:
 @click.option("--watch-cache/--no-watch-cache", default=None,
               help="kube-apiserver's watch cache; off makes compaction give 410 Gone to "
                    "watches [default: on, or $WARMPOOL_WATCH_CACHE].")
-def up(state_dir: Path | None, watch_cache: bool | None) -> None:
+@click.option("--crds", type=click.Choice(local.CRD_SETS), default="warmpool",
+              show_default=True,
+              help="Theia Cloud's CRDs to install: warmpool's own (the EduIDE-Cloud fork's "
+                   "versions, AppDefinition v1beta11) or upstream Theia Cloud's (v1beta10, "
+                   "from its vendored chart). One set per state dir.")
+def up(state_dir: Path | None, watch_cache: bool | None, crds: str) -> None:
     """Start the control plane (building it first if needed); does nothing if it runs."""
-    info = local.up(state_dir, watch_cache=watch_cache)
+    info = local.up(state_dir, watch_cache=watch_cache, crds=crds)
     click.echo(f"cluster up: {info.server} (etcd {info.etcd_url})")
     click.echo(f"kubeconfig: {info.kubeconfig}")
     click.echo(f"use it:     eval \"$(warmpool cluster env"

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from warmpool import invariants
 from warmpool.cluster import local
+from warmpool.errors import Unreachable
 from warmpool.harness import System, SystemOptions
 from warmpool.kube.api import Kube, KubeError, connect
 from warmpool.kube.observe import group_pool, list_pool_objects, list_session_routes
@@ -33,6 +34,7 @@ from warmpool.pool.meta import name_of, owner_refs
 from warmpool.pool.model import parse_session
 from warmpool.pool.parts import Part
 from warmpool.pool.routes import route_name
+from warmpool.queue.embedded import EmbeddedRedisMissing, valkey_server_class
 from warmpool.testing.gateway import ensure_shared_route
 from warmpool.testing.waiting import WaitTimeout, wait_for
 
@@ -99,6 +101,11 @@ def demo(keep: bool, workers: int, threads: int, timeout: float) -> None:
     console = Console(width=min(Console().width, 80))
     state = Path(os.environ.get("WARMPOOL_STATE", Path.home() / ".local/state/warmpool")) / "demo"
     redis_url = os.environ.get("WARMPOOL_REDIS_URL")
+    if not redis_url:  # before the control plane: its first start takes minutes
+        try:
+            valkey_server_class()
+        except EmbeddedRedisMissing as exc:
+            raise Unreachable(str(exc)) from None
     timeline = Timeline()
     ok = False
     cluster: local.ClusterInfo | None = None

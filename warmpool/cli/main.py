@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import click
 
-from warmpool.cli.errors import EXIT_CODES_HELP, FriendlyGroup
+from warmpool.errors import EXIT_CODES_HELP, HELP_OPTION_NAMES, FriendlyGroup
 
 
-@click.group(cls=FriendlyGroup, context_settings={"help_option_names": ["-h", "--help"]},
+@click.group(cls=FriendlyGroup, context_settings={"help_option_names": list(HELP_OPTION_NAMES)},
              epilog=EXIT_CODES_HELP)
+@click.version_option(package_name="warmpool", prog_name="warmpool",
+                      message="%(prog)s %(version)s")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """warmpool: keeps Theia Cloud's pool of prewarmed instances, scaled out over Redis.
 
     Configuration, for every command: flags, then the environment (KUBECONFIG,
-    WARMPOOL_NAMESPACE, WARMPOOL_REDIS_URL), then defaults; each command's --help says which.
+    WARMPOOL_NAMESPACE, WARMPOOL_REDIS_URL, ...), then defaults; `warmpool config` shows the
+    effective values, docs/configuration.md lists every setting. The Kubernetes commands
+    take --kubeconfig, --context and -n/--namespace as kubectl does.
+
+    Output: tables by default, each cell whole at any width (a key printed by one command
+    pastes into another); -o wide adds columns, -o json and -o yaml print the document each
+    command's --help describes (--json: the same as -o json).
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
@@ -24,10 +32,11 @@ def cli(ctx: click.Context, debug: bool) -> None:
 def _register() -> None:
     """Attach sub-commands; each lives in its own module so `--help` stays cheap to import."""
     from scheduler.cli import scheduler
-    from warmpool.cli import cluster, demo, queue, scale, status
+    from warmpool.cli import cluster, demo, queue, scale, settings, status
     from workers.cli import worker
 
     cli.add_command(cluster.cluster)
+    cli.add_command(settings.config)
     cli.add_command(demo.demo)
     cli.add_command(scheduler)
     cli.add_command(worker)

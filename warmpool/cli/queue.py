@@ -1,4 +1,4 @@
-"""`warmpool queue`, `queue show`, `locks`, `workers`, `dead-letters`: the work queue in Redis.
+"""`warmpool queue list|show`, `locks`, `workers`, `dead-letters`: the work queue in Redis.
 
 Read-only except `dead-letters retry|purge`. Everything is read from the one Redis all hosts
 share (the key layout is in warmpool/queue/README.md), so these show every worker on every
@@ -16,19 +16,19 @@ from typing import Any
 import click
 import redis
 
-from warmpool.cli.config import RedisConfig, json_option, redis_options
-from warmpool.cli.errors import BadValue, NotFound
 from warmpool.cli.output import (
+    Column,
+    Output,
+    Table,
     age,
-    console,
-    emit_json,
-    escape,
     joined,
     last_line,
+    output_options,
     redact,
     rounded,
-    table,
 )
+from warmpool.config import RedisConfig, redis_options
+from warmpool.errors import BadValue, NotFound
 from warmpool.keys import parse_key
 from warmpool.queue.inspect import SCAN_CAP, Inspector
 from warmpool.queue.keyed import MISSING, KeyedQueue
@@ -122,70 +122,83 @@ def _limit_option(func: Any) -> Any:
                         help="Most keys listed per section (the counts are exact).")(func)
 
 
-@click.group("queue", invoke_without_command=True)
+@click.group("queue")
+@redis_options
+def queue(redis_config: RedisConfig) -> None:
+    """The work queue on Redis: `list` its counts and keys, `show` one key.
+
+    `warmpool queue --redis-url URL show KEY`: the group's --redis-url holds for the
+    sub-command.
+    """
+
+
+@queue.command("list")
 @redis_options
 @_limit_option
-@json_option
-@click.pass_context
-def queue(ctx: click.Context, redis_config: RedisConfig, limit: int, as_json: bool) -> None:
-    """The work queue on Redis: per queue the keys ready to run, delayed, in flight, dead and
-    failing, and the oldest wait; then the pending keys (in the order they run), the keys
-    that run once more after their current run (re-run), and the delayed ones.
+@output_options
+def queue_list(redis_config: RedisConfig, limit: int, out: Output) -> None:
+    """Per queue the keys ready to run, delayed, in flight, dead and failing, and the oldest
+    wait; then the pending keys (in the order they run), the keys that run once more after
+    their current run (re-run), and the delayed ones. Keys of every namespace: one queue
+    serves them all.
 
     \b
-    JSON (--json): {"redis", "prefix", "namespace", "queues": [{"name",
+    -o wide: the queue's message counts too (both dramatiq queues, and the claims').
+    -o json | -o yaml: {"redis", "prefix", "namespace", "queues": [{"name",
       "ready", "rerun", "delayed", "in_flight", "dead", "failing", "messages",
       "claim_messages", "oldest_age_seconds"}], "workers_alive",
       "pending": [{"key", "waiting_seconds"}], "rerun": [{"key", "holder"}],
       "delayed": [{"key", "due_in_seconds"}]}
     """
-    if ctx.invoked_subcommand is not None:
-        return
     client, settings, url = redis_config.connect()
     doc = {"redis": url, **overview_view(client, settings, limit)}
-    if as_json:
-        emit_json(doc)
+    if out.document(doc):
         return
-    out = console()
-    out.print(escape(f"{url}  prefix {doc['prefix']}"), overflow="fold")
-    t = table("queue", "ready", "re-run", "delayed", "in flight", "dead", "failing", "oldest")
+    out.line(f"{url}  prefix {doc['prefix']}")
+    t = Table("queue", "ready", "re-run", "delayed", "in-flight", "dead", "failing", "oldest",
+              Column("messages", wide=True), Column("claim-messages", wide=True))
     for q in doc["queues"]:
-        t.add_row(q["name"], str(q["ready"]), str(q["rerun"]), str(q["delayed"]),
-                  str(q["in_flight"]), str(q["dead"]), str(q["failing"]),
-                  age(q["oldest_age_seconds"]))
-    out.print(t)
-    out.print(f"workers alive: {doc['workers_alive']}")
+        t.add_row(q["name"], q["ready"], q["rerun"], q["delayed"], q["in_flight"], q["dead"],
+                  q["failing"], age(q["oldest_age_seconds"]), q["messages"],
+                  q["claim_messages"])
+    out.table(t)
+    out.line(f"workers alive: {doc['workers_alive']}")
     if doc["pending"]:
-        out.print("\n[bold]pending[/], in the order they run")
-        p = table("key", "waiting")
+        out.line()
+        out.heading("pending, in the order they run")
+        p = Table("key", "waiting")
         for item in doc["pending"]:
             p.add_row(item["key"], age(item["waiting_seconds"]))
-        out.print(p)
+        out.table(p)
     if doc["rerun"]:
-        out.print("\n[bold]re-run[/]: running now, to run once more after")
-        r = table("key", "running in")
+        out.line()
+        out.heading("re-run: running now, to run once more after")
+        r = Table("key", "running-in")
         for item in doc["rerun"]:
-            r.add_row(item["key"], item["holder"] or "-")
-        out.print(r)
+            r.add_row(item["key"], item["holder"])
+        out.table(r)
     if doc["delayed"]:
-        out.print("\n[bold]delayed[/] (retry backoff or deferred)")
-        d = table("key", "due in")
+        out.line()
+        out.heading("delayed (retry backoff or deferred)")
+        d = Table("key", "due-in")
         for item in doc["delayed"]:
             d.add_row(item["key"], age(item["due_in_seconds"]))
-        out.print(d)
+        out.table(d)
 
 
 @queue.command("show")
 @click.argument("key")
 @redis_options
-@json_option
-def show(key: str, redis_config: RedisConfig, as_json: bool) -> None:
-    """One work KEY (instance/NS/APPDEF/K, session/NS/NAME or pool/NS/APPDEF): its state
-    (running, waiting, delayed, dead or idle), consecutive failed attempts, last error, and
-    its lease: holder (host:pid:thread:token), TTL left and fence.
+@output_options
+def show(key: str, redis_config: RedisConfig, out: Output) -> None:
+    """One work KEY (instance/NS/APPDEF/K, session/NS/NAME or pool/NS/APPDEF, as `warmpool
+    locks` and `warmpool queue list` print them): its state (running, waiting, delayed, dead
+    or idle), consecutive failed attempts, last error, and its lease: holder
+    (host:pid:thread:token), TTL left and fence.
 
     \b
-    JSON (--json): {"key", "state", "waiting", "running", "rerun",
+    -o wide: the same as the default.
+    -o json | -o yaml: {"key", "state", "waiting", "running", "rerun",
       "delayed_seconds", "dead", "dead_letter_id", "failures", "last_error",
       "holder", "fence", "lease_ttl_seconds", "waiting_seconds"}
     """
@@ -196,12 +209,10 @@ def show(key: str, redis_config: RedisConfig, as_json: bool) -> None:
                        "pool/NS/APPDEF") from exc
     client, settings, _ = redis_config.connect()
     doc = key_view(client, settings, key)
-    if as_json:
-        emit_json(doc)
+    if out.document(doc):
         return
-    out = console()
-    out.print(f"[bold]{escape(key)}[/]: {doc['state']}", overflow="fold")
-    t = table("", "")
+    out.line(f"{key}: {doc['state']}")
+    t = Table("", "")
     t.show_header = False
     rows = [
         ("waiting", "yes" + (" (runs again after this run)" if doc["rerun"] else "")
@@ -210,82 +221,92 @@ def show(key: str, redis_config: RedisConfig, as_json: bool) -> None:
         ("delayed, due in", age(doc["delayed_seconds"])),
         ("failed attempts", f"{doc['failures']} in a row"),
         ("dead letter", doc["dead_letter_id"] or "no"),
-        ("lease holder", doc["holder"] or "-"),
+        ("lease holder", doc["holder"]),
         ("lease TTL left", age(doc["lease_ttl_seconds"])),
-        ("fence", "-" if doc["fence"] is None else str(doc["fence"])),
-        ("last error", last_line(doc["last_error"]) or "-"),
+        ("fence", doc["fence"]),
+        ("last error", last_line(doc["last_error"])),
     ]
     for name, value in rows:
         t.add_row(name, value)
-    out.print(t)
+    out.table(t)
     if doc["last_error"]:
-        out.print("\n[bold]last error, in full[/]")
-        out.print(doc["last_error"].rstrip(), markup=False, overflow="fold")
+        out.line()
+        out.heading("last error, in full")
+        for text in doc["last_error"].rstrip().splitlines():
+            out.line(text)
 
 
 @click.command("locks")
 @redis_options
-@json_option
-def locks(redis_config: RedisConfig, as_json: bool) -> None:
-    """The leases held now (one per key being worked on, on any host): key, holder
-    (host:pid:thread:token), TTL left and fence; and the short maintenance locks.
+@output_options
+def locks(redis_config: RedisConfig, out: Output) -> None:
+    """The leases held now (one per key being worked on, on any host): key, holder process,
+    TTL left and fence; and the short maintenance locks. Keys of every namespace: one queue
+    serves them all. A key is printed whole, for `warmpool queue show KEY`.
 
     \b
-    JSON (--json): {"locks": [{"key", "kind": "lease"|"maintenance", "holder",
-    "fence", "ttl_seconds"}]}
+    -o wide: the full holder (host:pid:thread:token) too.
+    -o json | -o yaml: {"locks": [{"key", "kind": "lease"|"maintenance", "holder",
+      "fence", "ttl_seconds"}]}
     """
     client, settings, _ = redis_config.connect()
     doc = locks_view(client, settings)
-    if as_json:
-        emit_json(doc)
+    if out.document(doc):
         return
-    out = console()
     if not doc["locks"]:
-        out.print("no locks held")
+        out.line("no locks held")
         return
-    t = table("key", "holder", "TTL", "fence")
+    t = Table("key", "kind", "process", "ttl", "fence", Column("holder", wide=True))
     for lk in doc["locks"]:
-        key = lk["key"] if lk["kind"] == "lease" else f"(maintenance) {lk['key']}"
-        t.add_row(key, lk["holder"], age(lk["ttl_seconds"]),
-                  "-" if lk["fence"] is None else str(lk["fence"]))
-    out.print(t)
+        holder = lk["holder"] or ""
+        t.add_row(lk["key"], lk["kind"], _process(holder), age(lk["ttl_seconds"]), lk["fence"],
+                  holder)
+    out.table(t)
+
+
+def _process(holder: str) -> str:
+    """host:pid of a lease holder host:pid:thread:token (a maintenance lock's holder as is)."""
+    parts = holder.split(":")
+    return ":".join(parts[:2]) if len(parts) == 4 else holder
 
 
 @click.command("workers")
 @redis_options
-@json_option
-def workers(redis_config: RedisConfig, as_json: bool) -> None:
+@output_options
+def workers(redis_config: RedisConfig, out: Output) -> None:
     """Worker processes on every host: heartbeat age, alive (heard from within the heartbeat
     timeout), messages in flight (fetched, not yet acknowledged); then the leases each
     process (host:pid) holds.
 
     \b
-    JSON (--json): {"heartbeat_timeout_seconds", "workers": [{"id", "process",
-    "heartbeat_age_seconds", "alive", "in_flight"}], "lease_holders": [{"process",
-    "leases", "keys"}]}
+    -o wide: each worker's full id, and every key a process holds (else its first 5).
+    -o json | -o yaml: {"heartbeat_timeout_seconds", "workers": [{"id", "process",
+      "heartbeat_age_seconds", "alive", "in_flight"}], "lease_holders": [{"process",
+      "leases", "keys"}]}
     """
     client, settings, _ = redis_config.connect()
     doc = workers_view(client, settings)
-    if as_json:
-        emit_json(doc)
+    if out.document(doc):
         return
-    out = console()
     if not doc["workers"]:
-        out.print("no worker has sent a heartbeat")
+        out.line("no worker has sent a heartbeat")
     else:
-        # The id is dramatiq's (a UUID, in full under --json); the process is the host:pid
-        # that the lease holders below are named by.
-        t = table("worker", "process", "heartbeat", "alive", "in flight")
+        # The id is dramatiq's (a UUID: its first 8 characters, as a short git hash is shown;
+        # whole with -o wide); the process is the host:pid the lease holders are named by.
+        t = Table("worker", "process", "heartbeat", "alive", "in-flight")
         for w in doc["workers"]:
-            t.add_row(w["id"][:8], w["process"] or "?", age(w["heartbeat_age_seconds"]) + " ago",
-                      "yes" if w["alive"] else "NO", str(w["in_flight"]))
-        out.print(t)
+            t.add_row(w["id"] if out.wide else w["id"][:8], w["process"] or "?",
+                      age(w["heartbeat_age_seconds"]) + " ago", "yes" if w["alive"] else "NO",
+                      w["in_flight"])
+        out.table(t)
     if doc["lease_holders"]:
-        h = table("process", "leases", "keys")
+        out.line()
+        h = Table("process", "leases", "keys")
         for holder in doc["lease_holders"]:
-            h.add_row(holder["process"], str(holder["leases"]), joined(holder["keys"][:5])
-                      + (" …" if holder["leases"] > 5 else ""))
-        out.print(h)
+            keys = holder["keys"] if out.wide else holder["keys"][:5]
+            more = " …" if len(keys) < holder["leases"] else ""
+            h.add_row(holder["process"], holder["leases"], joined(keys) + more)
+        out.table(h)
 
 
 @click.group("dead-letters")
@@ -297,42 +318,44 @@ def dead_letters() -> None:
 @dead_letters.command("list")
 @redis_options
 @_limit_option
-@json_option
-def dead_list(redis_config: RedisConfig, limit: int, as_json: bool) -> None:
-    """The dead letters, oldest first: key, failures, age and the last error.
+@output_options
+def dead_list(redis_config: RedisConfig, limit: int, out: Output) -> None:
+    """The dead letters, oldest first: key, failures, age and the last error. Keys of every
+    namespace: one queue serves them all.
 
     \b
-    JSON (--json): {"dead_letters": [{"id", "key", "actor", "failures", "dead_at",
-    "age_seconds", "error"}]} (error: the full traceback; dead_at: unix seconds)
+    -o wide: the dead letter's id and actor too.
+    -o json | -o yaml: {"dead_letters": [{"id", "key", "actor", "failures",
+      "dead_at", "age_seconds", "error"}]} (error: the full traceback; dead_at:
+      unix seconds)
     """
     client, settings, _ = redis_config.connect()
     doc = dead_view(client, settings, limit)
-    if as_json:
-        emit_json(doc)
+    if out.document(doc):
         return
-    out = console()
     if not doc["dead_letters"]:
-        out.print("no dead letters")
+        out.line("no dead letters")
         return
-    t = table("key", "failures", "age", "last error")
+    t = Table("key", "failures", "age", Column("id", wide=True), Column("actor", wide=True),
+              "last-error")
     for d in doc["dead_letters"]:
-        t.add_row(d["key"] or f"({d['actor']} {d['id']})", str(d["failures"] or "-"),
-                  age(d["age_seconds"]), last_line(d["error"]))
-    out.print(t)
+        t.add_row(d["key"] or f"({d['actor']} {d['id']})", d["failures"],
+                  age(d["age_seconds"]), d["id"], d["actor"], last_line(d["error"]))
+    out.table(t)
 
 
 @dead_letters.command("retry")
 @click.argument("key", required=False)
 @click.option("--all", "retry_all", is_flag=True, help="Retry every dead letter.")
 @redis_options
-@json_option
+@output_options
 def dead_retry(key: str | None, retry_all: bool, redis_config: RedisConfig,
-               as_json: bool) -> None:
+               out: Output) -> None:
     """Run KEY (a work key, or a dead letter's id) again with its failures reset, or every
     dead letter with --all. Exit 3 if KEY has no dead letter.
 
     \b
-    JSON (--json): {"retried": [{"key", "id", "result"}]}
+    -o json | -o yaml: {"retried": [{"key", "id", "result"}]}
       (result: enqueued | rerun | deduplicated | delayed | missing)
     """
     if (key is None) == (not retry_all):
@@ -349,25 +372,23 @@ def dead_retry(key: str | None, retry_all: bool, redis_config: RedisConfig,
             raise NotFound(f"no dead letter for {key!r}; 'warmpool dead-letters list' shows "
                            "them")
         results = [{"key": key, "id": None, "result": result}]
-    if as_json:
-        emit_json({"retried": results})
+    if out.document({"retried": results}):
         return
-    out = console()
     if not results:
-        out.print("no dead letters")
+        out.line("no dead letters")
     for r in results:
-        out.print(f"{r['key'] or r['id']}: {r['result']}", markup=False, overflow="fold")
+        out.line(f"{r['key'] or r['id']}: {r['result']}")
 
 
 @dead_letters.command("purge")
 @click.option("--yes", is_flag=True, help="Do not ask (needed when not on a terminal).")
 @redis_options
-@json_option
-def dead_purge(yes: bool, redis_config: RedisConfig, as_json: bool) -> None:
+@output_options
+def dead_purge(yes: bool, redis_config: RedisConfig, out: Output) -> None:
     """Drop every dead letter for good (their keys stay runnable: any add runs them).
 
     \b
-    JSON (--json): {"purged": N}
+    -o json | -o yaml: {"purged": N}
     """
     client, settings, _ = redis_config.connect()
     count = Inspector(client, settings).stats().dead
@@ -376,7 +397,5 @@ def dead_purge(yes: bool, redis_config: RedisConfig, as_json: bool) -> None:
             raise BadValue(f"refusing to drop {count} dead letters without --yes")
         click.confirm(f"Drop {count} dead letters for good?", abort=True)
     purged = KeyedQueue(client, settings).purge_dead() if count else 0
-    if as_json:
-        emit_json({"purged": purged})
-    else:
-        console().print(f"purged {purged} dead letters" if purged else "no dead letters")
+    if not out.document({"purged": purged}):
+        out.line(f"purged {purged} dead letters" if purged else "no dead letters")

@@ -21,9 +21,9 @@ from typing import Any
 
 import click
 
-from warmpool.cli.config import KubeConfig, json_option, kube_options
-from warmpool.cli.errors import BadValue, CliError, NotFound
-from warmpool.cli.output import console, emit_json
+from warmpool.cli.output import Output, output_options
+from warmpool.config import KubeConfig, kube_options
+from warmpool.errors import BadValue, CliError, NotFound
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import CEILING_SETTING, MAX_INSTANCES_CEILING, Invalid
 from warmpool.pool.validate import validate_appdefinition
@@ -92,9 +92,9 @@ def check_result(
               help=f"The controller's ceiling on min/maxInstances (its {CEILING_SETTING}); "
                    f"[env: {CEILING_SETTING}].")
 @kube_options
-@json_option
+@output_options
 def scale(appdef: str, min_n: int, max_n: int | None, dry_run: bool, ceiling: int,
-          kube: KubeConfig, as_json: bool) -> None:
+          kube: KubeConfig, out: Output) -> None:
     """Set APPDEF's minInstances (the number of prewarmed instances), and maxInstances with
     --max, then print old -> new.
 
@@ -105,7 +105,8 @@ def scale(appdef: str, min_n: int, max_n: int | None, dry_run: bool, ceiling: in
     and written again (up to 5 times).
 
     \b
-    JSON (--json): {"namespace", "appdefinition", "changed": bool, "dryRun": bool,
+    -o wide: the same as the default.
+    -o json | -o yaml: {"namespace", "appdefinition", "changed": bool, "dryRun": bool,
       "old": {"minInstances", "maxInstances"},
       "new": {"minInstances", "maxInstances"}, "generation"}
     """
@@ -148,15 +149,13 @@ def scale(appdef: str, min_n: int, max_n: int | None, dry_run: bool, ceiling: in
     else:
         raise CliError(f"AppDefinition {appdef} kept changing ({ATTEMPTS} conflicting writes "
                        "in a row); try again")
-    if as_json:
-        emit_json({"namespace": namespace, "appdefinition": appdef, "changed": changed,
-                   "dryRun": dry_run, "old": old, "new": new, "generation": generation})
+    if out.document({"namespace": namespace, "appdefinition": appdef, "changed": changed,
+                     "dryRun": dry_run, "old": old, "new": new, "generation": generation}):
         return
-    out = console()
     parts = []
     for key in ("minInstances", "maxInstances"):
         parts.append(f"{key} {old[key]} -> {new[key]}" if old[key] != new[key]
                      else f"{key} {new[key]} (unchanged)")
     note = ("" if not dry_run else " (dry run: the API server accepted it, nothing was written)"
             if changed else " (dry run: nothing to change, nothing sent)")
-    out.print(f"{namespace}/{appdef}: " + ", ".join(parts) + note, markup=False)
+    out.line(f"{namespace}/{appdef}: " + ", ".join(parts) + note)

@@ -38,6 +38,13 @@ import yaml
 K8S_VERSION = "1.20.2"
 BUILD_SCRIPT = Path(__file__).with_name("build.sh")
 CRD_DIR = Path(__file__).resolve().parent.parent / "kube" / "crds"
+#: Upstream Theia Cloud's CRD chart (theia-cloud-crds 1.3.0-next), vendored unmodified.
+UPSTREAM_CHART = CRD_DIR / "theia-cloud-upstream"
+#: The namespace the chart's templates are rendered for (Theia Cloud's default release's).
+UPSTREAM_RELEASE_NAMESPACE = "theia-cloud"
+#: Which Theia Cloud CRDs a control plane is started with (`crd_documents`): warmpool's own
+#: (the EduIDE-Cloud fork's versions, AppDefinition v1beta11), or upstream's (v1beta10).
+CRD_SETS = ("warmpool", "upstream")
 BINARIES = ("kube-apiserver", "kube-controller-manager", "etcd", "etcdctl")
 # Start order; `down` stops in reverse so that clients go before the servers they talk to.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "fake-kubelet")
@@ -52,6 +59,8 @@ CONTROLLERS = "garbagecollector,namespace,deployment,replicaset,serviceaccount,s
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc"
 READY_TIMEOUT = 90.0
+#: How often etcd tells its watchers the store's revision when nothing they watch changed.
+PROGRESS_NOTIFY = "200ms"
 STOP_TIMEOUT = 15.0
 LOG_TAIL_LINES = 25
 
@@ -82,6 +91,7 @@ class ClusterInfo:
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     watch_cache: bool = True
+    crds: str = "warmpool"  # one of CRD_SETS
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -197,7 +207,7 @@ def _locked(state_dir: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _insecure_ctx() -> ssl.SSLContext:
+def insecure_ctx() -> ssl.SSLContext:
     # The apiserver's serving cert is self-signed and generated at first start: the kubeconfig
     # uses insecure-skip-tls-verify too. Loopback only, so nothing is exposed.
     ctx = ssl.create_default_context()
@@ -211,7 +221,7 @@ def _http_ok(url: str, token: str | None = None, timeout: float = 2.0) -> bool:
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout, context=_insecure_ctx()) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=insecure_ctx()) as resp:
             return 200 <= resp.status < 300
     except (urllib.error.URLError, OSError, ssl.SSLError):
         return False
@@ -429,8 +439,9 @@ def write_kubeconfig(path: Path, server: str, token: str) -> None:
     tmp.replace(path)
 
 
-def install_crds(kubeconfig: Path, timeout: float = 60.0) -> list[str]:
-    """Create or update every CRD in warmpool/kube/crds and wait until each is Established.
+def install_crds(kubeconfig: Path, timeout: float = 60.0, crds: str = "warmpool") -> list[str]:
+    """Create or update every CRD of the set `crds` (`crd_documents`) and wait until each is
+    Established.
 
     Done before kube-controller-manager starts: its garbage collector discovers CRDs created
     later only after 30 s and then backs off, so owner references to our kinds would be honoured
@@ -447,27 +458,70 @@ def install_crds(kubeconfig: Path, timeout: float = 60.0) -> list[str]:
         # Our own loopback server with a self-signed cert: skipping verification is intended.
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
         try:
-            return _install_crds(client.ApiextensionsV1Api(api_client), ApiException, timeout)
+            return _install_crds(client.ApiextensionsV1Api(api_client), ApiException, timeout,
+                                 crds)
         finally:
             api_client.close()
 
 
-def _install_crds(ext: Any, api_exception: type[Exception], timeout: float) -> list[str]:
+def render_upstream_chart(chart: Path = UPSTREAM_CHART,
+                          namespace: str = UPSTREAM_RELEASE_NAMESPACE) -> list[dict[str, Any]]:
+    """Upstream's CRDs from the vendored Helm chart, rendered the way its README says for a
+    control plane without a conversion webhook or cert-manager (this one runs neither), and
+    without Helm (not installed here):
+
+    - `{{ .Release.Namespace }}`, the only template expression the chart uses, becomes
+      `namespace` (it names where the webhook's Service and certificate would live); any other
+      expression is refused, so a chart that grew one is noticed rather than mis-rendered;
+    - each CRD's `conversion:` block (strategy Webhook) is dropped, leaving the API server's
+      default, None: its served versions then differ only in the apiVersion they show, which
+      is enough for a reader of one version. All versions stay served, so discovery lists
+      v1beta10 before v1beta9 and v1beta8 exactly as on a real upstream cluster.
+
+    The vendored files themselves stay as they are."""
+    docs: list[dict[str, Any]] = []
+    for path in sorted((chart / "templates").glob("*.yaml")):
+        text = path.read_text().replace("{{ .Release.Namespace }}", namespace)
+        if "{{" in text:
+            raise ClusterError(f"{path}: a template expression other than "
+                               "{{ .Release.Namespace }}; render it with Helm")
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                doc.get("spec", {}).pop("conversion", None)
+                docs.append(doc)
+    return docs
+
+
+def crd_documents(crds: str = "warmpool") -> list[dict[str, Any]]:
+    """The CRDs of a CRD set. "warmpool": every file in warmpool/kube/crds (Theia Cloud's kinds
+    at the fork's versions, PoolSchedule, HTTPRoute). "upstream": upstream Theia Cloud's
+    (`render_upstream_chart`) with warmpool's PoolSchedule and the Gateway API's HTTPRoute
+    beside them, as on an upstream install that also runs a Gateway API implementation."""
+    if crds not in CRD_SETS:
+        raise ClusterError(f"unknown CRD set {crds!r}; one of {', '.join(CRD_SETS)}")
+    own = [doc for path in sorted(CRD_DIR.glob("*.yaml"))
+           for doc in yaml.safe_load_all(path.read_text()) if doc]
+    if crds == "warmpool":
+        return own
+    upstream = render_upstream_chart()
+    theirs = {doc["spec"]["group"] for doc in upstream}
+    return upstream + [doc for doc in own if doc["spec"]["group"] not in theirs]
+
+
+def _install_crds(ext: Any, api_exception: type[Exception], timeout: float,
+                  crds: str = "warmpool") -> list[str]:
     names = []
-    for path in sorted(CRD_DIR.glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc:
-                continue
-            name = doc["metadata"]["name"]
-            names.append(name)
-            try:
-                ext.create_custom_resource_definition(body=doc)
-            except api_exception as exc:
-                if getattr(exc, "status", None) != 409:
-                    raise
-                current = ext.read_custom_resource_definition(name)
-                doc["metadata"]["resourceVersion"] = current.metadata.resource_version
-                ext.replace_custom_resource_definition(name, body=doc)
+    for doc in crd_documents(crds):
+        name = doc["metadata"]["name"]
+        names.append(name)
+        try:
+            ext.create_custom_resource_definition(body=doc)
+        except api_exception as exc:
+            if getattr(exc, "status", None) != 409:
+                raise
+            current = ext.read_custom_resource_definition(name)
+            doc["metadata"]["resourceVersion"] = current.metadata.resource_version
+            ext.replace_custom_resource_definition(name, body=doc)
     deadline = time.monotonic() + timeout
     pending = set(names)
     while pending:
@@ -504,7 +558,8 @@ def _all_alive(state_dir: Path) -> bool:
 
 
 def up(state_dir: Path | None = None, watch_cache: bool | None = None,
-       die_with_parent: bool = False, build_if_missing: bool = True) -> ClusterInfo:
+       die_with_parent: bool = False, build_if_missing: bool = True,
+       kubelet_args: Sequence[str] = (), crds: str = "warmpool") -> ClusterInfo:
     """Start etcd, kube-apiserver, CRDs, kube-controller-manager and the fake kubelet.
 
     Idempotent: if the state dir already has a healthy cluster, it is returned unchanged
@@ -514,12 +569,20 @@ def up(state_dir: Path | None = None, watch_cache: bool | None = None,
     None keeps a running cluster's setting, and for a new one reads WARMPOOL_WATCH_CACHE
     (default on). `die_with_parent` ties the processes to the
     calling process's life (tests), so a killed test run leaves nothing behind.
+    `kubelet_args`: more flags of the fake kubelet (`--start-delay 5`, `--fail PATTERN=REASON`:
+    `warmpool.cluster.fake_kubelet`), for a new cluster.
+    `crds`: the CRD set installed (`crd_documents`): warmpool's own, or upstream Theia Cloud's.
+    One API server holds one CRD per kind, so a set is a control plane of its own (its own
+    state dir); a state dir that ran the other set is refused, not converted.
     If a step fails, everything started so far is stopped and a ClusterError carries the tail
     of the failing component's log.
     """
     state_dir = (state_dir or default_state_dir()).resolve()
     with _locked(state_dir):
         existing = _load_info(state_dir)
+        if existing is not None and existing.crds != crds:
+            raise ClusterError(f"{state_dir} holds a control plane with the {existing.crds} "
+                               f"CRDs, not {crds}: use another state dir")
         if (existing is not None and watch_cache in (None, existing.watch_cache)
                 and _all_alive(state_dir) and apiserver_ready(existing)):
             return existing
@@ -545,7 +608,7 @@ def up(state_dir: Path | None = None, watch_cache: bool | None = None,
         write_kubeconfig(kubeconfig, server, token)
         info = ClusterInfo(
             kubeconfig=kubeconfig, server=server, token=token, state_dir=state_dir,
-            etcd_url=etcd_url, watch_cache=watch_cache,
+            etcd_url=etcd_url, watch_cache=watch_cache, crds=crds,
             ports={"etcd": etcd_port, "etcd-peer": peer_port, "kube-apiserver": api_port,
                    "kube-controller-manager": kcm_port},
         )
@@ -559,6 +622,9 @@ def up(state_dir: Path | None = None, watch_cache: bool | None = None,
                 f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=warmpool={peer}", "--initial-cluster-state=new",
                 "--log-level=warn", "--logger=zap",
+                # Tell every watcher (the API server's watch cache) how far the store has
+                # come even when nothing of its kind changed: see EfficientWatchResumption.
+                f"--experimental-watch-progress-notify-interval={PROGRESS_NOTIFY}",
             ], marker=str(bins / "etcd"))
             st.wait_until("etcd", lambda: _http_ok(f"{etcd_url}/health"), "etcd /health")
 
@@ -580,11 +646,18 @@ def up(state_dir: Path | None = None, watch_cache: bool | None = None,
             ]
             if not watch_cache:
                 api_argv.append("--watch-cache=false")
+            else:
+                # The watch cache of a kind advances on etcd's progress notifications too,
+                # not only on that kind's changes (alpha in 1.20, on by default from 1.21): a
+                # LIST at a recent resourceVersion of a quiet kind (the pods of a pool at
+                # rest) is then answered from it within PROGRESS_NOTIFY, instead of waiting
+                # 3 s for a change and failing with 504 (warmpool.kube.api.Kube.list).
+                api_argv.append("--feature-gates=EfficientWatchResumption=true")
             st.start("kube-apiserver", api_argv, marker=str(bins / "kube-apiserver"))
             st.wait_until("kube-apiserver", lambda: apiserver_ready(info), "/readyz")
 
             try:
-                install_crds(kubeconfig)
+                install_crds(kubeconfig, crds=crds)
             except Exception as exc:
                 raise st.fail("kube-apiserver", f"installing CRDs failed: {exc}") from exc
 
@@ -619,6 +692,7 @@ def up(state_dir: Path | None = None, watch_cache: bool | None = None,
             st.start("fake-kubelet", [
                 sys.executable, "-m", "warmpool.cluster.fake_kubelet",
                 "--kubeconfig", str(kubeconfig), "--ready-file", str(ready_file),
+                *kubelet_args,
             ], marker="warmpool.cluster.fake_kubelet", env=env)
             st.wait_until("fake-kubelet", ready_file.exists, "its first pod list", timeout=30)
         except ClusterError:

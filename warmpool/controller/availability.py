@@ -1,13 +1,16 @@
-"""The session URL probe's runner: GETs `https://<url>` on a schedule, then writes the URL.
+"""The session URL probe: GETs `https://<url>` on a schedule, then writes the URL.
 
-session-lifecycle.md §2. A claim hands a `ProbeTarget` to `ProbeRunner.submit`, which returns at
-once: one scheduler thread keeps a heap of due attempts and hands each to a small thread pool
-for its GET, so no worker thread ever sleeps on the schedule. When `Readiness` says the
-instance answers, the runner writes `status.url`; after the schedule's last attempt it gives up
-(a Warning event and `status.error: 551:...`). Before either write it asks `still_holds`: a
-Session re-created under the same name, or one that no longer holds the instance, is left
-alone and the probe ends silently. Both default writes also test the Session's uid on the
-server, so a re-creation between that check and the write is refused there (422).
+session-lifecycle.md §2, as a keyed job (issue #29): an instance's plan for a holder without
+its URL names the Session's key ``probe/<ns>/<session>`` (`ProbeKeys`, a follow-up of the
+job); each run of that key makes one attempt and returns the schedule's next delay as its
+`requeue_after`, so the queue, not a thread of one worker, holds the schedule: any worker
+runs the next attempt, a restart loses nothing but the attempt in flight, and the writes go
+through the same job machinery as every other. When `Readiness` says the instance answers,
+`status.url` is written; after the schedule's last attempt the probe gives up (a Warning
+event and `status.error: 551:...`). Every run first reads whether the Session still holds
+the instance: a Session re-created under the same name, or one that no longer holds it, is
+left alone and the probe ends silently. Both writes also test the Session's uid on the
+server, so a re-creation between that read and the write is refused there (422).
 
 Unlike Java's probe this one verifies TLS (system CAs plus an optional bundle, hostname
 checked), has connect and read timeouts, and follows no redirect: a 302 from oauth2-proxy
@@ -17,23 +20,21 @@ already proves that the route and the pod answer.
 from __future__ import annotations
 
 import functools
-import heapq
-import itertools
 import logging
 import ssl
-import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import urllib3
 from urllib3.exceptions import HTTPError
 
 from warmpool.controller.guard import Unguarded
+from warmpool.controller.result import FollowUp, Outcome, Result
+from warmpool.keys import ProbeKey
 from warmpool.kube.api import Kube
 from warmpool.kube.executor import Executor
+from warmpool.kube.reader import Reader
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import SetSessionStatus
 from warmpool.pool.availability import (
@@ -43,14 +44,14 @@ from warmpool.pool.availability import (
     ProbeTarget,
     Readiness,
 )
+from warmpool.pool.builders import PoolSettings
+from warmpool.pool.model import AppDefinition
 
 log = logging.getLogger(__name__)
 
 USER_AGENT = "warmpool-url-probe"
 
 Fetch = Callable[[str], int | None]
-TargetFn = Callable[[ProbeTarget], None]
-HoldsFn = Callable[[ProbeTarget], bool]
 
 
 @functools.lru_cache(maxsize=8)
@@ -87,216 +88,142 @@ def fetch_status(url: str, *, ca_bundle: str | None = None, timeout: float = 5.0
         pool.clear()
 
 
-class Clock(Protocol):
-    """The runner's time: `now` in seconds, and `wait`, called with `cond` held, returning
-    after `timeout` seconds of this clock (None: until notified) or when `cond` is notified."""
+@dataclass(frozen=True, slots=True)
+class ProbeState:
+    """A probe between its runs: the next attempt's number (1-based), Java's readiness flag
+    (`Readiness.primed`), and when that attempt is due (ms, on the state store's clock)."""
 
-    def now(self) -> float: ...
-
-    def wait(self, cond: threading.Condition, timeout: float | None) -> None: ...
-
-
-class MonotonicClock:
-    def now(self) -> float:
-        return time.monotonic()
-
-    def wait(self, cond: threading.Condition, timeout: float | None) -> None:
-        cond.wait(timeout)
+    attempt: int
+    primed: bool
+    due_ms: int
 
 
-@dataclass
-class _Probe:
-    target: ProbeTarget
-    attempt: int = 1  # the next attempt's number, 1-based
-    readiness: Readiness = field(default_factory=Readiness)
-    cancelled: bool = False
+class ProbeStates(Protocol):
+    """Where a probe's state lives between the runs of its key (the worker keeps it in Redis,
+    beside the key: any worker may run the next attempt). Keyed by the Session's uid, so a
+    Session re-created under the name starts its own probe."""
+
+    def now_ms(self) -> int:
+        """The store's clock (ms): the one `due_ms` is compared with."""
+
+    def get(self, namespace: str, uid: str) -> ProbeState | None: ...
+
+    def put(self, namespace: str, uid: str, state: ProbeState, ttl: float) -> None: ...
+
+    def drop(self, namespace: str, uid: str) -> None: ...
 
 
-class ProbeRunner:
-    """Runs one probe per (namespace, Session uid) on `settings.schedule`.
+class ProbeWrites(Protocol):
+    """The probe's two writes (`SessionWrites` has both, each uid-tested)."""
 
-    `fetch(url)` gets a status (default: `fetch_status` with the settings' bundle and
-    timeout). `still_holds(target)` is asked before every attempt and every write; False
-    ends the probe without a write. `write_url(target)` and `give_up(target)` write
-    (`SessionWrites(kube)` has both). A write that raises counts as an attempt that was not
-    ready: the probe goes on with its schedule and tries again after the next GET.
-    `workers` bounds the GETs (and writes) in flight; each probe has at most one attempt
-    queued or running.
-    """
+    def write_url(self, target: ProbeTarget) -> None: ...
 
-    def __init__(
-        self,
-        settings: ProbeSettings,
-        *,
-        still_holds: HoldsFn,
-        write_url: TargetFn,
-        give_up: TargetFn,
-        fetch: Fetch | None = None,
-        clock: Clock | None = None,
-        workers: int = 8,
-    ) -> None:
-        self.settings = settings
-        self._still_holds = still_holds
-        self._write_url = write_url
-        self._give_up = give_up
-        if fetch is None:
-            ssl_context(settings.ca_bundle)  # an unreadable bundle fails here, not per GET
-            fetch = functools.partial(fetch_status, ca_bundle=settings.ca_bundle,
-                                      timeout=settings.timeout)
-        self._fetch = fetch
-        self._clock: Clock = clock or MonotonicClock()
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, _Probe]] = []
-        self._order = itertools.count()  # ties in due time: first scheduled, first run
-        self._probes: dict[tuple[str, str], _Probe] = {}
-        self._in_flight = 0  # attempts handed to the pool and not yet over
-        self._stopped = False
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="url-probe")
-        self._thread = threading.Thread(target=self._run, name="url-probe-timer", daemon=True)
-        self._thread.start()
+    def give_up(self, target: ProbeTarget) -> None: ...
 
-    # -- the callers' side
+
+def probe_target(reader: Reader, key: ProbeKey, settings: PoolSettings
+                 ) -> ProbeTarget | str:
+    """What to probe for the Session of `key`: its URL at the instance it holds, or why there
+    is nothing to probe (gone, being deleted, its URL or an error already written, no instance
+    held: released since, or re-created)."""
+    session = reader.session(key.namespace, key.session)
+    if session is None or session.deleting:
+        return "no such Session"
+    if session.url or session.error:
+        return "its URL (or an error) is written"
+    held = sorted(k for appdef, k in reader.holdings(key.namespace, session.uid)
+                  if appdef == session.appdef)
+    if not held:
+        return "it holds no instance"
+    k = session.instance_id if session.instance_id in held else held[0]
+    appdef = reader.appdef(key.namespace, session.appdef)
+    if not isinstance(appdef, AppDefinition):
+        return "its AppDefinition is missing or invalid"
+    return ProbeTarget(key.namespace, key.session, session.uid, k,
+                       settings.session_url(appdef, k), appdef.name)
+
+
+def probe_url(
+    reader: Reader, key: ProbeKey, settings: PoolSettings, probe: ProbeSettings, *,
+    states: ProbeStates, writes: ProbeWrites, fetch: Fetch,
+) -> Result:
+    """The job of ``probe/<ns>/<session>`` (issue #29: the URL probe is a keyed job): one
+    attempt a run, the next one the schedule's delay later as `requeue_after`.
+
+    Asked again before every attempt (level-triggered, from the job's reader) whether the
+    Session still holds its instance and lacks its URL: a released or re-created Session's
+    probe ends without a write. A run before its attempt is due (an instance's reconcile
+    queues the key again) only waits the rest. When `Readiness` says the instance answers,
+    `status.url` is written; after the schedule's last attempt, the give-up. A write that
+    raises counts as an attempt that was not ready (tried again after the next GET, unless it
+    was the last). Both writes test the Session's uid on the server."""
+    target = probe_target(reader, key, settings)
+    if isinstance(target, str):
+        return Result(Outcome.SKIPPED, message=target)
+    now = states.now_ms()
+    schedule = probe.schedule
+    ttl = schedule.total + STATE_SLACK
+    state = states.get(key.namespace, target.uid)
+    if state is None:  # a new probe: its first attempt after the first delay
+        first = schedule.delay_before(1)
+        states.put(key.namespace, target.uid,
+                   ProbeState(1, False, now + int(first * 1000)), ttl)
+        log.debug("probing %s for Session %s/%s", target.url, key.namespace, key.session)
+        return Result(Outcome.PROBED, requeue_after=first, message="started")
+    if now < state.due_ms:
+        return Result(Outcome.SCHEDULED, requeue_after=(state.due_ms - now) / 1000)
+    try:
+        status = fetch(target.url)
+    except Exception:  # a fetch that raises is an attempt without a status
+        log.exception("probe of %s failed", target.url)
+        status = None
+    ready, readiness = Readiness(state.primed).observe(status)
+    last = state.attempt >= schedule.attempts
+    if ready or last:
+        try:
+            if ready:
+                writes.write_url(target)
+                log.info("Session %s/%s: %s answers (attempt %d), its URL is written",
+                         key.namespace, key.session, target.url, state.attempt)
+            else:
+                writes.give_up(target)
+                log.warning("Session %s/%s: %s did not answer in %d attempts; gave up",
+                            key.namespace, key.session, target.url, state.attempt)
+            done = True
+        except Exception:
+            log.exception("Session %s/%s: writing the probe's outcome failed",
+                          key.namespace, key.session)
+            done = last
+        if done:
+            states.drop(key.namespace, target.uid)
+            return Result(Outcome.PROBED, message="answered" if ready else "gave up")
+    delay = schedule.delay_before(state.attempt + 1)
+    states.put(key.namespace, target.uid,
+               ProbeState(state.attempt + 1, readiness.primed, now + int(delay * 1000)), ttl)
+    return Result(Outcome.PROBED, requeue_after=delay,
+                  message=f"attempt {state.attempt}: not ready")
+
+
+#: How long a probe's state outlives its schedule (a key delayed by a busy queue).
+STATE_SLACK = 3600.0
+
+
+class ProbeKeys:
+    """The executor's `Prober` in a job: each URL to probe becomes its Session's probe key,
+    a follow-up of the job (`follow_ups`). Re-adding a waiting probe key only runs it early,
+    which waits the rest (`probe_url`)."""
+
+    def __init__(self) -> None:
+        self.keys: list[ProbeKey] = []
 
     def submit(self, target: ProbeTarget) -> bool:
-        """Start probing for `target` unless a probe for its (namespace, uid) runs; returns
-        whether this started one. Never blocks on the probe."""
-        with self._cond:
-            if self._stopped or target.key in self._probes:
-                return False
-            probe = _Probe(target)
-            self._probes[target.key] = probe
-            self._schedule(probe)
-            log.debug("probing %s for Session %s/%s", target.url, target.namespace,
-                      target.session)
-            return True
+        key = ProbeKey(target.namespace, target.session)
+        if key not in self.keys:
+            self.keys.append(key)
+        return True
 
-    def cancel(self, namespace: str, uid: str) -> bool:
-        """Stop the probe of Session `uid` without a write (its Session released the
-        instance, say); returns whether one ran. An attempt in flight finishes unheard."""
-        with self._cond:
-            probe = self._probes.pop((namespace, uid), None)
-            if probe is None:
-                return False
-            probe.cancelled = True
-            return True
-
-    def probing(self, namespace: str, uid: str) -> bool:
-        with self._cond:
-            return (namespace, uid) in self._probes
-
-    def __len__(self) -> int:
-        """The probes running (waiting for their next attempt, or in one)."""
-        with self._cond:
-            return len(self._probes)
-
-    def in_flight(self) -> int:
-        """The attempts handed to the thread pool and not yet over."""
-        with self._cond:
-            return self._in_flight
-
-    def stop(self, timeout: float | None = None) -> None:
-        """End every probe without a write and wait (up to `timeout` s for the timer thread)
-        for the attempts in flight; each is bounded by the fetch's own timeouts."""
-        with self._cond:
-            self._stopped = True
-            for probe in self._probes.values():
-                probe.cancelled = True
-            self._probes.clear()
-            self._heap.clear()
-            self._cond.notify_all()
-        self._thread.join(timeout)
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-    # -- the timer
-
-    def _schedule(self, probe: _Probe) -> None:
-        """Queue `probe`'s next attempt after its delay (with `_cond` held)."""
-        due = self._clock.now() + self.settings.schedule.delay_before(probe.attempt)
-        heapq.heappush(self._heap, (due, next(self._order), probe))
-        self._cond.notify_all()
-
-    def _run(self) -> None:
-        with self._cond:
-            while not self._stopped:
-                if not self._heap:
-                    self._clock.wait(self._cond, None)
-                    continue
-                due = self._heap[0][0]
-                now = self._clock.now()
-                if due > now:
-                    self._clock.wait(self._cond, due - now)
-                    continue
-                _, _, probe = heapq.heappop(self._heap)
-                if probe.cancelled:
-                    continue
-                try:
-                    self._pool.submit(self._attempt, probe)
-                except RuntimeError:  # the pool shut down: stop() is under way
-                    return
-                self._in_flight += 1
-
-    # -- one attempt, on a pool thread
-
-    def _attempt(self, probe: _Probe) -> None:
-        try:
-            self._try(probe)
-        finally:
-            with self._cond:
-                self._in_flight -= 1
-
-    def _try(self, probe: _Probe) -> None:
-        target = probe.target
-        if not self._still_holds(target):
-            # Released (or its URL written elsewhere) since the last attempt: no more GETs.
-            self._end(probe)
-            return
-        try:
-            status = self._fetch(target.url)
-        except Exception:  # a fetch that raises is an attempt without a status
-            log.exception("probe of %s failed", target.url)
-            status = None
-        ready, probe.readiness = probe.readiness.observe(status)
-        last = probe.attempt >= self.settings.schedule.attempts
-        if ready or last:
-            if probe.cancelled:
-                return
-            try:
-                self._finish(probe, ready)
-                done = True
-            except Exception:  # tried again after the next GET, unless this was the last
-                log.exception("Session %s/%s: writing the probe's outcome failed",
-                              target.namespace, target.session)
-                done = last
-            if done:
-                self._end(probe)
-                return
-        with self._cond:
-            if probe.cancelled or self._stopped:
-                return
-            probe.attempt += 1
-            self._schedule(probe)
-
-    def _finish(self, probe: _Probe, ready: bool) -> None:
-        """The write for a ready URL or the give-up, if the Session still holds the instance."""
-        target = probe.target
-        if not self._still_holds(target):
-            log.info("Session %s/%s no longer holds instance %s: its probe ends",
-                     target.namespace, target.session, target.instance)
-            return
-        if ready:
-            self._write_url(target)
-            log.info("Session %s/%s: %s answers (attempt %d), its URL is written",
-                     target.namespace, target.session, target.url, probe.attempt)
-        else:
-            self._give_up(target)
-            log.warning("Session %s/%s: %s did not answer in %d attempts; gave up",
-                        target.namespace, target.session, target.url, probe.attempt)
-
-    def _end(self, probe: _Probe) -> None:
-        with self._cond:
-            if self._probes.get(probe.target.key) is probe:
-                del self._probes[probe.target.key]
-            probe.cancelled = True
+    def follow_ups(self) -> list[FollowUp]:
+        return [(k, None) for k in self.keys]
 
 
 class SessionWrites:

@@ -14,11 +14,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from warmpool.controller.guard import Leases, Unguarded
-from warmpool.controller.result import FollowUp, Outcome, Result, Start, Writes
+from warmpool.controller.health import may_create_instances, report_pool_health
+from warmpool.controller.result import FollowUp, Outcome, Record, Result, Start, Writes
+from warmpool.controller.schedules import keep_schedules
+from warmpool.controller.timeouts import TimeoutSettings, session_timers
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Conflict, Kube, KubeError
 from warmpool.kube.executor import Executor, Prober, RouteWriteFailed, check_fence
@@ -39,20 +42,30 @@ from warmpool.pool.actions import (
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.claim import (
     ClaimBurst,
+    ClaimDecision,
     ClaimError,
     ClaimHeld,
     ClaimSkip,
     ClaimTry,
     ClaimWait,
+    PoolFacts,
+    WaitReason,
     capacity,
     decide_claim,
     is_free,
+    is_warm,
     needs_user_recheck,
     pool_facts,
     waiting_sessions,
     younger_rivals,
 )
-from warmpool.pool.decide import Plan, State, decide_instance, unguarded_deletes
+from warmpool.pool.decide import (
+    Plan,
+    State,
+    decide_instance,
+    rightful_instance,
+    unguarded_deletes,
+)
 from warmpool.pool.emails import user_key
 from warmpool.pool.ingress import INGRESS_MISSING
 from warmpool.pool.instances import HolderIndex, InstanceView, holders, is_session_ref, refs
@@ -111,8 +124,8 @@ def reconcile_instance(
 
     def result(plan: Plan, attempts: int, follow_ups: list[FollowUp] | None = None,
                outcome: Outcome = Outcome.RECONCILED) -> Result:
-        return Result(outcome, follow_ups or [], written={str(key): written}, plan=plan,
-                      instance=key, attempts=attempts)
+        return Result(outcome, follow_ups or [], written={str(key): written},
+                      record=Record(plan=plan, instance=key, attempts=attempts))
 
     written: Writes = []
     fresh = False
@@ -124,45 +137,14 @@ def reconcile_instance(
     appdef_confirmed = False
     report_fences = _fence_reporter(kube, ns)
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        read = reader.appdef(ns, key.appdef, fresh=appdef_confirmed)
-        # An invalid AppDefinition: nothing is made or removed until it is fixed, but a
-        # release still runs (issue #27): it is decided from the instance's own objects,
-        # which are then found by their owner references, as for a deleted AppDefinition.
-        invalid = read if isinstance(read, Invalid) else None
-        appdef = None if isinstance(read, Invalid) else read
-        sessions = reader.sessions(ns, key.appdef)
-        view = reader.instance(ns, key.appdef, appdef, key.id, sessions, fresh=fresh)
-        if invalid is not None and settings.routing:
-            view = _routes_by_service(reader, ns, view, fresh=fresh)
-        if fresh:
-            for s in holders(view, key.appdef, sessions):
-                reader.session(ns, s.name, fresh=True)
-            sessions = reader.sessions(ns, key.appdef)
-        sessions = _known_holders(reader, ns, view, sessions)
-        check_fence(view, guard, report_fences)
-        template = reader.proxy_template(ns) if appdef is not None else None
-        # Which other instances a claimant holds matters only when it is not annotated with
-        # this one (a claim in flight, or a double claim): ask only then.
-        elsewhere = {s.uid: reader.referencing(ns, key.appdef, s)
-                     for s in holders(view, key.appdef, sessions) if s.instance_id != key.id}
-        if invalid is not None:
-            # Every write of this plan is guarded as any release's is: each patch carries
-            # the resourceVersion read (and the lease's fence), route deletes their uid and
-            # version, and the pod reset comes after a guarded write (`_guard_reset`); a
-            # plan without the external Service in its read is decided again on the
-            # server's view first (`unguarded_deletes`, below). A claim meanwhile is
-            # impossible anyway: a claim of an invalid AppDefinition is refused.
-            plan = decide_release_without_definition(
-                view, key.appdef, invalid, sessions, settings=settings,
-                held_elsewhere=elsewhere,
-                shared_ingress=_invalid_ingress(reader, ns, invalid, settings, fresh=fresh))
-        else:
-            plan = decide_instance(view, key.appdef, appdef, sessions,
-                                   proxy_template=template, settings=settings,
-                                   held_elsewhere=elsewhere,
-                                   shared_route=_shared_route(reader, appdef, settings,
-                                                              fresh=fresh),
-                                   now_ms=reader.server_now_ms())
+        plan, appdef, invalid, view, sessions = _observe_and_decide(
+            reader, key, guard, settings, report_fences, fresh=fresh,
+            appdef_confirmed=appdef_confirmed)
+        if (appdef is not None and not view.existing() and plan.holder is None
+                and plan.actions and not may_create_instances(reader, appdef)):
+            # Too many of the pool's pods cannot start: no new instance until fewer fail or
+            # the template changes (warmpool.pool.health); the resync says so on the pool.
+            return result(dataclasses.replace(plan, actions=[]), attempt)
         if not fresh and unguarded_deletes(view, plan):
             fresh = True  # nothing on the server would refuse these deletes: read it first
             continue
@@ -221,6 +203,96 @@ def reconcile_instance(
                                        settings.burst)
         return result(plan, attempt, follow_ups)
     raise Conflict(f"instance {key}: still conflicting after {MAX_ATTEMPTS} attempts")
+
+
+def _observe_and_decide(
+    reader: Reader, key: InstanceKey, guard: Guard, settings: PoolSettings,
+    report_fences: Callable[[list[Report]], None], *, fresh: bool, appdef_confirmed: bool,
+) -> tuple[Plan, AppDefinition | None, Invalid | None, InstanceView, list[Session]]:
+    """One attempt of `reconcile_instance`: read the instance (`fresh`: from the server) and
+    what decides it, refuse it if a newer holder's fence is on it (`check_fence`), and decide
+    its plan. Also returns what was read: the AppDefinition (None if gone or invalid), why it
+    is invalid, the instance, the pool's Sessions."""
+    ns = key.namespace
+    read = reader.appdef(ns, key.appdef, fresh=appdef_confirmed)
+    # An invalid AppDefinition: nothing is made or removed until it is fixed, but a
+    # release still runs (issue #27): it is decided from the instance's own objects,
+    # which are then found by their owner references, as for a deleted AppDefinition.
+    invalid = read if isinstance(read, Invalid) else None
+    appdef = None if isinstance(read, Invalid) else read
+    sessions = reader.sessions(ns, key.appdef)
+    view = reader.instance(ns, key.appdef, appdef, key.id, sessions, fresh=fresh)
+    if invalid is not None and settings.routing:
+        view = _routes_by_service(reader, ns, view, fresh=fresh)
+    if fresh:
+        for s in holders(view, key.appdef, sessions):
+            reader.session(ns, s.name, fresh=True)
+        sessions = reader.sessions(ns, key.appdef)
+    sessions = _known_holders(reader, ns, view, sessions)
+    check_fence(view, guard, report_fences)
+    template = reader.proxy_template(ns) if appdef is not None else None
+    elsewhere, sessions = _claims_elsewhere(reader, ns, key.appdef, view, sessions,
+                                            confirm=True)
+    if invalid is not None:
+        # Every write of this plan is guarded as any release's is: each patch carries
+        # the resourceVersion read (and the lease's fence), route deletes their uid and
+        # version, and the pod reset comes after a guarded write (`_guard_reset`); a
+        # plan without the external Service in its read is decided again on the
+        # server's view first (`unguarded_deletes`, in the caller). A claim meanwhile is
+        # impossible anyway: a claim of an invalid AppDefinition is refused.
+        plan = decide_release_without_definition(
+            view, key.appdef, invalid, sessions, settings=settings,
+            held_elsewhere=elsewhere,
+            shared_ingress=_invalid_ingress(reader, ns, invalid, settings, fresh=fresh))
+    else:
+        plan = decide_instance(view, key.appdef, appdef, sessions,
+                               proxy_template=template, settings=settings,
+                               held_elsewhere=elsewhere,
+                               shared_route=_shared_route(reader, appdef, settings,
+                                                          fresh=fresh),
+                               now_ms=reader.server_now_ms())
+    return plan, appdef, invalid, view, sessions
+
+
+def _claims_elsewhere(
+    reader: Reader, ns: str, appdef_name: str, view: InstanceView, sessions: list[Session],
+    *, confirm: bool = False,
+) -> tuple[dict[str, frozenset[int]], list[Session]]:
+    """For each holder of `view` not annotated with it (a claim in flight, or a double
+    claim), the ids of every instance whose external Service references it: what
+    `decide_instance` needs to tell a Session's one rightful instance from a double claim.
+    Returns them with `sessions`, re-read where they were confirmed.
+
+    `confirm`: a job that will act on it. The ids come from the cache, where they may be
+    stale, and nothing on the server would refuse what they decide: the release of a double
+    claim is guarded by this instance's own Service, not by the other instance's reference
+    it is based on. A cache still showing a reference that has since gone (a double claim
+    already settled, say) would make this instance release the Session's only one. So when
+    the cached ids would take a holder off this instance, its Session and those ids are read
+    from the API server first, and decide alone. (What could still change after that read:
+    the other instance's reference, which only that instance's job removes, and only when
+    this instance is the rightful one on the same facts; and the Session's annotation,
+    which names the instance that serves it.)
+    """
+    def ids(among: list[Session], fresh: bool) -> dict[str, frozenset[int]]:
+        return {s.uid: reader.referencing(ns, appdef_name, s, fresh=fresh)
+                for s in holders(view, appdef_name, among) if s.instance_id != view.id}
+
+    elsewhere = ids(sessions, fresh=False)
+    doubted = [s for s in holders(view, appdef_name, sessions) if s.uid in elsewhere
+               and rightful_instance(s, elsewhere[s.uid], view.id) != view.id]
+    if not confirm or not doubted:
+        return elsewhere, sessions
+    # Each doubted holder as the server has it now: its annotation may name this instance
+    # by now; gone (or re-created under its name), it holds nothing.
+    now = {s.uid: reader.session(ns, s.name, fresh=True) for s in doubted}
+    confirmed: list[Session] = []
+    for s in sessions:
+        if s.uid not in now:
+            confirmed.append(s)
+        elif (again := now[s.uid]) is not None and again.uid == s.uid:
+            confirmed.append(again)
+    return ids(confirmed, fresh=True), confirmed
 
 
 def _fence_reporter(kube: Kube, namespace: str) -> Callable[[list[Report]], None]:
@@ -443,7 +515,8 @@ def _deciding_write(
     updated.setdefault("kind", "Service")
     reader.wrote(updated)
     written.append((f"Service/{name_of(ext)}", resource_version_of(updated)))
-    log.info("Session %s claimed instance %s of %s", session.name, k, appdef.name)
+    log.info("Session %s claimed instance %s of %s", session.name, k, appdef.name,
+             extra={"session_uid": session.uid})
     return True
 
 
@@ -501,7 +574,8 @@ def _burst_write(
         reader.instance(ns, appdef.name, appdef, k, sessions, fresh=True)
         return False
     written += executor.written
-    log.info("Session %s made instance %s of %s (burst)", session.name, k, appdef.name)
+    log.info("Session %s made instance %s of %s (burst)", session.name, k, appdef.name,
+             extra={"session_uid": session.uid})
     return True
 
 
@@ -532,8 +606,8 @@ def _release(
             if g is None:
                 return Result.deferred(f"instance {k} is busy")
             result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
-            out.plan, out.instance, out.fence, out.appdef = (
-                result.plan, ikey, g.fence, appdef_name)
+            out.record = Record(plan=result.record.plan, instance=ikey, fence=g.fence,
+                                appdef=appdef_name)
         # The Session's deletion is accounted for on the instance too: this run began after
         # the cache had seen it (the claim job's trigger), so the instance key the scheduler
         # queued for the same deletion need not run again for it.
@@ -541,12 +615,12 @@ def _release(
                  else (f"{v.SESSION_KIND}/{key.session}", session.resource_version))
         out.written[str(ikey)] = [*result.written_under(ikey), cause]
         out.follow_ups += result.follow_ups
-    return out if out.instance is not None else Result(Outcome.GONE)
+    return out if out.record.instance is not None else Result(Outcome.GONE)
 
 
 def claim_session(
     reader: Reader, kube: Kube, key: SessionKey, leases: Leases, settings: PoolSettings,
-    *, hand_on: bool = True, prober: Prober | None = None,
+    *, hand_on: bool = True, prober: Prober | None = None, retried: bool = True,
 ) -> Result:
     """Give Session `key` the lowest free instance, or say why it waits or fails.
 
@@ -554,230 +628,349 @@ def claim_session(
     makes are its writes: the deciding write, the instance's reconcile, the Session's
     annotation and status. `hand_on`: name the next waiting Sessions to wake (`follow_ups`);
     a caller that runs every key anyway (the sequential driver) does not need them.
+    `retried`: an earlier run of this key failed or died (its writes unknown): the server is
+    asked whether the Session already holds an instance before a deciding write.
     """
     with contextlib.ExitStack() as rivals:
         return _claim(reader, kube, key, leases, settings, rivals, hand_on=hand_on,
-                      prober=prober)
+                      prober=prober, retried=retried)
+
+
+@dataclasses.dataclass
+class _ClaimChecks:
+    """What `_claim`'s attempts have asked of the server so far: each question once a claim.
+
+    `confirmed`: the instances its annotation names, and the Session, read from the server.
+    `asked_server`: whether the Session already holds an instance, asked of the server.
+    `users_on_server`: the user's Sessions as the server had them, once a claim under
+    sessionsPerUser was about to write (`needs_user_recheck`): (the user as compared, the
+    Sessions). `rivals_held`: the leases of the user's younger Sessions taken."""
+
+    confirmed: bool = False
+    asked_server: bool = False
+    users_on_server: tuple[str, list[Session]] | None = None
+    rivals_held: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _ClaimRead:
+    """One attempt's read of a claim, and what `decide_claim` made of it."""
+
+    namespace: str  # the claim key's
+    session: Session
+    appdef: AppDefinition | Invalid | None
+    sessions: list[Session]
+    facts: PoolFacts
+    own: frozenset[int]  # the instances the Session may already hold
+    limit: int | None  # sessionsPerUser
+    route_error: str | None  # what is wrong with the shared route, if it is there
+    decision: ClaimDecision
+
+    @property
+    def pool_appdef(self) -> AppDefinition | None:
+        return self.appdef if isinstance(self.appdef, AppDefinition) else None
 
 
 def _claim(
     reader: Reader, kube: Kube, key: SessionKey, leases: Leases, settings: PoolSettings,
-    rivals: contextlib.ExitStack, *, hand_on: bool, prober: Prober | None,
+    rivals: contextlib.ExitStack, *, hand_on: bool, prober: Prober | None, retried: bool,
 ) -> Result:
     """`claim_session`'s attempts. `rivals` holds, until the claim returns, the leases of the
     user's younger Sessions (`_hold_younger_rivals`)."""
-    ns = key.namespace
-    confirmed = False
-    asked_server = False
-    # The user's Sessions as the server had them, once a claim under sessionsPerUser was
-    # about to write (`needs_user_recheck`): (the user as compared, the Sessions).
-    users_on_server: tuple[str, list[Session]] | None = None
-    rivals_held = False
+    checks = _ClaimChecks()
     for _ in range(MAX_ATTEMPTS):
-        session = reader.session(ns, key.session)
+        session = reader.session(key.namespace, key.session)
         if session is None or session.deleting:
             return _release(reader, kube, key, session, leases, settings, prober)
-        appdef = reader.appdef(ns, session.appdef) if session.appdef else None
-        sessions = reader.sessions(ns, session.appdef)
-        if all(s.uid != session.uid for s in sessions):
-            sessions = [*sessions, session]  # read directly: the cache has not seen it yet
-        pool_appdef = appdef if isinstance(appdef, AppDefinition) else None
-        # The whole pool only as the cache's indexes know it; objects only of the instances
-        # this Session may already hold.
-        facts = reader.pool_facts(ns, session.appdef, pool_appdef, sessions)
-        own = reader.referencing(ns, session.appdef, session)
-        if session.instance_id is not None:
-            own |= {session.instance_id}
-        mine = reader.instances(ns, session.appdef, pool_appdef, own, sessions)
-        limit = settings.sessions_per_user
-        user_sessions: list[Session] = []
-        holding: frozenset[str] = frozenset()
-        if limit is not None and limit > 0:
-            on_server = (users_on_server is not None
-                         and users_on_server[0] == user_key(session.user))
-            user_sessions = (users_on_server[1] if users_on_server is not None and on_server
-                             else reader.user_sessions(ns, session.user))
-            holding = _holding(reader, ns, session, user_sessions, on_server=on_server)
-        shared = _shared_route(reader, pool_appdef, settings)
-        # The shared route's parentRefs and hostnames are copied into the holder's route:
-        # bounded by the Gateway API's grammar (routes.shared_route_error) before a claim.
-        route_error = (routes.shared_route_error(pool_appdef, shared, settings)
-                       if settings.routing and shared is not None and pool_appdef is not None
-                       else None)
-        unroutable = (routes.invalid_shared_route(pool_appdef, route_error)
-                      if route_error is not None and pool_appdef is not None
-                      else ROUTE_MISSING if settings.routing else INGRESS_MISSING)
-        decision = decide_claim(
-            session, appdef, mine, sessions, facts, sessions_per_user=limit,
-            user_sessions=user_sessions, holding=holding,
-            routable=not (settings.routing or settings.ingress)
-            or (shared is not None and route_error is None),
-            unroutable=unroutable, burst=settings.burst)
-        if (session.instance_id is not None and pool_appdef is not None
-                and isinstance(decision, ClaimTry | ClaimWait)):
-            # Annotated with an instance it does not hold. Before calling the annotation
-            # wrong, ask the server: a cache behind on the Services may not have seen the
-            # deciding write yet.
-            if not confirmed:
-                confirmed = True
-                for k in own:
-                    reader.instance(ns, session.appdef, pool_appdef, k, sessions, fresh=True)
-                reader.session(ns, session.name, fresh=True)
-                continue
-            # On a 409 the Session changed meanwhile: decide again on what it is now.
-            with contextlib.suppress(Conflict):
-                _disown_annotation(reader, kube, session)
+        read = _read_claim(reader, key.namespace, session, settings, checks.users_on_server)
+        if _look_again(reader, kube, read, checks, retried=retried):
             continue
-        if isinstance(decision, ClaimTry | ClaimBurst) and not asked_server:
-            # The read says this Session holds nothing; a cache behind on the Services may
-            # have missed its own earlier deciding write (a retry after a lost answer, finding
-            # 11), and nothing on the server refuses a second one on another instance. Ask the
-            # server once; what it shows is now in the cache, and the claim decides again
-            # (the held path).
-            asked_server = True
-            if reader.claimed_on_server(ns, session.uid):
-                continue
-        if needs_user_recheck(decision, limit) and (
-                users_on_server is None or users_on_server[0] != user_key(session.user)):
-            # About to make a deciding write under sessionsPerUser, on a read that may lag:
-            # an older Session of the user it has not seen would let both claim, and nothing
-            # on the server refuses the second deciding write. So the user's Sessions are
-            # confirmed as the server had them at this Session's version (from a cache whose
-            # Session watch is past it, else one LIST of the namespace's Sessions), the
-            # younger ones' holdings are asked of the server, and the claim decides again.
-            # Only where a limit is set; a waiting or refused Session asks nothing.
-            users_on_server = (user_key(session.user), reader.user_sessions_as_of(
-                ns, session.user, session.resource_version))
-            continue
-        if needs_user_recheck(decision, limit) and not rivals_held:
+        if needs_user_recheck(read.decision, read.limit) and not checks.rivals_held:
             # Serialized with the claims of the user's younger Sessions: the limit is
             # decided on their holdings, which their claims could change between this read
             # and our deciding write (both would then be served). Their keys' leases are held
             # until this claim returns, so their holdings are read once more, and stay. Only
             # the older waits for the younger (an older Session refuses a younger one without
             # waiting), so two claims never wait for each other.
-            rivals_held = True
-            claiming = _hold_younger_rivals(leases, rivals, session, users_on_server[1]
-                                            if users_on_server is not None else [])
+            checks.rivals_held = True
+            users = checks.users_on_server
+            claiming = _hold_younger_rivals(leases, rivals, session,
+                                            users[1] if users is not None else [])
             if claiming is not None:
                 return Result.deferred(f"Session {claiming} of the same user is being claimed")
             continue
-        match decision:
-            case ClaimSkip(reason=reason):
-                return Result(Outcome.SKIPPED, message=reason)
-            case ClaimError(message=message, code=code):
-                if session.status != v.STATUS_ERROR:
-                    try:
-                        _set_status(kube, session, v.STATUS_ERROR, message, code,
-                                    reader=reader)
-                    except Conflict:
-                        # Changed since the read (served meanwhile, say): decide again.
-                        reader.session(ns, key.session, fresh=True)
-                        continue
-                    Executor(kube, ns, Unguarded()).apply([Report(
-                        "SessionLimit" if code else "InvalidSession",
-                        f"Session {session.name}: {message}" + (f" ({code})" if code else ""),
-                        regarding={"kind": v.SESSION_KIND, "name": session.name,
-                                   "apiVersion": v.SESSION_API_VERSION})])
-                _drop_route(reader, kube, session, settings)
-                return Result(Outcome.REFUSED, message=message, appdef=session.appdef)
-            case ClaimWait(message=message):
-                if message in (ROUTE_MISSING, INGRESS_MISSING) and session.message != message:
-                    assert isinstance(appdef, AppDefinition)
-                    Executor(kube, ns, Unguarded()).apply([Report(
-                        "RouteMissing", f"{'HTTPRoute' if settings.routing else 'Ingress'} "
-                        f"{appdef.ingress_name!r} (spec.ingressname "
-                        f"of AppDefinition {appdef.name}) does not exist: Session "
-                        f"{session.name} waits for it",
-                        regarding={"kind": v.APPDEF_KIND, "name": appdef.name,
-                                   "apiVersion": v.APPDEF_API_VERSION})])
-                elif route_error is not None and session.message != message:
-                    assert isinstance(appdef, AppDefinition)
-                    # The Warning names the object and the field: the shared HTTPRoute.
-                    Executor(kube, ns, Unguarded()).apply([Report(
-                        "InvalidSharedRoute", f"{message}; Session {session.name} waits",
-                        regarding={"kind": v.ROUTE_KIND, "name": appdef.ingress_name,
-                                   "apiVersion": v.ROUTE_API_VERSION})])
-                try:
-                    _set_status(kube, session, v.STATUS_HANDLING, message, reader=reader)
-                except Conflict:
-                    # Changed since the read (served meanwhile, say): decide again.
-                    reader.session(ns, key.session, fresh=True)
-                    continue
-                _drop_route(reader, kube, session, settings)
-                return Result(Outcome.WAITING, message=message, appdef=session.appdef)
-            case ClaimHeld(instance_id=k):
-                ikey = InstanceKey(ns, session.appdef, k)
-                with leases.try_lease(str(ikey)) as g:
-                    if g is None:
-                        return Result.deferred(f"instance {k} is busy")
-                    result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
-                    fence = g.fence
-                return Result(Outcome.HELD, written=result.written, plan=result.plan,
-                              instance=ikey, fence=fence, attempts=result.attempts,
-                              appdef=session.appdef,
-                              session_created=session.created)
-            case ClaimBurst(instance_id=k):
-                assert isinstance(appdef, AppDefinition)
-                ikey = InstanceKey(ns, appdef.name, k)
-                with leases.try_lease(str(ikey)) as g:
-                    if g is None:
-                        return Result.deferred(f"instance {k} is busy")
-                    made: Writes = []
-                    if not _burst_write(reader, kube, appdef, k, session, sessions, g,
-                                        settings, made):
-                        continue  # made or used meanwhile: decide again on what is there
-                    result = reconcile_instance(reader, kube, ikey, g, settings,
-                                                prober=prober)
-                    return Result(Outcome.CLAIMED,
-                                  written={str(ikey): [*made, *result.written_under(ikey)]},
-                                  plan=result.plan, instance=ikey, fence=g.fence,
-                                  attempts=result.attempts,
-                                  appdef=session.appdef, session_created=session.created,
-                                  start=Start.COLD)
-            case ClaimTry(candidates=candidates):
-                assert isinstance(appdef, AppDefinition)
-                busy = False
-                for i, k in enumerate(candidates):
-                    ikey = InstanceKey(ns, appdef.name, k)
-                    with leases.try_lease(str(ikey)) as g:
-                        if g is None and i == 0:
-                            # Our target is being reconciled (or claimed): wait for it rather
-                            # than take a higher id than ours.
-                            return Result.deferred(f"instance {k} is busy")
-                        if g is None:
-                            busy = True
-                            continue
-                        written: Writes = []
-                        if _deciding_write(reader, kube, appdef, k, session, sessions, g,
-                                           written):
-                            result = reconcile_instance(reader, kube, ikey, g, settings,
-                                                        prober=prober)
-                            written += result.written_under(ikey)
-                            rest = [s for s in reader.sessions(ns, appdef.name)
-                                    if s.uid != session.uid]
-                            return Result(
-                                Outcome.CLAIMED,
-                                _wake_waiting(reader, ns, appdef, rest, dict(written),
-                                              settings.burst) if hand_on else [],
-                                written={str(ikey): written}, plan=result.plan, instance=ikey,
-                                fence=g.fence, attempts=result.attempts,
-                                appdef=session.appdef, session_created=session.created,
-                                start=Start.WARM)
-                        # Refused or taken: decide again from the top rather than try the
-                        # next id. The read behind this decision was stale for k; it may be
-                        # for this Session too (a deciding write of a previous attempt whose
-                        # answer was lost), and the fresh read of k is now in the cache.
-                        break
-                if busy:
-                    return Result.deferred("every free instance was busy")
-                # The candidate was taken under our feet: look again.
+        result = _carry_out(reader, kube, key, leases, settings, read, hand_on=hand_on,
+                            prober=prober)
+        if result is not None:
+            return result
     return Result.deferred("the pool kept changing under the claim", after=0.2)
+
+
+def _read_claim(
+    reader: Reader, ns: str, session: Session, settings: PoolSettings,
+    users_on_server: tuple[str, list[Session]] | None,
+) -> _ClaimRead:
+    """Read what a claim of `session` (in namespace `ns`) is decided on, and decide it
+    (`decide_claim`)."""
+    appdef = reader.appdef(ns, session.appdef) if session.appdef else None
+    sessions = reader.sessions(ns, session.appdef)
+    if all(s.uid != session.uid for s in sessions):
+        sessions = [*sessions, session]  # read directly: the cache has not seen it yet
+    pool_appdef = appdef if isinstance(appdef, AppDefinition) else None
+    # The whole pool only as the cache's indexes know it; objects only of the instances
+    # this Session may already hold.
+    facts = reader.pool_facts(ns, session.appdef, pool_appdef, sessions)
+    own = reader.referencing(ns, session.appdef, session)
+    if session.instance_id is not None:
+        own |= {session.instance_id}
+    mine = reader.instances(ns, session.appdef, pool_appdef, own, sessions)
+    limit = settings.sessions_per_user
+    user_sessions: list[Session] = []
+    holding: frozenset[str] = frozenset()
+    if limit is not None and limit > 0:
+        on_server = (users_on_server is not None
+                     and users_on_server[0] == user_key(session.user))
+        user_sessions = (users_on_server[1] if users_on_server is not None and on_server
+                         else reader.user_sessions(ns, session.user))
+        holding = _holding(reader, ns, session, user_sessions, on_server=on_server)
+    shared = _shared_route(reader, pool_appdef, settings)
+    # The shared route's parentRefs and hostnames are copied into the holder's route:
+    # bounded by the Gateway API's grammar (routes.shared_route_error) before a claim.
+    route_error = (routes.shared_route_error(pool_appdef, shared, settings)
+                   if settings.routing and shared is not None and pool_appdef is not None
+                   else None)
+    unroutable = (routes.invalid_shared_route(pool_appdef, route_error)
+                  if route_error is not None and pool_appdef is not None
+                  else ROUTE_MISSING if settings.routing else INGRESS_MISSING)
+    decision = decide_claim(
+        session, appdef, mine, sessions, facts, sessions_per_user=limit,
+        user_sessions=user_sessions, holding=holding,
+        routable=not (settings.routing or settings.ingress)
+        or (shared is not None and route_error is None),
+        unroutable=unroutable, burst=settings.burst)
+    return _ClaimRead(ns, session, appdef, sessions, facts, own, limit, route_error, decision)
+
+
+def _look_again(
+    reader: Reader, kube: Kube, read: _ClaimRead, checks: _ClaimChecks, *, retried: bool,
+) -> bool:
+    """Whether the claim must be decided again, on a read more current than `read`: after
+    asking the server what a lagging cache may have missed (each question once, `checks`),
+    or after removing an instance-id annotation the server does not back."""
+    session, decision, ns = read.session, read.decision, read.namespace
+    if (session.instance_id is not None and read.pool_appdef is not None
+            and isinstance(decision, ClaimTry | ClaimWait)):
+        # Annotated with an instance it does not hold. Before calling the annotation
+        # wrong, ask the server: a cache behind on the Services may not have seen the
+        # deciding write yet.
+        if not checks.confirmed:
+            checks.confirmed = True
+            for k in read.own:
+                reader.instance(ns, session.appdef, read.pool_appdef, k, read.sessions,
+                                fresh=True)
+            reader.session(ns, session.name, fresh=True)
+            return True
+        # On a 409 the Session changed meanwhile: decide again on what it is now.
+        with contextlib.suppress(Conflict):
+            _disown_annotation(reader, kube, session)
+        return True
+    if isinstance(decision, ClaimTry | ClaimBurst) and retried and not checks.asked_server:
+        # The read says this Session holds nothing; a cache behind on the Services may
+        # have missed its own earlier deciding write (a retry after a lost answer, finding
+        # 11), and nothing on the server refuses a second one on another instance. Ask the
+        # server once (etcd: the one read that must be current); what it shows is now in
+        # the cache, and the claim decides again (the held path). Only after a run that
+        # failed or died: a run that returned recorded its writes, and its Session writes
+        # (annotation, status) follow its deciding write, so a rerun they cause sees the
+        # annotation and confirms it by name (above); anything else costs an etcd scan of
+        # the namespace's Services per claim, where it cannot change the answer.
+        checks.asked_server = True
+        if reader.claimed_on_server(ns, session.uid):
+            return True
+    users = checks.users_on_server
+    if needs_user_recheck(decision, read.limit) and (
+            users is None or users[0] != user_key(session.user)):
+        # About to make a deciding write under sessionsPerUser, on a read that may lag:
+        # an older Session of the user it has not seen would let both claim, and nothing
+        # on the server refuses the second deciding write. So the user's Sessions are
+        # confirmed as the server had them at this Session's version (from a cache whose
+        # Session watch is past it, else one LIST of the namespace's Sessions), the
+        # younger ones' holdings are asked of the server, and the claim decides again.
+        # Only where a limit is set; a waiting or refused Session asks nothing.
+        checks.users_on_server = (user_key(session.user), reader.user_sessions_as_of(
+            ns, session.user, session.resource_version))
+        return True
+    return False
+
+
+def _carry_out(
+    reader: Reader, kube: Kube, key: SessionKey, leases: Leases, settings: PoolSettings,
+    read: _ClaimRead, *, hand_on: bool, prober: Prober | None,
+) -> Result | None:
+    """Do what the claim's decision says; None: decide again (the read was stale)."""
+    match read.decision:
+        case ClaimSkip(reason=reason):
+            return Result(Outcome.SKIPPED, message=reason)
+        case ClaimError(message=message, code=code):
+            return _refuse(reader, kube, key, settings, read.session, message, code)
+        case ClaimWait(message=message, reason=wait):
+            return _wait(reader, kube, key, settings, read, message, wait)
+        case ClaimHeld(instance_id=k):
+            return _serve_held(reader, kube, leases, settings, read, k, prober)
+        case ClaimBurst(instance_id=k):
+            return _burst(reader, kube, leases, settings, read, k, prober)
+        case ClaimTry(candidates=candidates):
+            return _try_candidates(reader, kube, leases, settings, read, candidates,
+                                   hand_on=hand_on, prober=prober)
+    return None
+
+
+def _refuse(
+    reader: Reader, kube: Kube, key: SessionKey, settings: PoolSettings, session: Session,
+    message: str, code: str,
+) -> Result | None:
+    """A Session that cannot be served: ERROR with why (and a Warning), its route dropped."""
+    ns = key.namespace
+    if session.status != v.STATUS_ERROR:
+        try:
+            _set_status(kube, session, v.STATUS_ERROR, message, code, reader=reader)
+        except Conflict:
+            # Changed since the read (served meanwhile, say): decide again.
+            reader.session(ns, key.session, fresh=True)
+            return None
+        Executor(kube, ns, Unguarded()).apply([Report(
+            "SessionLimit" if code else "InvalidSession",
+            f"Session {session.name}: {message}" + (f" ({code})" if code else ""),
+            regarding={"kind": v.SESSION_KIND, "name": session.name,
+                       "apiVersion": v.SESSION_API_VERSION})])
+    _drop_route(reader, kube, session, settings)
+    return Result(Outcome.REFUSED, message=message, record=Record(appdef=session.appdef))
+
+
+def _wait(
+    reader: Reader, kube: Kube, key: SessionKey, settings: PoolSettings, read: _ClaimRead,
+    message: str, wait: WaitReason,
+) -> Result | None:
+    """A Session that waits: HANDLING with why (a Warning where the shared route is missing
+    or unusable), its route dropped."""
+    session, appdef, ns = read.session, read.appdef, key.namespace
+    if message in (ROUTE_MISSING, INGRESS_MISSING) and session.message != message:
+        assert isinstance(appdef, AppDefinition)
+        Executor(kube, ns, Unguarded()).apply([Report(
+            "RouteMissing", f"{'HTTPRoute' if settings.routing else 'Ingress'} "
+            f"{appdef.ingress_name!r} (spec.ingressname "
+            f"of AppDefinition {appdef.name}) does not exist: Session "
+            f"{session.name} waits for it",
+            regarding={"kind": v.APPDEF_KIND, "name": appdef.name,
+                       "apiVersion": v.APPDEF_API_VERSION})])
+    elif read.route_error is not None and session.message != message:
+        assert isinstance(appdef, AppDefinition)
+        # The Warning names the object and the field: the shared HTTPRoute.
+        Executor(kube, ns, Unguarded()).apply([Report(
+            "InvalidSharedRoute", f"{message}; Session {session.name} waits",
+            regarding={"kind": v.ROUTE_KIND, "name": appdef.ingress_name,
+                       "apiVersion": v.ROUTE_API_VERSION})])
+    try:
+        _set_status(kube, session, v.STATUS_HANDLING, message, reader=reader)
+    except Conflict:
+        # Changed since the read (served meanwhile, say): decide again.
+        reader.session(ns, key.session, fresh=True)
+        return None
+    _drop_route(reader, kube, session, settings)
+    return Result(Outcome.WAITING, message=message,
+                  record=Record(appdef=session.appdef, wait=wait))
+
+
+def _serve_held(
+    reader: Reader, kube: Kube, leases: Leases, settings: PoolSettings, read: _ClaimRead,
+    k: int, prober: Prober | None,
+) -> Result:
+    """A Session that holds instance `k` already: that instance's reconcile, under its lease."""
+    session = read.session
+    ikey = InstanceKey(read.namespace, session.appdef, k)
+    with leases.try_lease(str(ikey)) as g:
+        if g is None:
+            return Result.deferred(f"instance {k} is busy")
+        result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
+        fence = g.fence
+    return Result(Outcome.HELD, written=result.written, record=Record(
+        plan=result.record.plan, instance=ikey, fence=fence,
+        attempts=result.record.attempts, appdef=session.appdef,
+        session_created=session.created))
+
+
+def _burst(
+    reader: Reader, kube: Kube, leases: Leases, settings: PoolSettings, read: _ClaimRead,
+    k: int, prober: Prober | None,
+) -> Result | None:
+    """No free instance: make instance `k` above minInstances for the Session (a burst), and
+    give it to it; None when it was made or used meanwhile (decide again)."""
+    session, appdef = read.session, read.appdef
+    assert isinstance(appdef, AppDefinition)
+    ikey = InstanceKey(read.namespace, appdef.name, k)
+    with leases.try_lease(str(ikey)) as g:
+        if g is None:
+            return Result.deferred(f"instance {k} is busy")
+        made: Writes = []
+        if not _burst_write(reader, kube, appdef, k, session, read.sessions, g, settings,
+                            made):
+            return None  # made or used meanwhile: decide again on what is there
+        result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
+        return Result(Outcome.CLAIMED,
+                      written={str(ikey): [*made, *result.written_under(ikey)]},
+                      record=Record(plan=result.record.plan, instance=ikey,
+                                    fence=g.fence, attempts=result.record.attempts,
+                                    appdef=session.appdef,
+                                    session_created=session.created,
+                                    start=Start.COLD))
+
+
+def _try_candidates(
+    reader: Reader, kube: Kube, leases: Leases, settings: PoolSettings, read: _ClaimRead,
+    candidates: Sequence[int], *, hand_on: bool, prober: Prober | None,
+) -> Result | None:
+    """The deciding write on the first free candidate whose lease is free, then its
+    reconcile; None when the candidate was refused or taken (decide again)."""
+    session, appdef, ns = read.session, read.appdef, read.namespace
+    assert isinstance(appdef, AppDefinition)
+    busy = False
+    for i, k in enumerate(candidates):
+        ikey = InstanceKey(ns, appdef.name, k)
+        with leases.try_lease(str(ikey)) as g:
+            if g is None and i == 0:
+                # Our target is being reconciled (or claimed): wait for it rather
+                # than take a higher id than ours.
+                return Result.deferred(f"instance {k} is busy")
+            if g is None:
+                busy = True
+                continue
+            written: Writes = []
+            if _deciding_write(reader, kube, appdef, k, session, read.sessions, g, written):
+                result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
+                written += result.written_under(ikey)
+                rest = [s for s in reader.sessions(ns, appdef.name) if s.uid != session.uid]
+                return Result(
+                    Outcome.CLAIMED,
+                    _wake_waiting(reader, ns, appdef, rest, dict(written),
+                                  settings.burst) if hand_on else [],
+                    written={str(ikey): written}, record=Record(
+                        plan=result.record.plan, instance=ikey, fence=g.fence,
+                        attempts=result.record.attempts, appdef=session.appdef,
+                        session_created=session.created,
+                        start=Start.WARM if is_warm(k, read.facts) else Start.COLD))
+            # Refused or taken: decide again from the top rather than try the
+            # next id. The read behind this decision was stale for k; it may be
+            # for this Session too (a deciding write of a previous attempt whose
+            # answer was lost), and the fresh read of k is now in the cache.
+            break
+    if busy:
+        return Result.deferred("every free instance was busy")
+    return None  # the candidate was taken under our feet: look again
 
 
 def resync_pool(
     reader: Reader, kube: Kube, key: PoolKey, settings: PoolSettings, *,
-    every_instance: bool = False,
+    every_instance: bool = False, timeouts: TimeoutSettings | None = None,
 ) -> Result:
     """The keys of one pool that have work, as the result's follow-ups: each instance whose
     decision, on this read, has actions (or that references a Session the read does not
@@ -790,8 +983,17 @@ def resync_pool(
     Skipping one on a stale read is safe: the change the read lacks has a watch event still
     to come, which queues the key. `every_instance`: every id that exists, is held or should
     exist (the sequential driver, which reconciles the whole pool each round).
+
+    Its timers (issue #29): the pool's next schedule edge is its `requeue_after`
+    (`keep_schedules`, which also writes each PoolSchedule's status), and with `timeouts`
+    each of its Sessions' timeout keys is named in `later`, due at its next deadline.
     """
     appdef = reader.appdef(key.namespace, key.appdef)
+    # The schedule's next edge is this job's timer: the queue runs the pool again then.
+    next_edge = keep_schedules(
+        reader, kube, key.namespace, key.appdef,
+        reader.appdef(key.namespace, key.appdef, as_specified=True)
+        if isinstance(appdef, AppDefinition) else appdef)
     if isinstance(appdef, Invalid):
         Executor(kube, key.namespace, Unguarded()).apply([Report(
             "InvalidAppDefinition", f"AppDefinition {key.appdef} is left as it is: "
@@ -802,10 +1004,16 @@ def resync_pool(
         # queued, so that an ended Session loses its access now, not once the spec is fixed.
         # Its waiting Sessions are not queued: their claims wait for a valid spec.
         releases = _releases_due(reader, key, appdef, settings)
-        return Result(Outcome.REFUSED, [(k, None) for k in releases], message=appdef.message)
+        # Its Sessions' limits hold all the same (spec.timeout is read on its own).
+        later = (session_timers(reader, key.namespace, key.appdef,
+                                reader.sessions(key.namespace, key.appdef), timeouts)
+                 if timeouts is not None else [])
+        return Result(Outcome.REFUSED, [(k, None) for k in releases], later=later,
+                      message=appdef.message, requeue_after=next_edge)
     sessions = reader.sessions(key.namespace, key.appdef)
     if settings.routing and appdef is not None:
         _sweep_routes(reader, kube, appdef, sessions)
+    found = report_pool_health(reader, kube, appdef) if appdef is not None else None
     pool = reader.pool(key.namespace, key.appdef, appdef, sessions)
     ids = set(pool) | {s.instance_id for s in sessions if s.instance_id}
     if appdef is not None:
@@ -820,7 +1028,11 @@ def resync_pool(
     keys += [SessionKey(key.namespace, s.name) for s in sessions
              if s.live and s.uid not in facts.referenced and s.status != v.STATUS_ERROR]
     # No versions to wait for: a resync's keys reconcile fully.
-    return Result(Outcome.RESYNCED, [(k, None) for k in keys])
+    later = (session_timers(reader, key.namespace, key.appdef, sessions, timeouts)
+             if timeouts is not None else [])
+    return Result(Outcome.RESYNCED, [(k, None) for k in keys], later=later,
+                  requeue_after=next_edge,
+                  record=Record(health=found))
 
 
 def _releases_due(
@@ -843,8 +1055,7 @@ def _releases_due(
                 session_routes, name_of(ext), holder_uids(view)))
         unknown = any(is_session_ref(r) and r.get("uid") not in known
                       for _, obj in view.existing() for r in refs(obj))
-        elsewhere = {s.uid: reader.referencing(ns, key.appdef, s)
-                     for s in holders(view, key.appdef, sessions) if s.instance_id != k}
+        elsewhere, _ = _claims_elsewhere(reader, ns, key.appdef, view, sessions)
         if unknown or decide_release_without_definition(
                 view, key.appdef, invalid, sessions, settings=settings,
                 held_elsewhere=elsewhere, shared_ingress=shared).actions:
@@ -893,8 +1104,7 @@ def _has_work(
     if any(is_session_ref(r) and r.get("uid") not in known
            for _, obj in view.existing() for r in refs(obj)):
         return True
-    elsewhere = {s.uid: reader.referencing(key.namespace, key.appdef, s)
-                 for s in holders(view, key.appdef, sessions) if s.instance_id != view.id}
+    elsewhere, _ = _claims_elsewhere(reader, key.namespace, key.appdef, view, sessions)
     plan = decide_instance(view, key.appdef, appdef, sessions, proxy_template=template,
                            settings=settings, held_elsewhere=elsewhere,
                            shared_route=_shared_route(reader, appdef, settings))

@@ -16,13 +16,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from warmpool.keys import InstanceKey, Key
+from warmpool.pool.claim import WaitReason
 from warmpool.pool.decide import Plan
+from warmpool.pool.health import PoolHealth
 
 #: (field, version) pairs of guarded writes, as the queue's own-write tokens spell them.
 Writes = list[tuple[str, str]]
 #: A follow-up key and the versions its job must see before it decides (None: none named,
 #: the job reconciles fully, as for a key a resync adds).
 FollowUp = tuple[Key, dict[str, str] | None]
+#: A key to run no sooner than this many seconds from now (a Session's deadline the pool's
+#: job derives again: the queue's `add_after` only ever moves a waiting key earlier, so
+#: naming one that already waits for that time changes nothing).
+Later = tuple[Key, float]
 
 
 class Outcome(StrEnum):
@@ -33,12 +39,12 @@ class Outcome(StrEnum):
     #: Bad input left as it is, with a clear message: the AppDefinition is invalid (instance
     #: and pool jobs), or the Session was set to ERROR (a claim).
     REFUSED = "refused"
-    #: A Session got an instance (`Result.start` says whether prewarmed or made for it).
+    #: A Session got an instance (`Record.start` says whether prewarmed or made for it).
     CLAIMED = "claimed"
     #: A Session already held its instance; the instance was reconciled for it.
     HELD = "held"
-    #: No instance for the Session now (`Result.message` says why); a release or a new
-    #: instance wakes it.
+    #: No instance for the Session now (`Record.wait` says why, `Result.message` in words); a
+    #: release or a new instance wakes it.
     WAITING = "waiting"
     #: Nothing to do for the Session (already being served elsewhere, or not ours).
     SKIPPED = "skipped"
@@ -48,8 +54,18 @@ class Outcome(StrEnum):
     GONE = "gone"
     #: A pool's resync listed the keys that have work (its follow-ups).
     RESYNCED = "resynced"
-    #: A lease the job needs is busy: it runs again after its backoff (`requeue`).
+    #: A lease the job needs is busy: it runs again after its backoff (the run loop's).
     DEFERRED = "deferred"
+    #: A Session past a limit was deleted by its timeout job (`message`: which limit).
+    ENDED = "ended"
+    #: A timer's job found nothing due: it runs again at its next time (`requeue_after`;
+    #: None: never, unless an event queues it).
+    SCHEDULED = "scheduled"
+    #: A URL probe's attempt ran: the URL was written, the probe gave up, or its next
+    #: attempt is due after `requeue_after`.
+    PROBED = "probed"
+    #: A namespace's ownerless pool objects were swept (`warmpool.controller.orphans`).
+    SWEPT = "swept"
     #: The worker's cache has not yet seen the versions that caused the job: nothing was
     #: decided; it runs again shortly (`requeue_after`), here or on a worker whose watches
     #: are not behind.
@@ -63,45 +79,62 @@ class Start(StrEnum):
     COLD = "cold"
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What the metrics and the pool's records read of a job (`metrics.worker.JobMetrics`),
+    as one typed record: nothing the run loop acts on.
+
+    `plan`, `instance`, `fence`: the instance this job reconciled (its own key's, or one a
+    claim or release reconciled under that instance's lease, whose fence is then `fence`);
+    `attempts`: its observe-decide-execute rounds (more than one: a conflict); `appdef` and
+    `session_created`: a claim's AppDefinition and its Session's creationTimestamp (claim
+    latency); `start`: how a claimed instance came to be; `wait`: why a Session waits."""
+
+    plan: Plan | None = None
+    instance: InstanceKey | None = None
+    fence: int | None = None
+    attempts: int = 1
+    appdef: str = ""
+    session_created: str = ""
+    start: Start | None = None
+    wait: WaitReason | None = None
+    # A resync's count of the pool's pods: warm, starting, failing (warmpool.pool.health).
+    health: PoolHealth | None = None
+
+    @property
+    def instance_id(self) -> int | None:
+        return self.instance.id if self.instance is not None else None
+
+
 @dataclass
 class Result:
-    """One job's result.
+    """One job's result: its outcome, the keys it names, when it runs again.
 
-    `requeue`: run the key again after its backoff (client-go's rate limiter: a few
-    milliseconds, doubling while it keeps deferring), no sooner than `requeue_after`;
-    `requeue_after` alone: run it again after exactly that many seconds. Either way the key
-    keeps the versions it was triggered by. `plan`, `instance`, `fence`: the instance this
-    job reconciled (its own key's, or one a claim or release reconciled under that
-    instance's lease, whose fence is then `fence`), for the pool's records and metrics.
+    `requeue_after`: run the key again after that many seconds (the one way a job waits for
+    time: a schedule's edge, a Session's deadline, a probe's next attempt), keeping the
+    versions it was triggered by. A `DEFERRED` outcome (a lease it needs is busy) is the
+    one that backs off instead: the run loop puts the key back after its backoff
+    (client-go's rate limiter: a few milliseconds, doubling while it keeps deferring), no
+    sooner than `requeue_after` (controller-runtime: an error result is retried with
+    backoff; its deprecated `Requeue` flag has no counterpart here). `follow_ups`: keys to
+    run now; `later`: keys to run no sooner than a delay; `written`: its guarded writes, by
+    the key whose lease they were made under; `message`: why (a wait, a refusal, a
+    deferral), for the logs; `record`: what the metrics read.
     """
 
     outcome: Outcome
     follow_ups: list[FollowUp] = field(default_factory=list)
-    requeue: bool = False
     requeue_after: float | None = None
-    # Guarded writes, by the key whose lease they were made under.
+    later: list[Later] = field(default_factory=list)
     written: dict[str, Writes] = field(default_factory=dict)
-    plan: Plan | None = None
-    instance: InstanceKey | None = None
-    fence: int | None = None
-    # Observe-decide-execute rounds the instance took (more than one: a conflict).
-    attempts: int = 1
-    # Why a Session waits, was refused or skipped, or why the job deferred.
     message: str = ""
-    # A claim's AppDefinition and the Session's creationTimestamp (claim latency).
-    appdef: str = ""
-    session_created: str = ""
-    start: Start | None = None
+    record: Record = field(default_factory=Record)
 
     @classmethod
     def deferred(cls, reason: str, after: float = 0.0) -> Result:
         """A lease this job needs is busy: run it again after its backoff, no sooner than
         `after` seconds."""
-        return cls(Outcome.DEFERRED, requeue=True, requeue_after=after or None, message=reason)
-
-    @property
-    def instance_id(self) -> int | None:
-        return self.instance.id if self.instance is not None else None
+        return cls(Outcome.DEFERRED, requeue_after=after or None, message=reason)
 
     def written_under(self, key: Key | str) -> Writes:
         """The guarded writes made under `key`'s lease."""

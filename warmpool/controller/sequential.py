@@ -12,11 +12,11 @@ from collections import Counter, deque
 
 from warmpool.controller.guard import LocalLeases
 from warmpool.controller.reconcile import claim_session, reconcile_instance, resync_pool
-from warmpool.controller.result import Result
+from warmpool.controller.result import Outcome, Result
 from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
 from warmpool.kube.api import Kube
 from warmpool.kube.executor import FenceRegression
-from warmpool.kube.reader import Clock, LiveReader, utc_now
+from warmpool.kube.reader import Clock, LiveReader
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.parts import POOL_KINDS
@@ -48,11 +48,12 @@ def _fingerprint(
 
 def run_until_quiet(
     kube: Kube, namespace: str, settings: PoolSettings | None = None, max_rounds: int = 20,
-    *, clock: Clock = utc_now,
+    *, clock: Clock | None = None,
 ) -> int:
     """Resync every pool and run every job, round after round, until a round changes nothing.
 
-    `clock`: what time the PoolSchedules are read at (a test fixes it to a window's edge).
+    `clock`: what time the PoolSchedules are read at (a test fixes it to a window's edge;
+    None: the API server's clock).
 
     Returns the number of rounds. Raises RuntimeError if the namespace never settles, which in
     a test means a reconcile that keeps rewriting what it wrote (a level-triggering bug).
@@ -86,8 +87,9 @@ def run_until_quiet(
                                                hand_on=False)
                     case _:
                         raise TypeError(f"no job for {key}")
-                if result.requeue or result.requeue_after is not None:
-                    # single-threaded: nothing else can hold a lease
+                if result.outcome is Outcome.DEFERRED:
+                    # single-threaded: nothing else can hold a lease. (A `requeue_after`
+                    # alone is a timer, a schedule's next edge: the caller moves the clock.)
                     raise RuntimeError(f"{key} deferred in a sequential run: {result.message}")
                 queue.extend(k for k, _ in result.follow_ups)
             except FenceRegression:

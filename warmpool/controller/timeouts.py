@@ -32,18 +32,23 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from warmpool.controller.guard import Unguarded
+from warmpool.controller.result import Later, Outcome, Result
+from warmpool.keys import TimeoutKey
 from warmpool.kube.api import Conflict, Kube, KubeError
 from warmpool.kube.clock import ApiServerClock, ServerClock
 from warmpool.kube.executor import Executor
+from warmpool.kube.reader import Reader
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import Report
+from warmpool.pool.grammar import is_object_name
 from warmpool.pool.meta import labels_of, name_of, owner_refs
 from warmpool.pool.model import Lifetime, Session, parse_lifetime, parse_session
 from warmpool.pool.parts import Part
 from warmpool.pool.timeouts import (
     REASON_FOREIGN_SERVICE,
     REASON_MONITOR_UNKNOWN,
+    ActivityAction,
     DeleteSession,
     Observation,
     Observed,
@@ -53,6 +58,7 @@ from warmpool.pool.timeouts import (
     WriteLastActivity,
     activity_plan,
     hard_limit,
+    next_look,
     read_last_activity,
     tracker_for,
 )
@@ -418,9 +424,9 @@ class TimeoutRunner:
             # status.lastActivity raw: bounded by read_last_activity (an integer up to now).
             raw = (obj.get("status") or {}).get("lastActivity") if isinstance(
                 obj.get("status"), dict) else None
-            self._decide_and_act(session, raw, lifetimes.get((session.namespace,
-                                                              session.appdef)),
-                                 resolver, report)
+            self.decide_and_act(session, raw, lifetimes.get((session.namespace,
+                                                             session.appdef)),
+                                resolver, report)
         except Exception as exc:
             log.warning("timeouts: Session %s/%s failed: %s", ns, name, exc)
             report.errors.append((ns, name, str(exc)))
@@ -459,9 +465,11 @@ class TimeoutRunner:
                            "epoch-ms number"), target
         return Observed(reported), target
 
-    def _decide_and_act(self, session: Session, raw_last_activity: object,
-                        lifetime: Lifetime | None, resolver: EndpointResolver,
-                        report: PassReport) -> None:
+    def decide_and_act(self, session: Session, raw_last_activity: object,
+                       lifetime: Lifetime | None, resolver: EndpointResolver,
+                       report: PassReport) -> None:
+        """Decide `session` on the cluster's clock and carry it out; what was done goes into
+        `report` (`deleted`, `spared`, ...). Raises ClockUnavailable deciding nothing."""
         now = self.clock.now()
         deletion = hard_limit(session, lifetime, now)
         if deletion is not None:
@@ -472,45 +480,56 @@ class TimeoutRunner:
         tracker = tracker_for(session, lifetime)
         if tracker is None or lifetime is None or lifetime.monitor_port is None:
             return
-        ref = (session.namespace, session.name)
         observation, target = self._observe(session, lifetime, lifetime.monitor_port, resolver)
         if isinstance(observation, Unknown):
-            log.info("Session %s/%s: activity unknown (%s)", *ref, observation.why)
-            cap = (f"spec.timeout ({lifetime.timeout} minutes from creation) still applies"
-                   if lifetime.timeout is not None and lifetime.timeout > 0 else
-                   f"AppDefinition {lifetime.name} has no spec.timeout: nothing ends it")
-            # Once per Session: the reason may change from pass to pass (an error's text).
-            self._warn(session, REASON_MONITOR_UNKNOWN, "",
-                       f"its activity cannot be observed ({observation.why}): it is not "
-                       f"deleted for inactivity while it is unknown; {cap}")
+            self._warn_unknown(session, lifetime, observation)
         now = self.clock.now()  # asking the monitor takes time: decide on the time after it
         stored = read_last_activity(raw_last_activity, now)
         for action in activity_plan(tracker, stored, observation, now):
-            match action:
-                case Report():
-                    self._warn(session, action.reason, repr(raw_last_activity)[:64],
-                               action.message)
-                case WriteLastActivity(value=value):
-                    if self._write_last_activity(session, value):
-                        report.activity_written.append((*ref, value))
-                case Popup():
-                    assert target is not None, "no popup without an observation"
-                    try:
-                        self.monitor.popup(target.base, session.secret)
-                    except Exception as exc:
-                        log.info("Session %s/%s: the inactivity popup failed: %s", *ref, exc)
-                    else:
-                        report.popups.append(ref)
-                case PostMessage(body=body):
-                    assert target is not None, "no deletion for inactivity without one"
-                    try:  # a courtesy to the user: the deletion follows whatever its outcome
-                        self.monitor.message(target.base, session.secret, body)
-                    except Exception as exc:
-                        log.info("Session %s/%s: the timeout message failed: %s", *ref, exc)
-                    else:
-                        report.messages.append(ref)
-                case DeleteSession():
-                    self._delete(session, action, report, by_version=True)
+            self._act(session, raw_last_activity, action, target, report)
+
+    def _warn_unknown(self, session: Session, lifetime: Lifetime, observation: Unknown) -> None:
+        """Logged each pass, and a Warning once per Session: its activity cannot be observed,
+        so it is not deleted for inactivity meanwhile."""
+        log.info("Session %s/%s: activity unknown (%s)", session.namespace, session.name,
+                 observation.why)
+        cap = (f"spec.timeout ({lifetime.timeout} minutes from creation) still applies"
+               if lifetime.timeout is not None and lifetime.timeout > 0 else
+               f"AppDefinition {lifetime.name} has no spec.timeout: nothing ends it")
+        # Once per Session: the reason may change from pass to pass (an error's text).
+        self._warn(session, REASON_MONITOR_UNKNOWN, "",
+                   f"its activity cannot be observed ({observation.why}): it is not "
+                   f"deleted for inactivity while it is unknown; {cap}")
+
+    def _act(self, session: Session, raw_last_activity: object, action: ActivityAction,
+             target: MonitorTarget | None, report: PassReport) -> None:
+        """Carry out one step of the activity tracker's plan for `session`."""
+        ref = (session.namespace, session.name)
+        match action:
+            case Report():
+                self._warn(session, action.reason, repr(raw_last_activity)[:64],
+                           action.message)
+            case WriteLastActivity(value=value):
+                if self._write_last_activity(session, value):
+                    report.activity_written.append((*ref, value))
+            case Popup():
+                assert target is not None, "no popup without an observation"
+                try:
+                    self.monitor.popup(target.base, session.secret)
+                except Exception as exc:
+                    log.info("Session %s/%s: the inactivity popup failed: %s", *ref, exc)
+                else:
+                    report.popups.append(ref)
+            case PostMessage(body=body):
+                assert target is not None, "no deletion for inactivity without one"
+                try:  # a courtesy to the user: the deletion follows whatever its outcome
+                    self.monitor.message(target.base, session.secret, body)
+                except Exception as exc:
+                    log.info("Session %s/%s: the timeout message failed: %s", *ref, exc)
+                else:
+                    report.messages.append(ref)
+            case DeleteSession():
+                self._delete(session, action, report, by_version=True)
 
     def _write_last_activity(self, session: Session, value: int) -> bool:
         """Set ``status.lastActivity`` to `value`, refused by the server (422) unless the
@@ -561,3 +580,69 @@ class TimeoutRunner:
             return
         log.info("Session %s/%s deleted (%s): %s", *ref, deletion.reason, deletion.message)
         report.deleted.append((*ref, deletion.reason))
+
+
+# --- one Session, as a keyed job (issue #29: time is a key) -----------------------------------
+
+#: A deletion refused because the Session changed since it was read (its lastActivity raised:
+#: a status write, which queues nothing) is decided again this much later, on a newer read.
+AGAIN_AFTER = 1.0
+#: The least a Session's job waits for its next look: the cluster's clock as read lags the
+#: server's by up to a second, so a run a moment before a deadline looks again this much later.
+MIN_WAIT = 0.1
+
+
+def session_timeout(runner: TimeoutRunner, reader: Reader, key: TimeoutKey) -> Result:
+    """The job of ``timeout/<ns>/<session>``: end the Session if it is past a limit, else
+    return its next deadline as `requeue_after` (`warmpool.pool.timeouts.next_look`), so the
+    queue, not a pass of the leader, wakes it then, on whichever worker takes the key.
+
+    Reads the Session and its AppDefinition as the job's reader has them (a worker's cache:
+    the Session's status.lastActivity as written, which the parsed model does not keep), and
+    decides on the cluster's clock (`runner.clock`). Every write it makes carries its
+    precondition (`TimeoutRunner._delete`, `_write_last_activity`): a deletion decided on a
+    stale read is refused by the API server, and then decided again `AGAIN_AFTER` later."""
+    obj = reader.object(v.SESSION_KIND, key.namespace, key.session)
+    if obj is None or not runner.settings.enabled:
+        return Result(Outcome.SKIPPED, message="no such Session" if obj is None else
+                      "timeouts are off (WARMPOOL_TIMEOUTS)")
+    session = parse_session(obj)
+    appdef = reader.object(v.APPDEF_KIND, key.namespace, session.appdef) if is_object_name(
+        session.appdef) else None
+    lifetime = parse_lifetime(appdef) if appdef is not None else None
+    status = obj.get("status")
+    raw = status.get("lastActivity") if isinstance(status, dict) else None
+    report = PassReport(sessions=1)
+    resolver = (runner.resolver if runner.resolver is not None
+                else PoolServiceEndpoints(runner.kube))
+    runner.decide_and_act(session, raw, lifetime, resolver, report)
+    if report.deleted:
+        return Result(Outcome.ENDED, message=report.deleted[0][2])
+    if report.spared:
+        return Result(Outcome.SCHEDULED, requeue_after=AGAIN_AFTER,
+                      message="changed since it was read: decided again")
+    now = runner.clock.now()
+    poll = runner.settings.interval if runner.settings.activity_tracker else None
+    when = next_look(session, lifetime, now, poll=poll)
+    return Result(Outcome.SCHEDULED,
+                  requeue_after=None if when is None else max(MIN_WAIT, when - now))
+
+
+def session_timers(reader: Reader, namespace: str, appdef_name: str, sessions: list[Session],
+                   settings: TimeoutSettings) -> list[Later]:
+    """The timeout keys of a pool's Sessions, each due at its next look (`next_look`): what
+    the pool's job hands the queue on every run, so a key Redis lost (or that was never
+    added) is derived from the cluster again. The queue's `add_after` only moves a waiting
+    key earlier, so a key already waiting for its deadline is left as it is."""
+    if not settings.enabled or not sessions:
+        return []
+    appdef = reader.object(v.APPDEF_KIND, namespace, appdef_name)
+    lifetime = parse_lifetime(appdef) if appdef is not None else None
+    poll = settings.interval if settings.activity_tracker else None
+    now = reader.now().timestamp()
+    timers: list[Later] = []
+    for session in sessions:
+        when = next_look(session, lifetime, now, poll=poll)
+        if when is not None:
+            timers.append((TimeoutKey(namespace, session.name), max(0.0, when - now)))
+    return timers

@@ -8,7 +8,9 @@ integration tests.
 
 Modules: `options` (what to start), `system` (starting, stopping, the processes one by one),
 `processes` (worker pools and the `warmpool worker` command), `redis` (the servers),
-`quiet` (mark and wait_quiet on the workers' run log), `runs` (reading that log).
+`quiet` (mark and wait_quiet on the workers' run log), `runs` (reading that log), `netns`
+(hosts as network namespaces) and `hosts` (each host's links to Redis and the API server,
+fault points of its own; `SystemOptions.hosts`).
 """
 
 from warmpool.harness.options import AUTO, SystemOptions, settings_env

@@ -43,6 +43,11 @@ class SystemOptions:
         cluster's (e.g. through a proxy of the caller's that outlives the system); not with
         `proxy`. With no cluster (`System(None, ...)`: workers on a queue only, no
         schedulers) and no kubeconfig, the processes get no KUBECONFIG.
+    hosts: that many hosts, each a network namespace of its own reaching Redis and the API
+        server only through links of its own (`warmpool.harness.hosts`; `System.hosts`);
+        needs `proxy` and a Redis on this machine. Worker groups go onto a host with
+        `WorkerGroup(host=i)`, schedulers with `scheduler_hosts`.
+    scheduler_hosts: the host of each scheduler, by index (None or missing: this machine).
     proxy: every process reaches the API server through a fault-injecting
         `warmpool.testing.apiproxy.ApiProxy` (`System.proxy`); the caller's own clients
         still talk to the cluster directly. `proxy_seed` seeds its faults.
@@ -76,6 +81,8 @@ class SystemOptions:
     scheduler_args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     kubeconfig: Path | None = None
+    hosts: int = 0
+    scheduler_hosts: Sequence[int | None] = ()
     proxy: bool = False
     proxy_seed: int | None = None
     redis: str | RedisServer = "private"

@@ -18,6 +18,7 @@ from pathlib import Path
 from workers.process import WorkerPool
 
 _METRICS = re.compile(r"metrics=(http\S+)")
+_HEALTH = re.compile(r"health=(http\S+)")
 
 
 @contextlib.contextmanager
@@ -45,10 +46,13 @@ class WorkerGroup:
     `proxy_client`: with the fault proxy on, this group reaches the API server through a proxy
     port of its own under that name, so a fault can single it out (the chaos runner's
     `watch_lag` delays one worker's watch streams); None: the proxy's main port.
+    `host`: the group runs on host `host` of the system's hosts (`SystemOptions.hosts`), in
+    its network namespace, through its links (`proxy_client` is then that host's).
     """
 
     processes: int
     proxy_client: str | None = None
+    host: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -116,6 +120,7 @@ class WorkerCommand:
                      # Loopback and a free port: the system's endpoints are for this machine's
                      # user only and must not collide with a real deployment's 9091.
                      "--metrics-host", "127.0.0.1", "--metrics-port", "0",
+                     "--health-host", "127.0.0.1", "--health-port", "0",
                      *(a for m in modules for a in ("--module", m)),
                      *(("--log-level", log_level) if log_level else ())]
         self.env = dict(env)
@@ -151,6 +156,13 @@ class WorkerCommand:
     @property
     def metrics_url(self) -> str | None:
         found = _METRICS.findall(self._log()) if self.log_path.exists() else []
+        return found[-1] if found else None
+
+    @property
+    def health_url(self) -> str | None:
+        """The supervisor's health endpoint (its `health=<url>` line): `/healthz`,
+        `/readyz` and `/status` under it."""
+        found = _HEALTH.findall(self._log()) if self.log_path.exists() else []
         return found[-1] if found else None
 
     def alive(self) -> bool:

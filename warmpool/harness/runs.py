@@ -6,6 +6,8 @@ tell when the work a change caused has run.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import redis
 
 from warmpool.queue.layout import Layout
@@ -18,12 +20,23 @@ class RunLog:
         self.client = client
         self.layout = Layout.of(settings)
 
-    def _read(self, name: str) -> list[tuple[float, str]]:
+    def _entries(self, name: str) -> list[tuple[float, str, str]]:
+        """(time, key, worker) of each entry ("<time> <key> <worker>"; an entry without a
+        worker, from an older writer, has "")."""
         out = []
         for raw in self.client.lrange(name, 0, -1):
-            t, _, key = text(raw).partition(" ")
-            out.append((float(t), key))
+            t, key, worker = [*text(raw).split(" ", 2), ""][:3]
+            out.append((float(t), key, worker))
         return out
+
+    def _read(self, name: str) -> list[tuple[float, str]]:
+        return [(t, key) for t, key, _ in self._entries(name)]
+
+    def by_worker(self, kind: str) -> Counter[str]:
+        """How many runs of `kind` keys (`kind/...`) each worker process (`<host>:<pid>`)
+        started."""
+        return Counter(worker for _, key, worker in self._entries(self.layout.runs_started)
+                       if key.startswith(kind + "/"))
 
     def starts(self) -> list[tuple[float, str]]:
         """Every job start logged so far: (time.time() at the start, key), in order."""

@@ -27,6 +27,7 @@ import warmpool
 from scheduler.process import SchedulerProcess
 from warmpool.cluster.local import ClusterInfo
 from warmpool.harness import quiet as _quiet
+from warmpool.harness.hosts import Hosts, HostWorkerPool, scheduler_args
 from warmpool.harness.options import SystemOptions, queue_settings, settings_env
 from warmpool.harness.processes import WorkerCommand, Workers, stderr_to
 from warmpool.harness.redis import PrivateRedis, RedisServer, redis_server
@@ -52,6 +53,8 @@ class System:
         if cluster is None and (opts.proxy or opts.schedulers):
             raise ValueError("without a cluster, a system is workers on a queue only: "
                              "schedulers=0, proxy=False")
+        if opts.hosts and not opts.proxy:
+            raise ValueError("hosts reach the API server through the proxy: proxy=True")
         if opts.proxy and opts.kubeconfig is not None:
             raise ValueError("the processes reach the API server through the proxy or "
                              "through `kubeconfig`, not both")
@@ -65,6 +68,7 @@ class System:
                      kubeconfig_path=self.workdir / "proxy-kubeconfig")
             if opts.proxy and cluster is not None else None)
         self.schedulers: list[SchedulerProcess] = []
+        self._hosts: Hosts | None = None
         self.worker_command: WorkerCommand | None = None
         self.worker_log = self.log_dir / "workers.log"
         self.leases_seen = 0  # lease keys in Redis at the last `lease_holders`
@@ -114,6 +118,13 @@ class System:
         return self._workers
 
     @property
+    def hosts(self) -> Hosts:
+        """The hosts (`options.hosts`), each with its links to Redis and the API server."""
+        if self._hosts is None:
+            raise RuntimeError("no hosts: options.hosts is 0, or the system is not started")
+        return self._hosts
+
+    @property
     def kubeconfig(self) -> Path:
         """The kubeconfig the system's processes use: `options.kubeconfig`, else the proxy's
         main port when on, else the cluster's."""
@@ -154,6 +165,10 @@ class System:
                 opts, self.redis.url, private=isinstance(self.redis, PrivateRedis))
             if self.proxy is not None:
                 self.proxy.start()
+            if opts.hosts:
+                assert self.proxy is not None
+                self._hosts = Hosts(opts.hosts, redis_url=self.redis.url, api=self.proxy,
+                                    workdir=self.workdir).start()
             if workers:
                 self.start_workers()
             if schedulers:
@@ -208,9 +223,18 @@ class System:
             self.worker_command.start(timeout=opts.start_timeout)
             return
         level = getattr(logging, opts.log_level.upper()) if opts.log_level else logging.WARNING
-        pools = []
+        pools: list[WorkerPool] = []
         for group in opts.groups():
             if group.processes < 1:
+                continue
+            if group.host is not None:
+                host = self.hosts[group.host]
+                pools.append(HostWorkerPool(
+                    host.netns.name, settings.replace(redis_url=host.redis_url),
+                    processes=group.processes, threads=opts.threads,
+                    modules=opts.worker_modules, log_level=level,
+                    env={**opts.env, **self._served_env(), **opts.worker_env, **group.env,
+                         "KUBECONFIG": str(host.kubeconfig)}))
                 continue
             kube_env = self._kube_env()
             if group.proxy_client is not None and self.proxy is not None:
@@ -260,8 +284,20 @@ class System:
         if opts.log_level:
             args += ["--log-level", opts.log_level]
         env = {**self._process_env(), **self._kube_env()}
+        wrapper: list[str] = []
+        if (h := self.scheduler_host(i)) is not None:
+            host = self.hosts[h]
+            env.update(WARMPOOL_REDIS_URL=host.redis_url, KUBECONFIG=str(host.kubeconfig))
+            args += scheduler_args(host)
+            wrapper = host.netns.exec_args([])
         return SchedulerProcess([*args, *opts.scheduler_args], env=env,
-                                log_path=self.scheduler_log(i), cwd=_CODE_ROOT)
+                                log_path=self.scheduler_log(i), cwd=_CODE_ROOT,
+                                wrapper=wrapper)
+
+    def scheduler_host(self, i: int) -> int | None:
+        """The host scheduler `i` runs on (None: this machine's namespace)."""
+        hosts = self.options.scheduler_hosts
+        return hosts[i] if i < len(hosts) else None
 
     def scheduler_log(self, i: int) -> Path:
         name = "scheduler" if self.options.schedulers == 1 else f"scheduler-{i}"
@@ -292,6 +328,9 @@ class System:
                 self.worker_command.stop(timeout=(self._settings.drain_timeout + 10
                                                   if self._settings else 40))
             self.worker_command = None
+        if self._hosts is not None:
+            self._hosts.close()  # after every process on them has stopped
+            self._hosts = None
         if self.proxy is not None:
             with contextlib.suppress(Exception):
                 self.proxy.stop()

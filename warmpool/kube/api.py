@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import json
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +22,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, ResourceNotFoundError
 
+from warmpool.kube.events import Cause, CreateEvent, Recorded, event_name, plan_event
+from warmpool.pool import lines
+from warmpool.pool import vocabulary as v
 from warmpool.pool.meta import meta_of, namespace_of
 
 log = logging.getLogger(__name__)
@@ -67,22 +71,69 @@ def not_served(exc: BaseException) -> bool:
 CONNECTIONS = 64
 
 
+#: A lost path to the API server (a dead route, a host cut off: packets dropped, no reset) is
+#: noticed within this many seconds, whatever the connection was doing: idle (a watch between
+#: events) by TCP keep-alives (a probe after 10 s idle, every 5 s, given up after 3), waiting
+#: for the answer to a request that was never acknowledged by TCP_USER_TIMEOUT. Without them
+#: a watch on a dead path waited for its read timeout (its server-side timeout + 30 s, up to
+#: 630 s) and an unacknowledged request for the kernel's ~15 minutes of retransmissions. A
+#: path that acknowledges and never answers (a stalled proxy) is the read timeouts' to notice.
+DEAD_PATH_SECONDS = 25
+
+
+def socket_options() -> list[tuple[int, int, int]]:
+    """urllib3's own options (no Nagle) and the dead-path bounds, where the platform has them."""
+    import socket
+
+    import urllib3
+
+    options = list(urllib3.connection.HTTPConnection.default_socket_options)
+    options.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", DEAD_PATH_SECONDS * 1000)):
+        if (opt := getattr(socket, name, None)) is not None:
+            options.append((socket.IPPROTO_TCP, opt, value))
+    return options
+
+
 def connect(kubeconfig: str | None = None) -> ApiClient:
     """An API client from a kubeconfig file, else in-cluster config (never the global default)."""
     cfg = Configuration()
     cfg.connection_pool_maxsize = CONNECTIONS
+    cfg.socket_options = socket_options()
+    # new_client_from_config is unannotated; it returns ApiClient(configuration=...).
+    client: ApiClient
     if kubeconfig:
-        return kube_config.new_client_from_config(config_file=kubeconfig,
-                                                  client_configuration=cfg)
+        client = kube_config.new_client_from_config(config_file=kubeconfig,
+                                                    client_configuration=cfg)
+        return client
     try:
         kube_config.load_incluster_config(client_configuration=cfg)
     except kube_config.ConfigException:
-        return kube_config.new_client_from_config(client_configuration=cfg)
+        client = kube_config.new_client_from_config(client_configuration=cfg)
+        return client
     return ApiClient(cfg)
 
 
+#: Reads and writes of one Event's count before giving up (each retry follows another
+#: writer's success, so only a storm of writers for one cause exhausts them).
+_EVENT_ATTEMPTS = 4
+
 # s beyond a watch's server-side timeout before the client gives up reading from it
 WATCH_READ_MARGIN = 30
+
+#: (connect, read) seconds of every call but watches, unless a caller bounds it tighter.
+REQUEST_TIMEOUT = (5.0, 60.0)
+
+
+def bounded_timeout(limit: float, timeout: tuple[float, float] = REQUEST_TIMEOUT
+                    ) -> tuple[float, float]:
+    """`timeout` with each part at most `limit` seconds (at least 1): a call that must give
+    up within a lease or a renew deadline. The read timeout bounds each wait for the next
+    bytes, so a stalled link (connection open, nothing answered: a dead path behind a NAT,
+    a silent middlebox) fails the call within `limit` instead of holding its thread."""
+    bound = max(1.0, limit)
+    return (min(timeout[0], bound), min(timeout[1], bound))
 
 
 def _check_preconditions(kind: str, name: str, **preconditions: str | None) -> None:
@@ -97,7 +148,7 @@ class Kube:
     """Get, list, create, merge-patch, delete and watch any kind, namespaced, as dicts."""
 
     def __init__(
-        self, api_client: ApiClient, request_timeout: tuple[float, float] = (5.0, 60.0)
+        self, api_client: ApiClient, request_timeout: tuple[float, float] = REQUEST_TIMEOUT
     ) -> None:
         self.api_client = api_client
         self.dyn = DynamicClient(api_client)
@@ -105,8 +156,76 @@ class Kube:
         # API server that drops packets must fail a job, not hang a worker thread forever.
         self.request_timeout = request_timeout
         self._resources: dict[tuple[str, str], Any] = {}
+        self._events = Recorded()  # the Events this client wrote last (`event`)
+        self._line: lines.TheiaLine | None = None
+        self._line_lock = threading.Lock()
+
+    def bounded(self, limit: float) -> Kube:
+        """A client on the same connection whose every call gives up within `limit` seconds
+        per wait (`bounded_timeout`): for calls that must end before a deadline."""
+        bounded = Kube(self.api_client, bounded_timeout(limit, self.request_timeout))
+        bounded._line = self._line  # the same cluster: the same line, not asked again
+        return bounded
+
+    # --- Theia Cloud's line ---------------------------------------------------------------
+
+    def theia_group(self) -> tuple[list[str], dict[str, list[str]]]:
+        """The theia.cloud group as the discovery API describes it: its versions in the API
+        server's priority order (preferred first) and the kinds each serves; ([], {}) when the
+        group is not served at all. Asked of the server each time (no discovery cache)."""
+        try:
+            group = self._get_path(f"/apis/{v.GROUP}")
+        except KubeError as exc:
+            if exc.status == 404:
+                return [], {}
+            raise
+        versions = [str(gv.get("version")) for gv in group.get("versions") or []
+                    if isinstance(gv, dict) and gv.get("version")]
+        kinds: dict[str, list[str]] = {}
+        for version in versions:
+            listing = self._get_path(f"/apis/{v.GROUP}/{version}")
+            kinds[version] = [str(r.get("kind")) for r in listing.get("resources") or []
+                              if isinstance(r, dict) and "/" not in str(r.get("name", ""))]
+        return versions, kinds
+
+    def line(self) -> lines.TheiaLine | None:
+        """The Theia Cloud line of this client's cluster (`warmpool.pool.lines`), read once
+        and then kept: None while the cluster serves AppDefinition or Session at no version
+        warmpool knows (asked again next time). A cluster whose Theia Cloud is upgraded to
+        another line while warmpool runs needs warmpool restarted, as Theia Cloud's own
+        operator does."""
+        with self._line_lock:
+            if self._line is None:
+                self._line = lines.choose_line(*self.theia_group())
+                if self._line is not None:
+                    log.info("Theia Cloud line of %s: %s", self.api_client.configuration.host,
+                             self._line.describe())
+            return self._line
+
+    def served_api_version(self, api_version: str, kind: str) -> str:
+        """The apiVersion `kind` is sent at on this cluster: for Theia Cloud's AppDefinition
+        and Session, the group's version of the cluster's line, whatever version the caller
+        named (the vocabulary names warmpool's own, v1beta11); anything else as given. The
+        one place a Theia Cloud version is chosen, so every read, watch and write of one
+        cluster uses the same."""
+        group, _, _ = api_version.rpartition("/")
+        if group != v.GROUP or kind not in lines.KNOWN:
+            return api_version
+        line = self.line()
+        version = line.version_of(kind) if line is not None else None
+        if version is None:
+            raise ResourceNotFoundError(
+                f"the cluster serves no {kind} ({v.GROUP}) at a version warmpool reads "
+                f"({', '.join(lines.KNOWN[kind])}); `warmpool scheduler` says what to do")
+        return f"{group}/{version}"
+
+    def _get_path(self, path: str) -> Obj:
+        """GET a discovery document (the dynamic client's request: credentials included)."""
+        body = self._call(self.dyn.request, "GET", path)
+        return body if isinstance(body, dict) else {}
 
     def _res(self, api_version: str, kind: str) -> Any:
+        api_version = self.served_api_version(api_version, kind)
         key = (api_version, kind)
         if key not in self._resources:
             self._resources[key] = self.dyn.resources.get(api_version=api_version, kind=kind)
@@ -128,7 +247,9 @@ class Kube:
             resp = fn(*args, serialize=False, **kwargs)
         except DynamicApiError as exc:
             raise _wrap(exc) from None
-        return json.loads(resp.data)
+        # Every call through here answers a JSON object: the resource, a list, or a Status.
+        body: Obj = json.loads(resp.data)
+        return body
 
     def date_header(self) -> str | None:
         """The ``Date`` header of a response of the API server (a GET of ``/version``: no RBAC
@@ -152,12 +273,47 @@ class Kube:
 
     def list(
         self, api_version: str, kind: str, namespace: str | None, *,
-        label_selector: str | None = None,
+        label_selector: str | None = None, resource_version: str | None = None,
     ) -> tuple[list[Obj], str]:
-        """All items (one page; the pools here are thousands, not millions) and the list's RV."""
+        """All items (one page; the pools here are thousands, not millions) and the list's RV.
+
+        `resource_version` says where the API server may answer from (Kubernetes 1.20, no
+        `limit` sent): None reads etcd (a consistent read: etcd returns every object of the
+        kind in the namespace and the server applies the selector after decoding them all,
+        the cost the claim and release paths must not pay); "0" any state its watch cache
+        holds (possibly old); any other version its watch cache once it has caught up to it,
+        so the answer is not older than that version. Each caller says in code why the
+        freshness it asks for is enough.
+
+        A kind's watch cache moves with that kind's changes, and with etcd's progress
+        notifications where the API server uses them (EfficientWatchResumption: on by
+        default from 1.21; the local control plane turns it on). One that has not caught up
+        within 3 s answers 504 ("Too large resource version"): the LIST is then sent to etcd,
+        so the answer is never older than asked, only dearer."""
+        _check_preconditions(kind, "(list)", resource_version=resource_version)
         res = self._res(api_version, kind)
-        body = self._call(res.get, namespace=namespace, label_selector=label_selector)
-        return body.get("items") or [], str(meta_of(body).get("resourceVersion"))
+        extra = {} if resource_version is None else {"resource_version": resource_version}
+        try:
+            body = self._call(res.get, namespace=namespace, label_selector=label_selector,
+                              **extra)
+        except KubeError as exc:
+            if not extra or exc.status != 504:
+                raise
+            log.info("%s LIST at %s: the watch cache is behind (%s); asking etcd", kind,
+                     resource_version, exc)
+            body = self._call(res.get, namespace=namespace, label_selector=label_selector)
+        return self._typed(body, api_version, kind), str(meta_of(body).get("resourceVersion"))
+
+    def _typed(self, body: Obj, api_version: str, kind: str) -> builtins.list[Obj]:
+        """A list's items, each saying its kind and the apiVersion it was served at (a list
+        of a built-in kind leaves both out): the model copies a Theia Cloud object's into
+        owner references to it."""
+        served = self.served_api_version(api_version, kind)
+        items = body.get("items") or []
+        for item in items:
+            item.setdefault("apiVersion", served)
+            item.setdefault("kind", kind)
+        return items
 
     def list_pages(
         self, api_version: str, kind: str, namespace: str | None, *,
@@ -179,14 +335,17 @@ class Kube:
             body = self._call(res.get, namespace=namespace, label_selector=label_selector,
                               field_selector=field_selector, **kwargs)
             meta = meta_of(body)
-            yield body.get("items") or [], str(meta.get("resourceVersion"))
+            yield self._typed(body, api_version, kind), str(meta.get("resourceVersion"))
             token = meta.get("continue")
             if not token:
                 return
 
     def create(self, body: Mapping[str, Any]) -> Obj:
-        res = self._res(body["apiVersion"], body["kind"])
-        return self._call(res.create, body=dict(body),
+        # A Theia Cloud object goes at the cluster's version of its kind, said in its body too
+        # (the server refuses a body whose apiVersion is not the endpoint's).
+        api_version = self.served_api_version(body["apiVersion"], body["kind"])
+        res = self._res(api_version, body["kind"])
+        return self._call(res.create, body={**body, "apiVersion": api_version},
                           namespace=namespace_of(body) or None)  # None: cluster-scoped
 
     def merge_patch(
@@ -285,19 +444,44 @@ class Kube:
         self, namespace: str, regarding: Mapping[str, str], reason: str, message: str,
         *, warning: bool, component: str = "warmpool",
     ) -> None:
-        """Record a core/v1 Event; best effort, since an event must never fail a reconcile."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{regarding.get('name', 'warmpool')}.",
-                         "namespace": namespace},
-            "involvedObject": {**regarding, "namespace": namespace},
-            "reason": reason, "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": component},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
+        """Record one more occurrence of a core/v1 Event, aggregated per cause
+        (`warmpool.kube.events`): the cause's one Event is created, or its count raised.
+        Best effort, since an event must never fail a reconcile.
+
+        Safe against a concurrent writer: the count is raised under the resourceVersion this
+        process last wrote or read (a 409: read again, decide again), and a create racing
+        another create is a 409 too. An Event the server let expire (its TTL) is a 404 to
+        the patch: created again."""
+        if "apiVersion" in regarding:  # a Theia Cloud object: the version the cluster serves
+            regarding = {**regarding, "apiVersion": self.served_api_version(
+                regarding["apiVersion"], regarding.get("kind", ""))}
+        cause = Cause(namespace, dict(regarding), reason, warning, component)
+        name = event_name(cause)
+        known = self._events.get(name)
         try:
-            self.create(body)
+            for _ in range(_EVENT_ATTEMPTS):
+                now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                write = plan_event(cause, message, now, known)
+                try:
+                    if isinstance(write, CreateEvent):
+                        written = self.create(write.body)
+                    else:
+                        written = self.merge_patch("v1", "Event", namespace, write.name,
+                                                   write.patch,
+                                                   resource_version=write.resource_version)
+                except Conflict:
+                    # Raised or created by another writer since: read it, decide again.
+                    known = self.get("v1", "Event", namespace, name)
+                    continue
+                except KubeError as exc:
+                    if exc.status != 404 or known is None:
+                        raise
+                    known = None  # expired since this process wrote it: create it anew
+                    continue
+                self._events.wrote(name, written)
+                return
+            self._events.forget(name)
+            log.warning("could not record event %s: its count kept changing", reason)
         except (KubeError, Conflict) as exc:
+            self._events.forget(name)
             log.warning("could not record event %s: %s", reason, exc)

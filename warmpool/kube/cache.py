@@ -37,15 +37,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from warmpool.kube.api import Kube
-from warmpool.kube.observe import POOL_WATCHES, classify
+from warmpool.kube.observe import POOL_SELECTOR, POOL_WATCHES, classify
 from warmpool.kube.reflector import DELETED, Backoff, Reflector, Watched, rv_int
 from warmpool.pool import naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.emails import user_key
 from warmpool.pool.instances import holder_trace, is_session_ref
-from warmpool.pool.meta import meta_of, name_of, namespace_of, owner_refs, uid_of
+from warmpool.pool.meta import labels_of, meta_of, name_of, namespace_of, owner_refs, uid_of
 from warmpool.pool.model import Session, parse_session
 from warmpool.pool.parts import Part
+from warmpool.pool.pods import PodState, combine, deployment_of, pod_state, strip_pod_status
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,21 @@ ROUTES = Watched(v.ROUTE_KIND, v.ROUTE_API_VERSION)
 INGRESSES = Watched("Ingress", "networking.k8s.io/v1")
 # Every PoolSchedule of the namespace: the readers raise each AppDefinition's target by them.
 SCHEDULES = Watched(v.SCHEDULE_KIND, v.SCHEDULE_API_VERSION)
-WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, *POOL_WATCHES, PROXY_TEMPLATE)
+# The pool's pods (their template carries the generation label, like every pool object): a
+# claim takes a warm instance first (`warmpool.pool.pods.warmth`), and the pool's status
+# counts the starting and failing ones, without a LIST per claim.
+PODS = Watched("Pod", "v1", POOL_SELECTOR)
+WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, *POOL_WATCHES, PROXY_TEMPLATE, PODS)
 
 #: Deletions remembered per cache, for freshness checks (the oldest are forgotten first).
 TOMBSTONES = 20_000
 
 _META_DROP = ("managedFields",)
+
+
+#: The name in a trigger `"<Kind>/*"`: every object of that kind in the key's namespace, up
+#: to the version given (what the scheduler had seen when it resynced).
+ANY_OBJECT = "*"
 
 
 def _stripped_meta(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,13 +97,16 @@ def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
     resets the pods by, `warmpool.pool.release`), its status never (its shape annotation
     says whether it is current).
     AppDefinitions, Sessions, PoolSchedules and HTTPRoutes: metadata and spec (and a
-    Session's status). The proxy template: its data.
+    Session's and a PoolSchedule's status: the pool's job writes the latter only where it
+    differs). The proxy template: its data. Pods: metadata (the ownership chain,
+    the `app=` label) and of the status only whether it is Ready and why a container cannot
+    start (`warmpool.pool.pods.strip_pod_status`).
     """
     out: Obj = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind") or kind,
                 "metadata": _stripped_meta(obj)}
     if kind in (v.APPDEF_KIND, v.SESSION_KIND, v.SCHEDULE_KIND, v.ROUTE_KIND, "Ingress"):
         out["spec"] = obj.get("spec")
-        if kind == v.SESSION_KIND and obj.get("status") is not None:
+        if kind in (v.SESSION_KIND, v.SCHEDULE_KIND) and obj.get("status") is not None:
             out["status"] = obj.get("status")
     elif kind == "ConfigMap":
         data = obj.get("data") or {}
@@ -102,6 +115,8 @@ def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
             out["data"] = dict(data)
         elif classify(obj) is Part.EMAIL_CONFIGMAP:
             out["data"] = {v.EMAILS_KEY: data.get(v.EMAILS_KEY)} if v.EMAILS_KEY in data else {}
+    elif kind == "Pod":
+        out["status"] = strip_pod_status(obj.get("status"))
     elif kind == "Deployment":
         spec = obj.get("spec")
         selector = spec.get("selector") if isinstance(spec, Mapping) else None
@@ -149,6 +164,12 @@ class ClusterCache:
         self._marks: dict[tuple[str, str, str], dict[int, bool]] = {}
         # (namespace, Service name) -> names of the session routes that send to it.
         self._routes_to: dict[tuple[str, str], set[str]] = {}
+        # (namespace, `app=` label) -> names of the pods carrying it: an instance's pods.
+        self._pods_by_app: dict[tuple[str, str], set[str]] = {}
+        # (namespace, Deployment name after ``instance-<k>-``) -> k -> pod name -> its state:
+        # the current pods of each instance's Deployment (`pods.deployment_of`), so a claim
+        # reads which free instances are warm without naming each one's pods.
+        self._pod_states: dict[tuple[str, str], dict[int, dict[str, PodState]]] = {}
         self._tombstones: OrderedDict[tuple[str, str, str], tuple[int, str]] = OrderedDict()
         self._stop = threading.Event()
         self.reflectors: dict[tuple[str | None, Watched], Reflector] = {}
@@ -194,6 +215,8 @@ class ClusterCache:
             return APPDEFS
         if kind == v.SESSION_KIND:
             return SESSIONS
+        if kind == PODS.kind:
+            return PODS
         if kind == PROXY_TEMPLATE.kind and name == v.NAMESPACE_PROXY_TEMPLATE:
             return PROXY_TEMPLATE
         if kind in _POOL_WATCH:
@@ -238,6 +261,27 @@ class ClusterCache:
         with self._lock:
             names = sorted(self._routes_to.get((namespace, service), ()))
         return [o for n in names if (o := self.get(v.ROUTE_KIND, namespace, n)) is not None]
+
+    def pods_of(self, namespace: str, app_selector: str) -> list[Obj]:
+        """The cached (stripped) pods labelled ``app=<app_selector>``: one instance's,
+        and whatever else carries its label (`warmpool.pool.pods` tells them apart)."""
+        with self._lock:
+            names = sorted(self._pods_by_app.get((namespace, app_selector), ()))
+        return [o for n in names if (o := self.get(PODS.kind, namespace, n)) is not None]
+
+    def pod_warmth(
+        self, namespace: str, names: Sequence[tuple[int | None, str]]
+    ) -> dict[int, tuple[str, str]]:
+        """k -> (`Warmth`, failure reason) of each instance whose Deployment is named
+        ``instance-<k>-<rest>`` for a (digits, rest) of `names` (as `instance_marks`) and has
+        a current pod; an instance without one is not in the answer (it is STARTING)."""
+        with self._lock:
+            out: dict[int, tuple[str, str]] = {}
+            for digits, rest in names:
+                for k, pods in self._pod_states.get((namespace, rest), {}).items():
+                    if digits is None or len(str(k)) == digits:
+                        out[k] = combine(pods.values())
+            return out
 
     def traces_of(self, session_uid: str) -> list[tuple[str, str, str]]:
         """(namespace, kind, name) of the pool objects of any part that reference the
@@ -305,7 +349,9 @@ class ClusterCache:
 
         A trigger is `"<Kind>/<name>" -> resourceVersion` (the event or write that caused the
         job: seen once the cached object, or its deletion, is at least that new) or
-        `"<Kind>/<name>#gone" -> uid` (a deletion: seen once that uid is not cached).
+        `"<Kind>/<name>#gone" -> uid` (a deletion: seen once that uid is not cached) or
+        `"<Kind>/*" -> resourceVersion` (a resync's: seen once the watch of that kind in the
+        namespace is past that version, `watched_past`; the scheduler's `seen_versions`).
 
         An object the cache does not hold, with no deletion of it remembered, is seen once its
         watch is past that version: a process started (or relisted) after the object was
@@ -320,6 +366,10 @@ class ClusterCache:
                 watched = self._watched(kind, name)
             except KeyError:
                 continue  # not a kind this cache keeps: nothing to wait for
+            if name == ANY_OBJECT:
+                if not self.watched_past(kind, namespace, value):
+                    return False
+                continue
             obj = self._reflector(watched, namespace).get(namespace, name)
             if gone:
                 if obj is not None and meta_of(obj).get("uid") == value:
@@ -417,6 +467,8 @@ class ClusterCache:
                 self._index_holders(event_type, ns, name, obj, old)
             elif watched is ROUTES:
                 self._index_routes(event_type, ns, name, obj, old)
+            elif watched is PODS:
+                self._index_pods(event_type, ns, name, obj, old)
             if watched in POOL_WATCHES:
                 self._index_marks(event_type, ns, watched.kind, name, obj)
                 self._index_traces(event_type, ns, watched.kind, name, obj, old)
@@ -468,6 +520,36 @@ class ClusterCache:
             return
         for service in routes.backends(obj):
             self._routes_to.setdefault((ns, service), set()).add(name)
+
+    def _index_pods(
+        self, event_type: str, ns: str, name: str, obj: Obj, old: Obj | None
+    ) -> None:
+        for o in (old, obj):
+            app = labels_of(o or {}).get(v.LABEL_APP)
+            names = self._pods_by_app.get((ns, app)) if app is not None else None
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self._pods_by_app[(ns, str(app))]
+        app = labels_of(obj).get(v.LABEL_APP)
+        if event_type != DELETED and app:
+            self._pods_by_app.setdefault((ns, app), set()).add(name)
+        for o in (old, obj):
+            split = naming.split_instance_name(deployment_of(o or {}) or "")
+            if split is None:
+                continue
+            by_k = self._pod_states.get((ns, split[1]))
+            pods = by_k.get(split[0]) if by_k is not None else None
+            if by_k is not None and pods is not None:
+                pods.pop(name, None)
+                if not pods:
+                    del by_k[split[0]]
+                    if not by_k:
+                        del self._pod_states[(ns, split[1])]
+        split = naming.split_instance_name(deployment_of(obj) or "")
+        if event_type != DELETED and split is not None:
+            self._pod_states.setdefault((ns, split[1]), {}).setdefault(split[0], {})[name] = (
+                pod_state(obj))
 
     def _index_session(self, event_type: str, ns: str, name: str, obj: Obj) -> None:
         previous = self._sessions.pop((ns, name), None)

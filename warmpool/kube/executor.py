@@ -11,6 +11,7 @@ resourceVersion, only the instance's own Deployment's: `warmpool.pool.pods`), th
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -232,21 +233,54 @@ class Executor:
         annotations[v.ANNOTATION_FENCE] = str(self.guard.fence)
         return {**metadata, "annotations": annotations}
 
-    def _pods(self, app_selector: str) -> list[dict[str, Any]]:
+    def _since(self, action: ResetPods | RefreshPods) -> str | None:
+        """Where the pod and ReplicaSet LISTs of a reset or refresh are answered from
+        (`Kube.list`): the API server's watch cache, never an etcd scan of the namespace.
+
+        A reset asks for a list not older than the newest resourceVersion this plan's own
+        writes left. It follows the release's emptied allow-list (or a guarded write put
+        before it, `decide._guard_reset`): every pod that could have served the previous
+        holder existed when that write was made, so such a list has them all; a pod created
+        later started after access was cut, or by the ReplicaSet after our own deletes.
+        None (an etcd read) only for a plan with no write before its reset, which `decide`
+        makes only where a read from the server came first.
+
+        A refresh takes the watch cache as it is ("0": no wait for it to catch up, on the
+        claim's path). The stamp only asks a pod to re-read the allow-list this plan has
+        just written, which its kubelet does by itself within its sync period: a pod the
+        watch cache does not show yet (made within its lag of milliseconds) only lets its
+        new holder in a little later, and lets no one else in.
+
+        Every write to a listed pod still carries its uid and resourceVersion, so a list
+        older than the pod only costs a 409."""
+        if isinstance(action, RefreshPods):
+            return "0"
+        versions = [int(rv) for rv in self._versions.values() if rv.isdigit()]
+        return str(max(versions)) if versions else None
+
+    def _pods(self, app_selector: str, since: str | None) -> list[dict[str, Any]]:
         pods, _ = self.kube.list("v1", "Pod", self.namespace,
-                                 label_selector=f"{v.LABEL_APP}={app_selector}")
+                                 label_selector=f"{v.LABEL_APP}={app_selector}",
+                                 resource_version=since)
         return pods
+
+    def _replica_sets(self, app_selector: str, since: str | None) -> list[dict[str, Any]]:
+        sets, _ = self.kube.list("apps/v1", "ReplicaSet", self.namespace,
+                                 label_selector=f"{v.LABEL_APP}={app_selector}",
+                                 resource_version=since)
+        return sets
 
     def _own_pods(self, action: ResetPods | RefreshPods) -> list[Mapping[str, Any]]:
         """The pods of the Deployment the decision saw (`warmpool.pool.pods.split_pods`); a
         Warning for each other pod that carries the instance's label. Two LISTs by that
-        label (pods, ReplicaSets), each the size of one instance's pods."""
+        label (pods, ReplicaSets), each the size of one instance's pods, answered by the
+        API server's watch cache (`_since` says how fresh, and why that is enough)."""
         self.guard.ensure_held()  # the lease, checked again right before the pods are read
-        pods = self._pods(action.app_selector)
+        since = self._since(action)
+        pods = self._pods(action.app_selector, since)
         if not pods:
             return []
-        sets, _ = self.kube.list("apps/v1", "ReplicaSet", self.namespace,
-                                 label_selector=f"{v.LABEL_APP}={action.app_selector}")
+        sets = self._replica_sets(action.app_selector, since)
         split = split_pods(pods, sets, action.deployment, action.deployment_uid)
         for pod in split.foreign:
             self._apply(Report("ForeignPod", foreign_pod_message(
@@ -269,13 +303,15 @@ class Executor:
             except Conflict:
                 if attempt + 1 == _POD_ATTEMPTS:
                     raise
-            # Listed again by the label (a LIST, as the first read: no other verb on pods).
-            current = next((p for p in self._pods(action.app_selector)
+            # Listed again by the label (a LIST, as the first read: no other verb on pods),
+            # from etcd: the version that made the listed one stale is unknown, and a watch
+            # cache behind it would hand back the refused version. The rare path (a
+            # kubelet's status write between the list and the write), not the usual one.
+            current = next((p for p in self._pods(action.app_selector, None)
                             if uid_of(p) == uid_of(pod)), None)
             if current is None:
                 return  # gone, or relabelled: not the instance's pod any more
-            sets, _ = self.kube.list("apps/v1", "ReplicaSet", self.namespace,
-                                     label_selector=f"{v.LABEL_APP}={action.app_selector}")
+            sets = self._replica_sets(action.app_selector, self._since(action))
             split = split_pods([current], sets, action.deployment, action.deployment_uid)
             if not split.own:
                 return  # no longer the Deployment's, or already being deleted: leave it
@@ -284,6 +320,10 @@ class Executor:
     def _delete_pod(self, pod: Mapping[str, Any]) -> None:
         self.kube.delete("v1", "Pod", self.namespace, name_of(pod), uid=uid_of(pod),
                          resource_version=resource_version_of(pod))
+        if self.sink is not None:
+            # This process's claims stop counting the pod as warm at once, not when its
+            # deletion's event arrives (another process's cache learns it by its watch).
+            self.sink.deleted("Pod", self.namespace, name_of(pod), uid_of(pod))
 
     def _stamp_pod(self, pod: Mapping[str, Any], now: str) -> None:
         try:
@@ -349,7 +389,10 @@ class Executor:
             if len(wave) == 1:
                 writes += self._apply(wave[0])
                 continue
-            futures = [_FAN_OUT.submit(self._apply, action) for action in wave]
+            # Each in a copy of this thread's context: its log lines name the job's key
+            # and fence (warmpool.logs.job_context) as the plan's other lines do.
+            futures = [_FAN_OUT.submit(contextvars.copy_context().run, self._apply, action)
+                       for action in wave]
             failure: BaseException | None = None
             for future in futures:
                 try:
@@ -361,127 +404,167 @@ class Executor:
         return writes
 
     def _apply(self, action: Action) -> int:
-        ns = self.namespace
+        """Send one action; how many objects it wrote (a probe or an event: none)."""
         match action:
-            case Create(part=part, body=body):
-                # Safe on a stale read: the server refuses a create whose name exists (409).
-                try:
-                    created = self.kube.create({**body,
-                                                "metadata": self._fenced(body["metadata"])})
-                except KubeError as exc:
-                    if part is Part.ROUTE:
-                        raise RouteWriteFailed(exc.status, str(exc)) from exc
-                    raise
-                self._wrote(part.kind, created)
-                log.info("created %s %s", part.kind, name_of(body))
-            case Patch(part=part, name=name, resource_version=rv, patch=patch, why=why):
-                # The shared Ingress is not the instance's: it gets no fence (a fence is one
-                # instance's lease, and the Ingress is every instance's and Helm's).
-                body = patch if part is Part.INGRESS else {
-                    **patch, "metadata": self._fenced(patch.get("metadata", {}))}
-                # Safe on a stale read: the resourceVersion we decided on is the precondition.
-                try:
-                    patched = self.kube.merge_patch(
-                        part.api_version, part.kind, ns, name, body,
-                        resource_version=self._versions.get((part.kind, name), rv))
-                except KubeError as exc:
-                    if exc.status == 404:
-                        raise Conflict(f"{part.kind} {name} vanished") from exc
-                    if part in (Part.ROUTE, Part.INGRESS):
-                        raise RouteWriteFailed(exc.status, str(exc)) from exc
-                    raise
-                self._wrote(part.kind, patched)
-                log.info("patched %s %s (%s)", part.kind, name, why)
-            case Delete(part=part, name=name, uid=uid, resource_version=rv, why=why):
-                # Safe on a stale read: uid and resourceVersion are both preconditions.
-                self.kube.delete(part.api_version, part.kind, ns, name, uid=uid,
-                                 resource_version=self._versions.get((part.kind, name), rv))
-                self._deleted(part.kind, name, uid)
-                log.info("deleted %s %s (%s)", part.kind, name, why)
-            case ResetPods(app_selector=selector, deployment=deployment):
-                # Safe on a stale read: only the pods of the Deployment the decision saw
-                # (`_own_pods`: the ownership chain, uid by uid, and the pod-template-hash),
-                # so a foreign pod with the label, or one of a Deployment re-created since, is
-                # never deleted; each delete carries the listed pod's uid and
-                # resourceVersion, so a pod created after the listing, or changed since, is
-                # not touched unchecked (`_on_own_pod`). A plan always has a guarded write
-                # before its reset (`decide`'s `_guard_reset`, or a read from the server
-                # where nothing can guard), so a reset decided on a stale read is stopped by
-                # that write's 409 first, and the lease is checked right before the listing.
-                pods = self._own_pods(action)
-                for pod in pods:
-                    self._on_own_pod(action, pod, self._delete_pod)
-                self.reset.add(selector)
-                log.info("reset %d pod(s) of %s", len(pods), deployment or selector)
-                return len(pods)
-            case RefreshPods(app_selector=selector):
-                # Safe on a stale read: the annotation only asks the pod to re-read its
-                # mounted allow-list, which a guarded write of this plan has just set (on a
-                # stale plan that write was refused and this is never reached); and only the
-                # Deployment's own pods are stamped, each at the version listed.
-                now = datetime.now(UTC).isoformat()
-                pods = self._own_pods(action)
-                for pod in pods:
-                    self._on_own_pod(action, pod, functools.partial(self._stamp_pod, now=now))
-                return len(pods)
-            case AnnotateSession(session=name, annotations=annotations, resource_version=rv):
-                # Safe on a stale read: the Session's resourceVersion is the precondition (a
-                # Session changed since, or re-created under the same name, gets a 409).
-                # `patch`: a dict[str, Any], as bound by the Patch case above
-                patch = {"metadata": {"annotations": annotations}}
-                try:
-                    annotated = self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns,
-                                                      name, patch, resource_version=rv or None)
-                except KubeError as exc:
-                    # A Session deleted during its claim: its instance is released by the
-                    # next reconcile of that instance, which its deletion queues.
-                    if exc.status != 404:
-                        raise
-                    log.info("Session %s went away before its annotation", name)
-                    return 0
-                if rv:
-                    self._wrote(v.SESSION_KIND, annotated)
-                elif self.sink is not None:
-                    self.sink.wrote(annotated)
-                log.info("annotated Session %s with %s", name, annotations)
-            case SetSessionStatus(session=name, status=status, uid=uid, first=first,
-                                  resource_version=rv):
-                # Safe on a stale read: it tests the Session's uid (a Session re-created under
-                # the name since must not be told it holds its predecessor's instance) and
-                # the resourceVersion the decision read (or the one this plan's own write of
-                # the Session left): a Session changed since gets a Conflict, and the caller
-                # reads it again and decides again; a stale claim cannot write HANDLING or
-                # ERROR over HANDLED.
-                try:
-                    updated = self._set_status(
-                        name, status, uid, first,
-                        self._versions.get((v.SESSION_KIND, name), rv) if rv else "")
-                except KubeError as exc:
-                    if exc.status == 422 and uid:
-                        log.info("Session %s was re-created: its status is not ours to write",
-                                 name)
-                        return 0
-                    if exc.status != 404:  # a Session deleted meanwhile needs no status
-                        raise
-                else:
-                    if rv and resource_version_of(updated):
-                        self._versions[(v.SESSION_KIND, name)] = resource_version_of(updated)
-                    if self.sink is not None:
-                        self.sink.wrote(updated)
-                if "operatorStatus" in status:
-                    log.info("Session %s is %s: %s", name, status["operatorStatus"],
-                             status.get("operatorMessage"))
-                else:
-                    log.info("Session %s: status %s written", name, ", ".join(sorted(status)))
+            case Create():
+                return self._create(action)
+            case Patch():
+                return self._patch(action)
+            case Delete():
+                return self._delete(action)
+            case ResetPods():
+                return self._reset_pods(action)
+            case RefreshPods():
+                return self._refresh_pods(action)
+            case AnnotateSession():
+                return self._annotate_session(action)
+            case SetSessionStatus():
+                return self._set_session_status(action)
             case ProbeUrl(target=target):
                 # Not a write: the probe writes status.url later, uid-tested, and only while
                 # the Session still holds the instance (warmpool.controller.availability).
                 if self.prober is not None:
                     self.prober.submit(target)
                 return 0
-            case Report(reason=reason, message=message, warning=warning, regarding=regarding):
-                log.warning("%s: %s", reason, message)
-                self.kube.event(ns, regarding or {"kind": "Namespace", "name": ns}, reason,
-                                message, warning=warning)
-                return 0
+            case Report():
+                return self._report(action)
         return 1
+
+    def _create(self, action: Create) -> int:
+        part, body = action.part, action.body
+        # Safe on a stale read: the server refuses a create whose name exists (409).
+        try:
+            created = self.kube.create({**body, "metadata": self._fenced(body["metadata"])})
+        except KubeError as exc:
+            if part is Part.ROUTE:
+                raise RouteWriteFailed(exc.status, str(exc)) from exc
+            raise
+        self._wrote(part.kind, created)
+        log.info("created %s %s", part.kind, name_of(body))
+        return 1
+
+    def _patch(self, action: Patch) -> int:
+        part, name, patch = action.part, action.name, action.patch
+        # The shared Ingress is not the instance's: it gets no fence (a fence is one
+        # instance's lease, and the Ingress is every instance's and Helm's).
+        body = patch if part is Part.INGRESS else {
+            **patch, "metadata": self._fenced(patch.get("metadata", {}))}
+        # Safe on a stale read: the resourceVersion we decided on is the precondition.
+        try:
+            patched = self.kube.merge_patch(
+                part.api_version, part.kind, self.namespace, name, body,
+                resource_version=self._versions.get((part.kind, name),
+                                                    action.resource_version))
+        except KubeError as exc:
+            if exc.status == 404:
+                raise Conflict(f"{part.kind} {name} vanished") from exc
+            if part in (Part.ROUTE, Part.INGRESS):
+                raise RouteWriteFailed(exc.status, str(exc)) from exc
+            raise
+        self._wrote(part.kind, patched)
+        log.info("patched %s %s (%s)", part.kind, name, action.why)
+        return 1
+
+    def _delete(self, action: Delete) -> int:
+        part, name, uid = action.part, action.name, action.uid
+        # Safe on a stale read: uid and resourceVersion are both preconditions.
+        self.kube.delete(part.api_version, part.kind, self.namespace, name, uid=uid,
+                         resource_version=self._versions.get((part.kind, name),
+                                                             action.resource_version))
+        self._deleted(part.kind, name, uid)
+        log.info("deleted %s %s (%s)", part.kind, name, action.why)
+        return 1
+
+    def _reset_pods(self, action: ResetPods) -> int:
+        # Safe on a stale read: only the pods of the Deployment the decision saw
+        # (`_own_pods`: the ownership chain, uid by uid, and the pod-template-hash),
+        # so a foreign pod with the label, or one of a Deployment re-created since, is
+        # never deleted; each delete carries the listed pod's uid and
+        # resourceVersion, so a pod created after the listing, or changed since, is
+        # not touched unchecked (`_on_own_pod`). A plan always has a guarded write
+        # before its reset (`decide`'s `_guard_reset`, or a read from the server
+        # where nothing can guard), so a reset decided on a stale read is stopped by
+        # that write's 409 first, and the lease is checked right before the listing.
+        pods = self._own_pods(action)
+        for pod in pods:
+            self._on_own_pod(action, pod, self._delete_pod)
+        self.reset.add(action.app_selector)
+        log.info("reset %d pod(s) of %s", len(pods), action.deployment or action.app_selector)
+        return len(pods)
+
+    def _refresh_pods(self, action: RefreshPods) -> int:
+        # Safe on a stale read: the annotation only asks the pod to re-read its
+        # mounted allow-list, which a guarded write of this plan has just set (on a
+        # stale plan that write was refused and this is never reached); and only the
+        # Deployment's own pods are stamped, each at the version listed.
+        now = datetime.now(UTC).isoformat()
+        pods = self._own_pods(action)
+        for pod in pods:
+            self._on_own_pod(action, pod, functools.partial(self._stamp_pod, now=now))
+        return len(pods)
+
+    def _annotate_session(self, action: AnnotateSession) -> int:
+        name, annotations, rv = action.session, action.annotations, action.resource_version
+        # Safe on a stale read: the Session's resourceVersion is the precondition (a
+        # Session changed since, or re-created under the same name, gets a 409).
+        patch = {"metadata": {"annotations": annotations}}
+        try:
+            annotated = self.kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND,
+                                              self.namespace, name, patch,
+                                              resource_version=rv or None)
+        except KubeError as exc:
+            # A Session deleted during its claim: its instance is released by the
+            # next reconcile of that instance, which its deletion queues.
+            if exc.status != 404:
+                raise
+            log.info("Session %s went away before its annotation", name)
+            return 0
+        if rv:
+            self._wrote(v.SESSION_KIND, annotated)
+        elif self.sink is not None:
+            self.sink.wrote(annotated)
+        log.info("annotated Session %s with %s", name, annotations)
+        return 1
+
+    def _set_session_status(self, action: SetSessionStatus) -> int:
+        name, status, uid, rv = action.session, action.status, action.uid, action.resource_version
+        # Safe on a stale read: it tests the Session's uid (a Session re-created under
+        # the name since must not be told it holds its predecessor's instance) and
+        # the resourceVersion the decision read (or the one this plan's own write of
+        # the Session left): a Session changed since gets a Conflict, and the caller
+        # reads it again and decides again; a stale claim cannot write HANDLING or
+        # ERROR over HANDLED.
+        try:
+            updated = self._set_status(
+                name, status, uid, action.first,
+                self._versions.get((v.SESSION_KIND, name), rv) if rv else "")
+        except KubeError as exc:
+            if exc.status == 422 and uid:
+                log.info("Session %s was re-created: its status is not ours to write", name)
+                return 0
+            if exc.status != 404:  # a Session deleted meanwhile needs no status
+                raise
+        else:
+            if rv and resource_version_of(updated):
+                self._versions[(v.SESSION_KIND, name)] = resource_version_of(updated)
+            if self.sink is not None:
+                self.sink.wrote(updated)
+        if "operatorStatus" in status:
+            log.info("Session %s is %s: %s", name, status["operatorStatus"],
+                     status.get("operatorMessage"))
+        else:
+            log.info("Session %s: status %s written", name, ", ".join(sorted(status)))
+        return 1
+
+    def _report(self, action: Report) -> int:
+        regarding, warning = action.regarding, action.warning
+        # A Warning is something a person must look at; a Normal event (a claim, a
+        # release) is the record of work done, logged at INFO with the Session's uid.
+        session_uid = (regarding.get("uid") if regarding.get("kind") == v.SESSION_KIND
+                       else None)
+        log.log(logging.WARNING if warning else logging.INFO, "%s: %s", action.reason,
+                action.message, extra={"session_uid": session_uid} if session_uid else None)
+        ns = self.namespace
+        self.kube.event(ns, regarding or {"kind": "Namespace", "name": ns}, action.reason,
+                        action.message, warning=warning)
+        return 0

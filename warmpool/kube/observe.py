@@ -32,8 +32,13 @@ def read_session(kube: Kube, namespace: str, name: str) -> Session | None:
     return None if obj is None else parse_session(obj)
 
 
-def list_sessions(kube: Kube, namespace: str, appdef_name: str | None = None) -> list[Session]:
-    items, _ = kube.list(v.SESSION_API_VERSION, v.SESSION_KIND, namespace)
+def list_sessions(
+    kube: Kube, namespace: str, appdef_name: str | None = None, *, since: str | None = None,
+) -> list[Session]:
+    """The namespace's Sessions (of `appdef_name`, when given); `since`: from the API
+    server's watch cache, not older than that resourceVersion (None: etcd, `Kube.list`)."""
+    items, _ = kube.list(v.SESSION_API_VERSION, v.SESSION_KIND, namespace,
+                         resource_version=since)
     sessions = [parse_session(o) for o in items]
     return [s for s in sessions if appdef_name is None or s.appdef == appdef_name]
 
@@ -138,6 +143,30 @@ def list_pool_objects(kube: Kube, namespace: str) -> list[dict[str, Any]]:
             item.setdefault("apiVersion", api_version)
             out.append(item)
     return out
+
+
+def referencing(kube: Kube, namespace: str, uid: str) -> frozenset[int]:
+    """Ids of the instances whose external Service references the Session with `uid`, from
+    the server (one LIST of the pool's Services): where a cache's answer would decide a
+    release that nothing on the server guards."""
+    items, _ = kube.list("v1", "Service", namespace, label_selector=POOL_SELECTOR)
+    found: set[int] = set()
+    for svc in items:
+        svc.setdefault("kind", "Service")
+        k = naming.instance_id_from_name(meta_of(svc).get("name", ""))
+        if (k is not None and classify(svc) is Part.EXTERNAL_SERVICE
+                and any(is_session_ref(r) and r.get("uid") == uid for r in refs(svc))):
+            found.add(k)
+    return frozenset(found)
+
+
+def list_pool_pods(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    """The pool's pods (their template carries the generation label), for a reader without
+    a cache: which instances are warm. From etcd, like every read of such a reader."""
+    items, _ = kube.list("v1", "Pod", namespace, label_selector=POOL_SELECTOR)
+    for item in items:
+        item.setdefault("kind", "Pod")
+    return items
 
 
 def group_pool(

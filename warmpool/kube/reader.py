@@ -19,7 +19,7 @@ directly and, for the cache, keeps what it read.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import PoolFacts, pool_facts
 from warmpool.pool.emails import same_user
 from warmpool.pool.grammar import is_object_name
+from warmpool.pool.health import PoolHealth, pool_health
 from warmpool.pool.instances import InstanceView, is_appdef_ref, is_session_ref, refs
 from warmpool.pool.meta import name_of, uid_of
 from warmpool.pool.model import (
@@ -42,6 +43,8 @@ from warmpool.pool.model import (
     parse_session,
 )
 from warmpool.pool.parts import PARTS, Part
+from warmpool.pool.pods import Warmth, warmth_by_instance
+from warmpool.pool.pods import warmth as pod_warmth
 from warmpool.pool.schedule import scheduled
 from warmpool.pool.validate import validate_appdefinition
 
@@ -50,15 +53,34 @@ Obj = dict[str, Any]
 Clock = Callable[[], datetime]
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
+def cluster_time(server_clock: ApiServerClock) -> Clock:
+    """The schedules' clock on the API server's (issue #29): a pool's target and its next
+    change are read at the cluster's time, never at this host's, so a worker whose wall clock
+    is off grows or shrinks the pool when every other worker does."""
+    return lambda: datetime.fromtimestamp(server_clock.now(), UTC)
 
 
 class Reader(Protocol):
-    def appdef(self, namespace: str, name: str, *, fresh: bool = False
-               ) -> AppDefinition | Invalid | None:
+    def appdef(self, namespace: str, name: str, *, fresh: bool = False,
+               as_specified: bool = False) -> AppDefinition | Invalid | None:
         """An AppDefinition by name, its min_instances the pool's target now (its schedules
-        applied); `fresh`: straight from the API server."""
+        applied); `fresh`: straight from the API server; `as_specified`: its min_instances
+        spec.minInstances, no schedule applied (what the schedule's own arithmetic starts
+        from)."""
+        ...
+
+    def schedules(self, namespace: str) -> list[Obj]:
+        """The PoolSchedule objects of `namespace`, their status included."""
+        ...
+
+    def object(self, kind: str, namespace: str, name: str) -> Obj | None:
+        """An AppDefinition or a Session as read (a cache's copy is stripped to metadata,
+        spec and status), for jobs that read fields the model does not keep as written (a
+        Session's status.lastActivity); None if it does not exist."""
+        ...
+
+    def now(self) -> datetime:
+        """The time the schedules are read at: the API server's clock (aware, UTC)."""
         ...
 
     def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
@@ -130,8 +152,15 @@ class Reader(Protocol):
         view of the whole pool, without its objects)."""
         ...
 
-    def referencing(self, namespace: str, appdef_name: str, session: Session) -> frozenset[int]:
-        """Ids of the instances whose external Service references `session` (its claims)."""
+    def referencing(self, namespace: str, appdef_name: str, session: Session, *,
+                    fresh: bool = False) -> frozenset[int]:
+        """Ids of the instances whose external Service references `session` (its claims);
+        `fresh`: straight from the API server."""
+        ...
+
+    def pool_health(self, namespace: str, appdef: AppDefinition) -> PoolHealth | None:
+        """How many of the pool's instances have a Ready pod, one starting, one that cannot
+        start (`warmpool.pool.health`); None where the reader does not know the pods."""
         ...
 
     def pool(
@@ -139,6 +168,11 @@ class Reader(Protocol):
         sessions: Sequence[Session],
     ) -> dict[int, InstanceView]:
         """Every instance of the pool that has any object (a scan: resyncs, status)."""
+        ...
+
+    def pool_objects(self, namespace: str) -> list[Obj]:
+        """Every pool object of the namespace, whatever owns it, its kind filled in (a scan:
+        the sweep of objects nothing owns, `warmpool.controller.orphans`)."""
         ...
 
     def proxy_template(self, namespace: str) -> str | None: ...
@@ -169,22 +203,22 @@ class LiveReader:
     """Every read is a request to the API server (always current, cost grows with the pool)."""
 
     def __init__(self, kube: Kube, *, max_instances_ceiling: int = MAX_INSTANCES_CEILING,
-                 routes: bool = False, clock: Clock = utc_now,
+                 routes: bool = False, clock: Clock | None = None,
                  server_clock: ApiServerClock | None = None) -> None:
         self.kube = kube
         self.max_instances_ceiling = max_instances_ceiling
-        self.clock = clock
         # One per process where readers are made per job (workers/handlers.py), so that the
         # server's time is asked at most once a minute, not once a job.
         self.server_clock = server_clock or ApiServerClock(kube, max_age=60.0)
+        self.clock = clock or cluster_time(self.server_clock)
         # Whether Session routes are in use: instance views then carry theirs.
         self.routes = routes
 
     def server_now_ms(self) -> int:
         return int(self.server_clock.now() * 1000)
 
-    def appdef(self, namespace: str, name: str, *, fresh: bool = False
-               ) -> AppDefinition | Invalid | None:
+    def appdef(self, namespace: str, name: str, *, fresh: bool = False,
+               as_specified: bool = False) -> AppDefinition | Invalid | None:
         obj = self.kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace, name)
         if obj is None:
             return None
@@ -192,9 +226,20 @@ class LiveReader:
         others, _ = self.kube.list(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace)
         parsed = validate_appdefinition(obj, others,
                                         max_instances_ceiling=self.max_instances_ceiling)
-        if isinstance(parsed, Invalid):
+        if isinstance(parsed, Invalid) or as_specified:
             return parsed
-        return scheduled(parsed, observe.list_schedules(self.kube, namespace), self.clock())
+        schedules = self.schedules(namespace)
+        # No schedule, no need of the time (which may cost a request).
+        return scheduled(parsed, schedules, self.clock()) if schedules else parsed
+
+    def schedules(self, namespace: str) -> list[Obj]:
+        return observe.list_schedules(self.kube, namespace)
+
+    def object(self, kind: str, namespace: str, name: str) -> Obj | None:
+        return self.kube.get(*_api_of(kind), namespace, name)
+
+    def now(self) -> datetime:
+        return self.clock()
 
     def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
         return observe.read_session(self.kube, namespace, name)
@@ -225,6 +270,8 @@ class LiveReader:
         sessions: Sequence[Session], *, fresh: bool = False,
     ) -> InstanceView:
         if appdef is not None:
+            # Its warmth unknown (None): the pods are listed for a claim's choice only
+            # (`pool_facts`), not for every instance read.
             view = observe.observe_instance(self.kube, appdef, k)
             if not self.routes:
                 return view
@@ -239,27 +286,47 @@ class LiveReader:
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
         ids: Iterable[int], sessions: Sequence[Session],
     ) -> dict[int, InstanceView]:
-        wanted = set(ids)
-        pool = observe.observe_pool(self.kube, namespace, appdef_name, appdef, sessions)
-        return {k: view for k, view in pool.items() if k in wanted}
+        if appdef is None:
+            wanted = set(ids)
+            pool = observe.observe_pool(self.kube, namespace, appdef_name, None, sessions)
+            return {k: view for k, view in pool.items() if k in wanted}
+        # Each by `instance`, as the cached reader does, so both give the same views (the
+        # routes too: tests/integration/test_reader_agreement.py).
+        views = {k: self.instance(namespace, appdef_name, appdef, k, sessions) for k in ids}
+        return {k: view for k, view in views.items() if view.existing()}
 
     def pool_facts(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
         sessions: Sequence[Session],
     ) -> PoolFacts:
-        return pool_facts(self.pool(namespace, appdef_name, appdef, sessions))
+        facts = pool_facts(self.pool(namespace, appdef_name, appdef, sessions))
+        if appdef is None:
+            return facts
+        return with_warmth(facts, appdef, self._pod_warmth(namespace, appdef))
 
-    def referencing(self, namespace: str, appdef_name: str, session: Session) -> frozenset[int]:
-        pool = observe.observe_pool(self.kube, namespace, appdef_name, None, [session])
-        return frozenset(k for k, view in pool.items()
-                         if any(r.get("uid") == session.uid
-                                for r in refs(view.get(Part.EXTERNAL_SERVICE))))
+    def _pod_warmth(self, namespace: str, appdef: AppDefinition) -> dict[int, tuple[str, str]]:
+        """Each instance's warmth from the pool's pods, listed (no cache to keep them)."""
+        return warmth_by_instance(observe.list_pool_pods(self.kube, namespace),
+                                  _name_rests(appdef, Part.DEPLOYMENT))
+
+    def referencing(self, namespace: str, appdef_name: str, session: Session, *,
+                    fresh: bool = False) -> frozenset[int]:
+        return observe.referencing(self.kube, namespace, session.uid)
 
     def pool(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
         sessions: Sequence[Session],
     ) -> dict[int, InstanceView]:
         return observe.observe_pool(self.kube, namespace, appdef_name, appdef, sessions)
+
+    def pool_objects(self, namespace: str) -> list[Obj]:
+        return observe.list_pool_objects(self.kube, namespace)
+
+    def pool_health(self, namespace: str, appdef: AppDefinition) -> PoolHealth | None:
+        # Not read: asked before each missing instance is made, it would cost this reader
+        # the whole pool and its pods each time (a pool built one instance at a time, by
+        # tools and the sequential driver, which make what is missing).
+        return None
 
     def proxy_template(self, namespace: str) -> str | None:
         return observe.proxy_template(self.kube, namespace)
@@ -281,12 +348,36 @@ class LiveReader:
         return None
 
 
-def _labelled_services(kube: Kube, namespace: str, session_uid: str) -> list[Obj]:
+def _api_of(kind: str) -> tuple[str, str]:
+    """(apiVersion, kind) of the kinds `Reader.object` reads."""
+    versions = {v.APPDEF_KIND: v.APPDEF_API_VERSION, v.SESSION_KIND: v.SESSION_API_VERSION}
+    if kind not in versions:
+        raise ValueError(f"Reader.object reads AppDefinitions and Sessions, not {kind}")
+    return versions[kind], kind
+
+
+def with_warmth(
+    facts: PoolFacts, appdef: AppDefinition, states: Mapping[int, tuple[str, str]]
+) -> PoolFacts:
+    """`facts` with which of its free ids are warm and which failing (`PoolFacts.warm`),
+    from each instance's (`Warmth`, reason); an id without a pod is starting."""
+    free = {k for k in facts.clean if k <= appdef.min_instances}
+    return dataclasses.replace(
+        facts,
+        warm=frozenset(k for k in free if states.get(k, ("", ""))[0] == Warmth.WARM),
+        failing=frozenset(k for k in free if states.get(k, ("", ""))[0] == Warmth.FAILING))
+
+
+def _labelled_services(
+    kube: Kube, namespace: str, session_uid: str, *, since: str | None = None
+) -> list[Obj]:
     """The Services of `namespace` labelled with the Session uid (a claim's deciding write
-    sets the label with the owner reference, in one patch)."""
+    sets the label with the owner reference, in one patch); `since`: from the API server's
+    watch cache, not older than that revision (None: from etcd, `Kube.list`)."""
     service = Part.EXTERNAL_SERVICE
     items, _ = kube.list(service.api_version, service.kind, namespace,
-                         label_selector=f"{v.LABEL_SESSION_UUID}={session_uid}")
+                         label_selector=f"{v.LABEL_SESSION_UUID}={session_uid}",
+                         resource_version=since)
     for item in items:
         item.setdefault("kind", service.kind)
         item.setdefault("apiVersion", service.api_version)
@@ -343,20 +434,20 @@ class CachedReader:
 
     def __init__(self, cache: ClusterCache, kube: Kube, *,
                  max_instances_ceiling: int = MAX_INSTANCES_CEILING,
-                 clock: Clock = utc_now, server_clock: ApiServerClock | None = None) -> None:
+                 clock: Clock | None = None, server_clock: ApiServerClock | None = None) -> None:
         self.cache = cache
         self.kube = kube
         self.max_instances_ceiling = max_instances_ceiling
-        self.clock = clock
         # One per process where readers are made per job (workers/handlers.py), so that the
         # server's time is asked at most once a minute, not once a job.
         self.server_clock = server_clock or ApiServerClock(kube, max_age=60.0)
+        self.clock = clock or cluster_time(self.server_clock)
 
     def server_now_ms(self) -> int:
         return int(self.server_clock.now() * 1000)
 
-    def appdef(self, namespace: str, name: str, *, fresh: bool = False
-               ) -> AppDefinition | Invalid | None:
+    def appdef(self, namespace: str, name: str, *, fresh: bool = False,
+               as_specified: bool = False) -> AppDefinition | Invalid | None:
         if fresh:
             cached = self.cache.get(v.APPDEF_KIND, namespace, name)
             obj = self.kube.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, namespace, name)
@@ -367,7 +458,7 @@ class CachedReader:
                 return None
             obj.setdefault("kind", v.APPDEF_KIND)
             self.cache.offer(obj)
-            return self._judged(obj, namespace)
+            return self._judged(obj, namespace, as_specified)
         obj = self.cache.get(v.APPDEF_KIND, namespace, name)
         if obj is None:
             if self.cache.deleted(v.APPDEF_KIND, namespace, name):
@@ -377,17 +468,36 @@ class CachedReader:
                 return None
             obj.setdefault("kind", v.APPDEF_KIND)
             self.cache.offer(obj)
-        return self._judged(obj, namespace)
+        return self._judged(obj, namespace, as_specified)
 
-    def _judged(self, obj: Obj, namespace: str) -> AppDefinition | Invalid:
+    def schedules(self, namespace: str) -> list[Obj]:
+        return self.cache.schedules(namespace)
+
+    def object(self, kind: str, namespace: str, name: str) -> Obj | None:
+        cached = self.cache.get(kind, namespace, name)
+        if cached is not None or self.cache.deleted(kind, namespace, name):
+            return cached
+        obj = self.kube.get(*_api_of(kind), namespace, name)  # not seen yet: ask once
+        if obj is not None:
+            obj.setdefault("kind", kind)
+            self.cache.offer(obj)
+        return obj
+
+    def now(self) -> datetime:
+        return self.clock()
+
+    def _judged(self, obj: Obj, namespace: str, as_specified: bool = False
+                ) -> AppDefinition | Invalid:
         """Validated with its namespace, then with its PoolSchedules applied (a schedule
         is read from the cache: one created a moment ago counts once its event arrived,
         which queues the pool again)."""
         parsed = validate_appdefinition(obj, self.cache.appdefs(namespace),
                                         max_instances_ceiling=self.max_instances_ceiling)
-        if isinstance(parsed, Invalid):
+        if isinstance(parsed, Invalid) or as_specified:
             return parsed
-        return scheduled(parsed, self.cache.schedules(namespace), self.clock())
+        schedules = self.cache.schedules(namespace)
+        # No schedule, no need of the time (which may cost a request).
+        return scheduled(parsed, schedules, self.clock()) if schedules else parsed
 
     def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
         cached = self.cache.session(namespace, name)
@@ -420,6 +530,9 @@ class CachedReader:
                           and (obj := self.cache.get(kind, ns, name)) is not None], session_uid)
 
     def claimed_on_server(self, namespace: str, session_uid: str) -> list[tuple[str, int]]:
+        # From etcd (a consistent LIST): asked only where a deciding write this cache has
+        # not seen may exist (a claim retried after a failure or a crash, `reconcile._claim`;
+        # a route or a rival under sessionsPerUser, rare), never on a claim's usual path.
         services = _labelled_services(self.kube, namespace, session_uid)
         for svc in services:
             self.cache.offer(svc)
@@ -437,7 +550,9 @@ class CachedReader:
             return self.cache.sessions_of_user(namespace, user)
         # Not offered to the cache: a LIST is one snapshot, and a Session the cache saw
         # deleted since must not come back from it. The caller decides on this answer.
-        return _of_user(observe.list_sessions(self.kube, namespace), user)
+        # At `version`, from the API server's watch cache: not older than it, which is the
+        # whole promise (every Session the server had at `version`), without an etcd scan.
+        return _of_user(observe.list_sessions(self.kube, namespace, since=version), user)
 
     def instance(
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None, k: int,
@@ -458,9 +573,10 @@ class CachedReader:
             return view
         cached = InstanceView(k, {
             part: self.cache.get(part.kind, namespace, builders.object_name(appdef, part, k))
-            for part in PARTS})
+            for part in PARTS}, warmth=self.warmth(namespace, appdef, k)[0])
         if fresh:
-            view = observe.observe_instance(self.kube, appdef, k)
+            view = dataclasses.replace(observe.observe_instance(self.kube, appdef, k),
+                                       warmth=cached.warmth)
             self._offer_view(namespace, view, cached)
             return self._with_routes(namespace, appdef, view, cached, fresh=True)
         return self._with_routes(namespace, appdef, cached, cached, fresh=False)
@@ -533,10 +649,32 @@ class CachedReader:
                 split = naming.split_instance_name(name)
                 if ns == namespace and split is not None and split[1] == ext:
                     held.setdefault(s.uid, set()).add(split[0])
-        return PoolFacts(existing, clean, frozenset(held),
-                         frozenset().union(*held.values()))
+        # Which free instances are warm, from the cache's index of pods by Deployment (one
+        # pass over the pool's instances with a pod, no name computed per id). A pod that
+        # the cache saw Ready a moment after it was reset counts as warm until its
+        # deletion's event arrives (milliseconds; this process's own resets are dropped at
+        # once, the executor's sink): then the claim merely waits for the replacement.
+        return with_warmth(
+            PoolFacts(existing, clean, frozenset(held), frozenset().union(*held.values())),
+            appdef, self.cache.pod_warmth(namespace, _name_rests(appdef, Part.DEPLOYMENT)))
 
-    def referencing(self, namespace: str, appdef_name: str, session: Session) -> frozenset[int]:
+    def pool_health(self, namespace: str, appdef: AppDefinition) -> PoolHealth | None:
+        # Every instance with a Deployment, from the cache's indexes: no request.
+        rests = _name_rests(appdef, Part.DEPLOYMENT)
+        ids = self.cache.instance_marks(namespace, Part.DEPLOYMENT.kind, rests)
+        states = self.cache.pod_warmth(namespace, rests)
+        return pool_health(states.get(k, (Warmth.STARTING, "")) for k in sorted(ids))
+
+    def warmth(self, namespace: str, appdef: AppDefinition, k: int) -> tuple[str, str]:
+        """(`Warmth`, failure reason) of instance k, from the cached pods."""
+        return pod_warmth(
+            self.cache.pods_of(namespace, naming.app_selector(appdef.spec_name, k)),
+            builders.object_name(appdef, Part.DEPLOYMENT, k))
+
+    def referencing(self, namespace: str, appdef_name: str, session: Session, *,
+                    fresh: bool = False) -> frozenset[int]:
+        if fresh:
+            return observe.referencing(self.kube, namespace, session.uid)
         return frozenset(k for ns, name in self.cache.referenced_by(session.uid)
                          if ns == namespace
                          and (k := naming.instance_id_from_name(name)) is not None)
@@ -547,6 +685,9 @@ class CachedReader:
     ) -> dict[int, InstanceView]:
         return observe.group_pool(self.cache.pool_objects(namespace), appdef_name, appdef,
                                   sessions)
+
+    def pool_objects(self, namespace: str) -> list[Obj]:
+        return self.cache.pool_objects(namespace)
 
     def proxy_template(self, namespace: str) -> str | None:
         cm = self.cache.get("ConfigMap", namespace, v.NAMESPACE_PROXY_TEMPLATE)

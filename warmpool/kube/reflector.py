@@ -54,7 +54,11 @@ CacheKey = tuple[str, str]
 
 @dataclass(frozen=True, slots=True)
 class Watched:
-    """What to watch: a kind, its apiVersion, and an optional label selector."""
+    """What to watch: a kind, its apiVersion, and an optional label selector.
+
+    For Theia Cloud's AppDefinition and Session the apiVersion names the kind's group; the
+    version listed and watched is the cluster's (`Kube.served_api_version`), and the items
+    come with it (`Kube.list_pages`)."""
 
     kind: str
     api_version: str
@@ -104,6 +108,11 @@ def rv_int(obj: dict[str, Any] | None) -> int:
     raw = resource_version_of(obj)
     return int(raw) if raw and raw.isdigit() else 0
 
+
+#: A watch open at least this long (or that brought events) before it failed worked: its end
+#: is not counted towards the backoff (client-go calls a shorter one without events a "very
+#: short watch", an error).
+WORKING_WATCH_SECONDS = 1.0
 
 @dataclass
 class ReflectorStats:
@@ -231,6 +240,7 @@ class Reflector:
             self._wait_for_go()
             if stop.is_set():
                 break
+            began, events_before = time.monotonic(), self.stats.events
             try:
                 if self._need_list:
                     self.list_and_sync()
@@ -239,6 +249,16 @@ class Reflector:
             except Exception as exc:
                 if stop.is_set():
                     break
+                if self._worked_then_cut(began, events_before):
+                    # A watch that brought events, or stayed open a while, and was then cut:
+                    # the server answers, so watch again after the first step of the backoff,
+                    # not after the doubled delay of earlier failures. Otherwise a flapping
+                    # link leaves the backoff at its 30 s cap, and once the link is healthy
+                    # again the cache still misses every event for up to 30 s (the chaos
+                    # long tier, seed 26: a held instance's deleted Service was seen only
+                    # by the next resync, 25 s later). client-go's "very short watch" rule
+                    # (under 1 s, no events) still decides what counts as a failure.
+                    self.backoff.reset()
                 if is_gone(exc):
                     # The resourceVersion is compacted away: list again, at once.
                     log.info("%s: watch from %s is gone (%s); relisting",
@@ -255,6 +275,10 @@ class Reflector:
                 log.warning("%s: %s; retrying in %.1fs from resourceVersion %s",
                             self.name, self.stats.last_error, delay, self.last_rv)
                 stop.wait(delay)
+
+    def _worked_then_cut(self, began: float, events_before: int) -> bool:
+        return (self.stats.events > events_before
+                or time.monotonic() - began >= WORKING_WATCH_SECONDS)
 
     def _wait_for_go(self) -> None:
         if self._go.is_set():

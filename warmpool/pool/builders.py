@@ -10,7 +10,7 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 from warmpool.pool import naming, proxy
@@ -30,6 +30,15 @@ ROUTES_SETTING = "WARMPOOL_ROUTES"
 #: rule on the shared Ingress (§4, upstream Theia Cloud), or not at all (a cluster without
 #: either: `url` is still written, nothing routes to it).
 ROUTE_MODES = ("httproute", "ingress", "none")
+SERVICE_URL_SETTING = "WARMPOOL_SERVICE_URL"
+SERVICE_AUTH_TOKEN_SETTING = "WARMPOOL_SERVICE_AUTH_TOKEN"
+KEYCLOAK_URL_SETTING = "WARMPOOL_KEYCLOAK_URL"
+KEYCLOAK_REALM_SETTING = "WARMPOOL_KEYCLOAK_REALM"
+KEYCLOAK_CLIENT_ID_SETTING = "WARMPOOL_KEYCLOAK_CLIENT_ID"
+#: The longest value each of those may have: a URL, a token, a realm or client id.
+_TEXT_LIMITS = {SERVICE_URL_SETTING: 2048, SERVICE_AUTH_TOKEN_SETTING: 1024,
+                KEYCLOAK_URL_SETTING: 2048, KEYCLOAK_REALM_SETTING: 255,
+                KEYCLOAK_CLIENT_ID_SETTING: 255}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,14 @@ class PoolSettings:
     # With no free instance, a claim makes one above minInstances, up to maxInstances
     # (session-lifecycle §6, "Burst"); off: strict minInstances, a Session waits.
     burst: bool = True
+    # Java's --serviceUrl, --serviceAuthToken and --keycloakURL/Realm/ClientId: written, as
+    # Java writes them, into the IDE container's THEIACLOUD_* environment (instance_env).
+    # The token is a credential: kept out of the repr, so that no log line shows it.
+    service_url: str = ""
+    service_auth_token: str = field(default="", repr=False)
+    keycloak_url: str = ""
+    keycloak_realm: str = ""
+    keycloak_client_id: str = ""
 
     @property
     def proxy_policy(self) -> proxy.ProxyPolicy:
@@ -86,49 +103,19 @@ class PoolSettings:
         bad value raises ValueError naming the variable. Every value that reaches an object
         or a proxy's configuration is held to a bounded grammar here (warmpool.pool.proxy's
         parsers), so a quote or a newline in one is a configuration error, not a new line."""
-        values: dict[str, Any] = {}
-        if host := environ.get("WARMPOOL_INSTANCES_HOST", "").strip():
-            values["instances_host"] = proxy.parse_host(host, "WARMPOOL_INSTANCES_HOST")
-        if raw := environ.get(proxy.IMAGE_SETTING, "").strip():
-            values["oauth2_proxy_image"] = proxy.parse_image(raw)
-        if raw := environ.get(proxy.TRUSTED_PROXIES_SETTING, "").strip():
-            values["trusted_proxy_ips"] = proxy.parse_trusted_proxies(raw)
-        if raw := environ.get(proxy.SECRET_SETTING, "").strip():
-            values["proxy_secret"] = proxy.parse_secret_name(raw)
-        if raw := environ.get(CEILING_SETTING, "").strip():
-            if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
-                raise ValueError(f"{CEILING_SETTING} must be a positive integer, got {raw!r}")
-            values["max_instances_ceiling"] = int(raw)
-        if raw := environ.get(SESSIONS_PER_USER_SETTING, "").strip():
-            try:
-                values["sessions_per_user"] = int(raw)
-            except ValueError:
-                raise ValueError(f"{SESSIONS_PER_USER_SETTING} must be an integer (negative: "
-                                 f"no limit), got {raw!r}") from None
-        if raw := environ.get(ROUTES_SETTING, "").strip():
-            if raw not in ROUTE_MODES:
-                raise ValueError(f"{ROUTES_SETTING} must be one of {', '.join(ROUTE_MODES)}, "
-                                 f"got {raw!r}")
-            values["routes"] = raw
-        if raw := environ.get("WARMPOOL_USE_PATHS", "").strip():
-            if raw not in ("true", "false"):
-                raise ValueError(f"WARMPOOL_USE_PATHS must be true or false, got {raw!r}")
-            values["use_paths"] = raw == "true"
-        if raw := environ.get("WARMPOOL_INSTANCES_PATH", "").strip():
-            values["instances_path"] = proxy.parse_path(raw, "WARMPOOL_INSTANCES_PATH")
-        if "WARMPOOL_INGRESS_PATH_SUFFIX" in environ:  # set and empty: HAProxy's
-            suffix = environ["WARMPOOL_INGRESS_PATH_SUFFIX"].strip()
-            # A regex for the ingress controller, written into Ingress paths only: printable
-            # ASCII without spaces, at most 64 characters.
-            if len(suffix) > 64 or not all("!" <= c <= "~" for c in suffix):
-                raise ValueError("WARMPOOL_INGRESS_PATH_SUFFIX must be at most 64 printable "
-                                 f"ASCII characters without spaces, got {suffix[:80]!r}")
-            values["ingress_path_suffix"] = suffix
+        # In this order: with two bad values, the first of them is the one named.
+        values: dict[str, Any] = {**_proxy_values(environ), **_limit_values(environ),
+                                  **_route_values(environ)}
         values["url_probe"] = ProbeSettings.from_env(environ).enabled
         if raw := environ.get("WARMPOOL_BURST", "").strip():
-            if raw not in ("on", "off"):
-                raise ValueError(f"WARMPOOL_BURST must be on or off, got {raw!r}")
-            values["burst"] = raw == "on"
+            values["burst"] = _either(raw, "WARMPOOL_BURST", "on", "off")
+        for attr, name in (("service_url", SERVICE_URL_SETTING),
+                           ("service_auth_token", SERVICE_AUTH_TOKEN_SETTING),
+                           ("keycloak_url", KEYCLOAK_URL_SETTING),
+                           ("keycloak_realm", KEYCLOAK_REALM_SETTING),
+                           ("keycloak_client_id", KEYCLOAK_CLIENT_ID_SETTING)):
+            if raw := environ.get(name, "").strip():
+                values[attr] = _env_value(raw, name)
         return cls(**values)
 
     def session_path(self, appdef: AppDefinition, instance: int) -> str:
@@ -142,6 +129,131 @@ class PoolSettings:
         """`status.url`: host and path with a trailing slash and **no scheme** (clients open
         ``https://${url}``; a stored scheme breaks them)."""
         return session_url(self.instances_host, self.session_path(appdef, instance))
+
+
+def _proxy_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    """`PoolSettings.from_env`'s instances host and oauth2-proxy settings that are set."""
+    values: dict[str, Any] = {}
+    if host := environ.get("WARMPOOL_INSTANCES_HOST", "").strip():
+        values["instances_host"] = proxy.parse_host(host, "WARMPOOL_INSTANCES_HOST")
+    if raw := environ.get(proxy.IMAGE_SETTING, "").strip():
+        values["oauth2_proxy_image"] = proxy.parse_image(raw)
+    if raw := environ.get(proxy.TRUSTED_PROXIES_SETTING, "").strip():
+        values["trusted_proxy_ips"] = proxy.parse_trusted_proxies(raw)
+    if raw := environ.get(proxy.SECRET_SETTING, "").strip():
+        values["proxy_secret"] = proxy.parse_secret_name(raw)
+    return values
+
+
+def _limit_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    """`PoolSettings.from_env`'s ceiling of instances and sessions per user, where set."""
+    values: dict[str, Any] = {}
+    if raw := environ.get(CEILING_SETTING, "").strip():
+        if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+            raise ValueError(f"{CEILING_SETTING} must be a positive integer, got {raw!r}")
+        values["max_instances_ceiling"] = int(raw)
+    if raw := environ.get(SESSIONS_PER_USER_SETTING, "").strip():
+        try:
+            values["sessions_per_user"] = int(raw)
+        except ValueError:
+            raise ValueError(f"{SESSIONS_PER_USER_SETTING} must be an integer (negative: "
+                             f"no limit), got {raw!r}") from None
+    return values
+
+
+def _route_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    """`PoolSettings.from_env`'s routing and session path settings, where set."""
+    values: dict[str, Any] = {}
+    if raw := environ.get(ROUTES_SETTING, "").strip():
+        if raw not in ROUTE_MODES:
+            raise ValueError(f"{ROUTES_SETTING} must be one of {', '.join(ROUTE_MODES)}, "
+                             f"got {raw!r}")
+        values["routes"] = raw
+    if raw := environ.get("WARMPOOL_USE_PATHS", "").strip():
+        values["use_paths"] = _either(raw, "WARMPOOL_USE_PATHS", "true", "false")
+    if raw := environ.get("WARMPOOL_INSTANCES_PATH", "").strip():
+        values["instances_path"] = proxy.parse_path(raw, "WARMPOOL_INSTANCES_PATH")
+    if "WARMPOOL_INGRESS_PATH_SUFFIX" in environ:  # set and empty: HAProxy's
+        suffix = environ["WARMPOOL_INGRESS_PATH_SUFFIX"].strip()
+        # A regex for the ingress controller, written into Ingress paths only: printable
+        # ASCII without spaces, at most 64 characters.
+        if len(suffix) > 64 or not all("!" <= c <= "~" for c in suffix):
+            raise ValueError("WARMPOOL_INGRESS_PATH_SUFFIX must be at most 64 printable "
+                             f"ASCII characters without spaces, got {suffix[:80]!r}")
+        values["ingress_path_suffix"] = suffix
+    return values
+
+
+def _either(raw: str, name: str, yes: str, no: str) -> bool:
+    """A two-valued setting: True for `yes`, False for `no`, anything else a ValueError."""
+    if raw not in (yes, no):
+        raise ValueError(f"{name} must be {yes} or {no}, got {raw!r}")
+    return raw == yes
+
+
+def _env_value(raw: str, name: str) -> str:
+    """A setting copied verbatim into every instance's environment: printable ASCII without
+    spaces, bounded in length, so that a stray newline or a pasted paragraph is a
+    configuration error at start rather than in every IDE. The value is never shown (one of
+    them is a token)."""
+    limit = _TEXT_LIMITS[name]
+    if len(raw) > limit or not all("!" <= c <= "~" for c in raw):
+        raise ValueError(f"{name} must be at most {limit} printable ASCII characters without "
+                         f"spaces (got {len(raw)} characters; the value is not shown)")
+    return raw
+
+
+#: The THEIACLOUD_* variables of Java's Deployment template (templateDeployment.yaml, both
+#: lines), in its order. The Session ones are empty on a prewarmed instance: Java fills them
+#: only for a lazy Session's own Deployment, and never patches a claimed instance.
+THEIACLOUD_ENV = (
+    "THEIACLOUD_SERVICE_AUTH_TOKEN", "THEIACLOUD_APP_ID", "THEIACLOUD_SERVICE_URL",
+    "THEIACLOUD_SESSION_UID", "THEIACLOUD_SESSION_NAME", "THEIACLOUD_SESSION_USER",
+    "THEIACLOUD_SESSION_URL", "THEIACLOUD_SESSION_SECRET",
+    "THEIACLOUD_MONITOR_ENABLE_ACTIVITY_TRACKER", "THEIACLOUD_MONITOR_PORT",
+    "THEIACLOUD_KEYCLOAK_URL", "THEIACLOUD_KEYCLOAK_REALM", "THEIACLOUD_KEYCLOAK_CLIENT_ID",
+)
+
+
+def instance_env(appdef: AppDefinition, instance: int,
+                 settings: PoolSettings) -> list[dict[str, str]]:
+    """The IDE container's environment, as Java's DefaultDeploymentTemplateReplacements fills
+    it for eager instance k (getReplacements(namespace, appDefinition, instance)).
+
+    Set once, at creation: everything here is the instance's, not a Session's, so a claim
+    changes nothing in the pod template (a change there would restart the pod under the
+    user). Departures from Java: the activity tracker flag is "true" when the AppDefinition
+    declares spec.monitor.activityTracker (Java: its --enableActivityTracker, with
+    --enableMonitor), and THEIACLOUD_MONITOR_PORT is "" without spec.monitor.port (Java leaves
+    its template's placeholder text there).
+    """
+    values = {
+        # Java sets both: THEIACLOUD_APP_ID is the deprecated name of the same token.
+        "THEIACLOUD_SERVICE_AUTH_TOKEN": settings.service_auth_token,
+        "THEIACLOUD_APP_ID": settings.service_auth_token,
+        "THEIACLOUD_SERVICE_URL": settings.service_url,
+        "THEIACLOUD_SESSION_UID": "",
+        "THEIACLOUD_SESSION_NAME": "",
+        "THEIACLOUD_SESSION_USER": "",
+        # TheiaCloudDeploymentUtil.getSessionURL: "https://" + host + path + "/".
+        "THEIACLOUD_SESSION_URL": f"https://{settings.session_url(appdef, instance)}",
+        "THEIACLOUD_SESSION_SECRET": "",
+        "THEIACLOUD_MONITOR_ENABLE_ACTIVITY_TRACKER": (
+            "true" if appdef.activity_tracker and appdef.monitor_port is not None else "false"),
+        "THEIACLOUD_MONITOR_PORT": "" if appdef.monitor_port is None else str(appdef.monitor_port),
+        "THEIACLOUD_KEYCLOAK_URL": settings.keycloak_url,
+        "THEIACLOUD_KEYCLOAK_REALM": settings.keycloak_realm,
+        "THEIACLOUD_KEYCLOAK_CLIENT_ID": settings.keycloak_client_id,
+    }
+    return [{"name": name, "value": values[name]} for name in THEIACLOUD_ENV]
+
+
+def separate_monitor_port(appdef: AppDefinition) -> int | None:
+    """spec.monitor.port when it is a port of its own. Java declares it (container port
+    "monitor", Service port "monitor-express") only then: equal to spec.port it would be a
+    duplicate the API server refuses, and the monitor is reached on the application port."""
+    port = appdef.monitor_port
+    return port if port is not None and port != appdef.port else None
 
 
 def object_name(appdef: AppDefinition, part: Part, instance: int) -> str:
@@ -216,10 +328,14 @@ def build(
     selector = naming.app_selector(appdef.spec_name, instance)
     match part:
         case Part.EXTERNAL_SERVICE:
-            body["spec"] = {
-                "selector": {v.LABEL_APP: selector},
-                "ports": [{"name": "http", "port": appdef.port, "targetPort": "web"}],
-            }
+            ports: list[dict[str, Any]] = [
+                {"name": "http", "port": appdef.port, "targetPort": "web"}]
+            if (monitor := separate_monitor_port(appdef)) is not None:
+                # Java's TheiaCloudServiceUtil: straight to the IDE's monitor, past the proxy.
+                # The activity tracker asks the instance's monitor here (clusterIP:port).
+                ports.append({"name": "monitor-express", "port": monitor,
+                              "targetPort": monitor, "protocol": "TCP"})
+            body["spec"] = {"selector": {v.LABEL_APP: selector}, "ports": ports}
         case Part.INTERNAL_SERVICE:
             body["spec"] = {
                 "selector": {v.LABEL_APP: selector},
@@ -287,7 +403,10 @@ def _deployment_spec(
         "imagePullPolicy": appdef.image_pull_policy,
         "ports": [{"containerPort": appdef.port}],
         "resources": _resources(appdef),
+        "env": instance_env(appdef, instance, settings),
     }
+    if (monitor := separate_monitor_port(appdef)) is not None:
+        app["ports"].append({"containerPort": monitor, "name": "monitor"})
     # Hardening that keeps Theia Cloud's images working (docs/security.md, each a departure
     # from the Java operator): no privilege escalation (no setuid sudo in the IDE), and
     # runAsNonRoot where the AppDefinition names a uid other than 0 (one that names none, or
@@ -326,6 +445,21 @@ def _deployment_spec(
             {"name": env, "valueFrom": {"secretKeyRef": {"name": settings.proxy_secret,
                                                           "key": key}}}
             for key, env in proxy.SECRET_KEYS.values()]
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        # The container runtime's default seccomp profile for both containers.
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [app, proxy_container],
+        "volumes": [
+            # Neither is optional: a pod whose allow-list is missing must not start
+            # (it would answer 403 to everyone, or worse, serve without the proxy).
+            {"name": "oauth2-proxy-config", "configMap": {"name": proxy_cm}},
+            {"name": "oauth2-emails", "configMap": {"name": email_cm}},
+        ],
+    }
+    if appdef.pull_secret:
+        # Java's AddedHandlerUtil.addImagePullSecret; the name's grammar is checked at parse.
+        pod_spec["imagePullSecrets"] = [{"name": appdef.pull_secret}]
     return {
         "replicas": 1,
         "selector": {"matchLabels": {v.LABEL_APP: selector}},
@@ -333,17 +467,6 @@ def _deployment_spec(
             "metadata": {
                 "labels": {v.LABEL_APP: selector, v.LABEL_GENERATION: str(appdef.generation)},
             },
-            "spec": {
-                "automountServiceAccountToken": False,
-                # The container runtime's default seccomp profile for both containers.
-                "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                "containers": [app, proxy_container],
-                "volumes": [
-                    # Neither is optional: a pod whose allow-list is missing must not start
-                    # (it would answer 403 to everyone, or worse, serve without the proxy).
-                    {"name": "oauth2-proxy-config", "configMap": {"name": proxy_cm}},
-                    {"name": "oauth2-emails", "configMap": {"name": email_cm}},
-                ],
-            },
+            "spec": pod_spec,
         },
     }

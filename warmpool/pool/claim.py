@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
+from enum import StrEnum
 
 from warmpool.pool import vocabulary as v
 from warmpool.pool.emails import same_user
@@ -33,11 +34,25 @@ class ClaimError:
     code: str = ""
 
 
+class WaitReason(StrEnum):
+    """Why a Session waits for an instance. The values are the metric's label vocabulary
+    (`warmpool_claims_waited_total{limit}`): never rename one."""
+
+    #: Burst at its cap: every instance the AppDefinition may have is taken or starting.
+    MAX_INSTANCES = "maxInstances"
+    #: Burst off: every prewarmed instance is taken or starting.
+    MIN_INSTANCES = "minInstances"
+    #: Anything else: an invalid AppDefinition, a missing or invalid shared route.
+    OTHER = "other"
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimWait:
-    """No instance for now: status HANDLING with this message; re-offered when one frees."""
+    """No instance for now: status HANDLING with this message; re-offered when one frees.
+    `reason`: why, as the metrics read it (never the message's text)."""
 
     message: str
+    reason: WaitReason = WaitReason.OTHER
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +109,11 @@ class PoolFacts:
     referenced: frozenset[str]
     #: Ids whose external Service references a Session: claimed (or being released).
     held: frozenset[int] = frozenset()
+    #: Among the free ids, those whose pod is Ready (`warmpool.pool.pods.warmth`); None when
+    #: the reader does not know the pods (every free instance then counts as warm).
+    warm: frozenset[int] | None = None
+    #: Among the free ids, those whose pod cannot start (image pull error, crash loop).
+    failing: frozenset[int] = frozenset()
 
 
 def pool_facts(instances: Mapping[int, InstanceView]) -> PoolFacts:
@@ -137,6 +157,23 @@ def free_ids(appdef: AppDefinition, facts: PoolFacts) -> list[int]:
     return sorted(k for k in facts.clean if k <= appdef.min_instances)
 
 
+def is_warm(k: int, facts: PoolFacts) -> bool:
+    """Whether free instance k's pod is Ready (unknown pods count as Ready)."""
+    return facts.warm is None or k in facts.warm
+
+
+def claimable_ids(appdef: AppDefinition, facts: PoolFacts) -> list[int]:
+    """The free ids a claim may take, in the order claims take them: every warm one (its
+    pod Ready: the user waits for nothing), lowest first, then the starting ones (a pod
+    being made or reset: the user waits for it to start), lowest first. A Session falls
+    back to a starting instance only when the warm ones are all some older Session's
+    target, so the instance just released, whose pod is being reset, is never taken while a
+    warm one is free for it. Instances whose pods cannot start are never handed out."""
+    free = free_ids(appdef, facts)
+    warm = [k for k in free if is_warm(k, facts)]
+    return warm + [k for k in free if not is_warm(k, facts) and k not in facts.failing]
+
+
 def coming_ids(appdef: AppDefinition, facts: PoolFacts) -> list[int]:
     """Ids within the target that are neither free nor held: being made, replaced or
     released. They will be free in moments, so a burst does not make instances for the
@@ -156,7 +193,7 @@ def burst_ids(appdef: AppDefinition, facts: PoolFacts) -> list[int]:
 def capacity(appdef: AppDefinition, facts: PoolFacts, burst: bool) -> int:
     """How many waiting Sessions can be served now: free instances, and with `burst` the
     instances that may still be made (past those the coming ones will serve)."""
-    free = len(free_ids(appdef, facts))
+    free = len(claimable_ids(appdef, facts))
     if not burst:
         return free
     return free + len(coming_ids(appdef, facts)) + len(burst_ids(appdef, facts))
@@ -166,11 +203,11 @@ def waiting_sessions(facts: PoolFacts, index: HolderIndex) -> list[Session]:
     """Live, valid Sessions of the pool that hold nothing yet, oldest first.
 
     A Session holds something when an external Service references it (`HolderIndex.of`);
-    its annotation does not count.
+    its annotation does not count. One the Java operator started lazily waits for nothing.
     """
     return sorted(
         (s for s in index.live.values()
-         if s.uid not in facts.referenced
+         if s.uid not in facts.referenced and not s.started_lazily
          and s.status != v.STATUS_ERROR and session_error(s) is None),
         key=lambda s: (s.created, s.name),
     )
@@ -297,6 +334,8 @@ def decide_claim(
     index = HolderIndex(session.appdef, sessions)
     if (k := held_instance(session, instances, index)) is not None:
         return ClaimHeld(k)
+    if session.started_lazily:
+        return ClaimSkip("started lazily by the Java operator: it runs on its own Deployment")
     if appdef is None:
         return ClaimError(f"AppDefinition {session.appdef!r} not found in namespace "
                           f"{session.namespace!r}")
@@ -314,30 +353,39 @@ def decide_claim(
     if not routable:
         return ClaimWait(unroutable)
     facts = facts or pool_facts(instances)
-    free = free_ids(appdef, facts)
+    free = claimable_ids(appdef, facts)
     queue = waiting_sessions(facts, index)
     position = next((i for i, s in enumerate(queue) if s.uid == session.uid), len(queue))
     if position < len(free):
-        # The r-th oldest waiting Session targets the r-th lowest free id: the oldest gets the
-        # lowest, and claims running at once do not all collide on the same instance. The
-        # others follow, in case the target is taken under our feet.
+        # The r-th oldest waiting Session targets the r-th free id in claim order (warm
+        # ones first, `claimable_ids`): the oldest gets the lowest warm one, and claims
+        # running at once do not all collide on the same instance. The others follow, in
+        # case the target is taken under our feet.
         target = free[position]
         return ClaimTry((target, *(k for k in free if k != target)))
     if not burst:
-        return ClaimWait(f"Waiting for a free instance of {appdef.name} "
-                         f"(all {appdef.min_instances} prewarmed instances are taken or "
-                         "starting)")
+        return ClaimWait(_waiting_message(appdef, facts), WaitReason.MIN_INSTANCES)
     # The same fairness past the free ones: the next ones wait for the instances about to be
     # free; the r-th of the rest makes the r-th spare id, so claims running at once do not
     # collide, and ids never pass maxInstances.
     coming = coming_ids(appdef, facts)
     if position < len(free) + len(coming):
-        return ClaimWait(f"Waiting for a free instance of {appdef.name} "
-                         f"(all {appdef.min_instances} prewarmed instances are taken or "
-                         "starting)")
+        return ClaimWait(_waiting_message(appdef, facts), WaitReason.MIN_INSTANCES)
     spare = burst_ids(appdef, facts)
     if position - len(free) - len(coming) < len(spare):
         return ClaimBurst(spare[position - len(free) - len(coming)])
     return ClaimWait(f"Waiting for a free instance of {appdef.name}: all "
                      f"{appdef.max_instances} instances it may have (maxInstances) are taken "
-                     "or starting")
+                     "or starting", WaitReason.MAX_INSTANCES)
+
+
+def _waiting_message(appdef: AppDefinition, facts: PoolFacts) -> str:
+    """Why a Session waits within the target: every instance taken or starting, or (said
+    apart, so a user is not left guessing) some whose pods cannot start."""
+    failing = len(facts.failing & set(free_ids(appdef, facts)))
+    if failing:
+        return (f"Waiting for a free instance of {appdef.name} ({failing} of its "
+                f"{appdef.min_instances} prewarmed instances cannot start their pod; the "
+                "others are taken or starting)")
+    return (f"Waiting for a free instance of {appdef.name} "
+            f"(all {appdef.min_instances} prewarmed instances are taken or starting)")

@@ -50,6 +50,7 @@ from warmpool.pool.instances import (
 from warmpool.pool.meta import annotations_of, labels_of, meta_of
 from warmpool.pool.model import AppDefinition, Session, session_error
 from warmpool.pool.parts import PARTS, Part
+from warmpool.pool.pods import Warmth
 
 
 class State(StrEnum):
@@ -82,6 +83,11 @@ class Plan:
 
 
 # --- small readers -------------------------------------------------------------------------
+
+#: The Normal events of a Session's claim and release (on the Session).
+REASON_CLAIMED = "Claimed"
+REASON_RELEASED = "Released"
+
 
 def _shape(obj: Obj) -> str | None:
     return annotations_of(obj).get(v.ANNOTATION_SHAPE)
@@ -186,45 +192,67 @@ def _claimed(
                               "its allow-list is left empty"))
     emails = holder.user if user_ok else ""
     if appdef is None or appdef.deleting:
-        # The AppDefinition is gone: its spec cannot rebuild anything, so keep what exists and
-        # keep only the allow-list right. The release deletes the instance when the Session ends.
-        email = instance.get(Part.EMAIL_CONFIGMAP)
-        unvouched = (instance.get(Part.EXTERNAL_SERVICE) is None
-                     and not emails_of(email).strip())
-        # With the Service and the allow-list's content gone, nothing says whom the pod
-        # served, and without the AppDefinition it cannot be reset (its selector is the
-        # spec's): the allow-list stays empty (a 403, never another user's pod).
-        if email is not None and emails_of(email) != emails and not unvouched:
-            actions.append(_patch(Part.EMAIL_CONFIGMAP, email, {"data": {v.EMAILS_KEY: emails}},
-                                  "allow-list of the holder"))
-        complete = holder.instance_id == instance.id and instance.complete
-        if complete and holder.status not in (v.STATUS_HANDLED, v.STATUS_ERROR):
-            # The claim had done everything but its status (a write that failed, then the
-            # AppDefinition went): the Session holds a whole instance, so it is HANDLED (it
-            # would otherwise stay NEW until it ends; the long chaos tier, seed 12).
-            ext_name = meta_of(instance.get(Part.EXTERNAL_SERVICE)).get("name")
-            actions.append(SetSessionStatus(holder.name, {
-                "operatorStatus": v.STATUS_HANDLED,
-                "operatorMessage": f"Instance {instance.id} of {holder.appdef} ({ext_name}); "
-                                   "its AppDefinition was deleted: kept until the Session ends"},
-                uid=holder.uid, first=holder.status == v.STATUS_NEW,
-                resource_version=holder.resource_version))
-        elif holder.status != v.STATUS_ERROR and (holder.instance_id != instance.id
-                                                  or holder.status != v.STATUS_HANDLED):
-            # The claim was in flight (deciding write made, Session not yet annotated, or an
-            # object still missing): it cannot be completed, and without a word the Session
-            # would wait forever.
-            message = (f"AppDefinition {holder.appdef!r} was deleted before the claim of "
-                       f"instance {instance.id} completed")
-            actions.append(SetSessionStatus(holder.name, {"operatorStatus": v.STATUS_ERROR,
-                                                          "operatorMessage": message},
-                                            uid=holder.uid,
-                                            first=holder.status == v.STATUS_NEW,
-                                            resource_version=holder.resource_version))
-            actions.append(Report("ClaimNotCompleted", f"Session {holder.name}: {message}"))
+        _held_without_definition(instance, holder, emails, actions)
         return Plan(State.CLAIMED, holder, actions)
+    _holders_objects(instance, appdef, holder, emails, proxy_template, settings, actions)
+    _holders_annotation(instance, holder, actions)
+    _holders_route_and_status(instance, appdef, holder, shared_route, settings, now_ms, actions)
+    # An outdated generation is deliberately left alone while claimed: the session keeps
+    # running, and the release refreshes the instance.
+    return Plan(State.CLAIMED, holder, actions)
 
-    email_written = False
+
+def _held_without_definition(
+    instance: InstanceView, holder: Session, emails: str, actions: list[Action],
+) -> None:
+    """A held instance whose AppDefinition is gone (or going): its spec cannot rebuild
+    anything, so what exists is kept and only the allow-list is kept right; the release
+    deletes the instance when the Session ends. A claim it interrupted is finished (HANDLED)
+    or failed (ERROR), so that the Session does not wait forever."""
+    email = instance.get(Part.EMAIL_CONFIGMAP)
+    unvouched = (instance.get(Part.EXTERNAL_SERVICE) is None
+                 and not emails_of(email).strip())
+    # With the Service and the allow-list's content gone, nothing says whom the pod
+    # served, and without the AppDefinition it cannot be reset (its selector is the
+    # spec's): the allow-list stays empty (a 403, never another user's pod).
+    if email is not None and emails_of(email) != emails and not unvouched:
+        actions.append(_patch(Part.EMAIL_CONFIGMAP, email, {"data": {v.EMAILS_KEY: emails}},
+                              "allow-list of the holder"))
+    complete = holder.instance_id == instance.id and instance.complete
+    if complete and holder.status not in (v.STATUS_HANDLED, v.STATUS_ERROR):
+        # The claim had done everything but its status (a write that failed, then the
+        # AppDefinition went): the Session holds a whole instance, so it is HANDLED (it
+        # would otherwise stay NEW until it ends; the long chaos tier, seed 12).
+        ext_name = meta_of(instance.get(Part.EXTERNAL_SERVICE)).get("name")
+        actions.append(SetSessionStatus(holder.name, {
+            "operatorStatus": v.STATUS_HANDLED,
+            "operatorMessage": f"Instance {instance.id} of {holder.appdef} ({ext_name}); "
+                               "its AppDefinition was deleted: kept until the Session ends"},
+            uid=holder.uid, first=holder.status == v.STATUS_NEW,
+            resource_version=holder.resource_version))
+    elif holder.status != v.STATUS_ERROR and (holder.instance_id != instance.id
+                                              or holder.status != v.STATUS_HANDLED):
+        # The claim was in flight (deciding write made, Session not yet annotated, or an
+        # object still missing): it cannot be completed, and without a word the Session
+        # would wait forever.
+        message = (f"AppDefinition {holder.appdef!r} was deleted before the claim of "
+                   f"instance {instance.id} completed")
+        actions.append(SetSessionStatus(holder.name, {"operatorStatus": v.STATUS_ERROR,
+                                                      "operatorMessage": message},
+                                        uid=holder.uid,
+                                        first=holder.status == v.STATUS_NEW,
+                                        resource_version=holder.resource_version))
+        actions.append(Report("ClaimNotCompleted", f"Session {holder.name}: {message}"))
+
+
+def _holders_objects(
+    instance: InstanceView, appdef: AppDefinition, holder: Session, emails: str,
+    proxy_template: str | None, settings: PoolSettings, actions: list[Action],
+) -> None:
+    """The instance's five objects made whole and the holder's: each missing one created,
+    each present one patched to be owned by (and labelled for) the holder, its allow-list
+    naming the holder's user; the pods reset first where nothing says whom they served, and
+    refreshed after where the allow-list changed under them."""
     deployment = instance.get(Part.DEPLOYMENT)
     unknown_user = (instance.get(Part.EXTERNAL_SERVICE) is None and deployment is not None
                     and not emails_of(instance.get(Part.EMAIL_CONFIGMAP)).strip())
@@ -234,6 +262,7 @@ def _claimed(
         # names the holder again, and no one's state reaches another user.
         actions.append(ResetPods(naming.app_selector(appdef.spec_name, instance.id),
                                  *_deployment_id(deployment)))
+    email_written = False
     for part in PARTS:
         obj = instance.get(part)
         if obj is None:
@@ -244,28 +273,8 @@ def _claimed(
                 email_written = True
             actions.append(Create(part, body))
             continue
-        patch: dict[str, Any] = {}
-        current = refs(obj)
-        wanted = [r for r in current if not is_session_ref(r) or r.get("uid") == holder.uid]
-        for ref in (appdef.owner_reference(), holder.owner_reference()):
-            if not has_ref(wanted, ref):
-                wanted.append(ref)
-        if wanted != current:
-            patch.setdefault("metadata", {})["ownerReferences"] = wanted
-        if part.is_service:
-            labels = labels_of(obj)
-            changed = {k: val for k, val in builders.session_labels(appdef, holder).items()
-                       if labels.get(k) != val}
-            if changed:
-                patch.setdefault("metadata", {})["labels"] = changed
-        claimed_for = naming.claimed_for(holder.uid, holder.user)
-        if (part is Part.EXTERNAL_SERVICE
-                and annotations_of(obj).get(v.ANNOTATION_CLAIMED_FOR) != claimed_for):
-            # A claim made before this annotation existed (or by the Java operator): adopt it.
-            patch.setdefault("metadata", {})["annotations"] = {
-                v.ANNOTATION_CLAIMED_FOR: claimed_for}
-        if part is Part.EMAIL_CONFIGMAP and emails_of(obj) != emails:
-            patch["data"] = {v.EMAILS_KEY: emails}
+        patch = _holders_patch(part, obj, appdef, holder, emails)
+        if "data" in patch:
             email_written = True
         if patch:
             actions.append(_patch(part, obj, patch, f"held by Session {holder.name}"))
@@ -274,6 +283,43 @@ def _claimed(
         # with the allow-list already written, so there is nothing to refresh.
         actions.append(RefreshPods(naming.app_selector(appdef.spec_name, instance.id),
                                    *_deployment_id(deployment)))
+
+
+def _holders_patch(
+    part: Part, obj: Obj, appdef: AppDefinition, holder: Session, emails: str,
+) -> dict[str, Any]:
+    """What one existing object of a held instance lacks to be the holder's (empty: nothing):
+    its owner references (the AppDefinition and the holder, no other Session), a Service's
+    Session labels, the external Service's claimed-for annotation, the allow-list's user
+    (under "data": the allow-list is then rewritten)."""
+    patch: dict[str, Any] = {}
+    current = refs(obj)
+    wanted = [r for r in current if not is_session_ref(r) or r.get("uid") == holder.uid]
+    for ref in (appdef.owner_reference(), holder.owner_reference()):
+        if not has_ref(wanted, ref):
+            wanted.append(ref)
+    if wanted != current:
+        patch.setdefault("metadata", {})["ownerReferences"] = wanted
+    if part.is_service:
+        labels = labels_of(obj)
+        changed = {k: val for k, val in builders.session_labels(appdef, holder).items()
+                   if labels.get(k) != val}
+        if changed:
+            patch.setdefault("metadata", {})["labels"] = changed
+    claimed_for = naming.claimed_for(holder.uid, holder.user)
+    if (part is Part.EXTERNAL_SERVICE
+            and annotations_of(obj).get(v.ANNOTATION_CLAIMED_FOR) != claimed_for):
+        # A claim made before this annotation existed (or by the Java operator): adopt it.
+        patch.setdefault("metadata", {})["annotations"] = {
+            v.ANNOTATION_CLAIMED_FOR: claimed_for}
+    if part is Part.EMAIL_CONFIGMAP and emails_of(obj) != emails:
+        patch["data"] = {v.EMAILS_KEY: emails}
+    return patch
+
+
+def _holders_annotation(instance: InstanceView, holder: Session, actions: list[Action]) -> None:
+    """The holder annotated with the instance it holds (and eager start): a malformed
+    instance-id annotation reported, and replaced."""
     raw_id = holder.annotations.get(v.ANNOTATION_INSTANCE_ID)
     if raw_id is not None and holder.instance_id is None:
         # Not an instance id at all ('²', 5000 digits, 'abc'): not obeyed (pool-spec §4) and
@@ -292,6 +338,14 @@ def _claimed(
             v.ANNOTATION_INSTANCE_ID: str(instance.id),
             v.ANNOTATION_START_STRATEGY: v.START_STRATEGY_EAGER,
         }, resource_version=holder.resource_version))
+
+
+def _holders_route_and_status(
+    instance: InstanceView, appdef: AppDefinition, holder: Session, shared_route: Obj | None,
+    settings: PoolSettings, now_ms: int, actions: list[Action],
+) -> None:
+    """The holder's route (or Ingress rule), then its status: HANDLING while nothing can route
+    to the instance, else HANDLED with its URL (and the URL probe where that is on)."""
     routed = True
     if settings.routing:
         routed = _route(instance, appdef, holder, shared_route, settings, actions)
@@ -310,29 +364,61 @@ def _claimed(
                 "operatorStatus": v.STATUS_HANDLING, "operatorMessage": missing},
                 uid=holder.uid, first=holder.status == v.STATUS_NEW,
                 resource_version=holder.resource_version))
-    else:
-        url = settings.session_url(appdef, instance.id)
+        return
+    _handled(instance, appdef, holder, settings, now_ms, actions)
+
+
+def _handled(
+    instance: InstanceView, appdef: AppDefinition, holder: Session, settings: PoolSettings,
+    now_ms: int, actions: list[Action],
+) -> None:
+    """A routed holder's HANDLED status with its URL (once, or again when the URL moved), the
+    claim's event, and the URL probe while the holder lacks its URL."""
+    url = settings.session_url(appdef, instance.id)
+    # HANDLED with another instance's URL: the younger Session of a double claim the
+    # Java operator left (docs/operating.md) keeps the URL of the instance the older one
+    # keeps, and serving it here must move its URL too, or its user would open the other
+    # user's path (and get oauth2-proxy's 403). So does a change of the instances host.
+    stale_url = bool(holder.url) and holder.url != url
+    if holder.status != v.STATUS_HANDLED or stale_url:
+        ext_name = builders.object_name(appdef, Part.EXTERNAL_SERVICE, instance.id)
+        status: dict[str, Any] = {
+            "operatorStatus": v.STATUS_HANDLED,
+            "operatorMessage": f"Instance {instance.id} of {appdef.name} ({ext_name})"
+                               + _cold_note(instance),
+            # Java's markHandled: now, in epoch ms (§2); the activity tracker raises it.
+            "lastActivity": now_ms,
+        }
+        if not settings.url_probe:
+            status["url"] = url  # nothing will probe it: it comes with HANDLED
+        elif stale_url:
+            status["url"] = ""  # blank is "not ready" (§2); the probe writes this one
+        actions.append(SetSessionStatus(holder.name, status, uid=holder.uid,
+                                        first=holder.status == v.STATUS_NEW,
+                                        resource_version=holder.resource_version))
         if holder.status != v.STATUS_HANDLED:
-            ext_name = builders.object_name(appdef, Part.EXTERNAL_SERVICE, instance.id)
-            status: dict[str, Any] = {
-                "operatorStatus": v.STATUS_HANDLED,
-                "operatorMessage": f"Instance {instance.id} of {appdef.name} ({ext_name})",
-                # Java's markHandled: now, in epoch ms (§2); the activity tracker raises it.
-                "lastActivity": now_ms,
-            }
-            if not settings.url_probe:
-                status["url"] = url  # nothing will probe it: it comes with HANDLED
-            actions.append(SetSessionStatus(holder.name, status, uid=holder.uid,
-                                            first=holder.status == v.STATUS_NEW,
-                                            resource_version=holder.resource_version))
-        if settings.url_probe and not holder.url and not holder.error:
-            # Level-triggered: every run for a holder without its URL asks again (a probe
-            # lost with its process is started anew), and a running probe is left alone.
-            actions.append(ProbeUrl(ProbeTarget(holder.namespace, holder.name, holder.uid,
-                                                instance.id, url, appdef.name)))
-    # An outdated generation is deliberately left alone while claimed: the session keeps
-    # running, and the release refreshes the instance.
-    return Plan(State.CLAIMED, holder, actions)
+            # After the status (events run in order, each after the writes before it):
+            # an operator sees the claim once it is one (not a URL moved on a claim
+            # already HANDLED). Names the instance, never the user.
+            actions.append(Report(REASON_CLAIMED, f"instance {instance.id} of "
+                                  f"{appdef.name} ({ext_name})", warning=False,
+                                  regarding=holder.owner_reference()))
+    if settings.url_probe and (not holder.url or stale_url) and not holder.error:
+        # Level-triggered: every run for a holder without its URL asks again (a probe
+        # lost with its process is started anew), and a running probe is left alone.
+        actions.append(ProbeUrl(ProbeTarget(holder.namespace, holder.name, holder.uid,
+                                            instance.id, url, appdef.name)))
+
+
+#: What a HANDLED status adds when the instance's pod was not Ready at the claim.
+COLD_START_NOTE = ("; no prewarmed instance was ready, so its pod is still starting (a cold "
+                   "start: the session opens once it is Ready)")
+
+
+def _cold_note(instance: InstanceView) -> str:
+    """The user is told when the claim had to take an instance whose pod is starting: the
+    wait that follows is the pod's, not a fault (`claim.claimable_ids` takes warm first)."""
+    return COLD_START_NOTE if instance.warmth in (Warmth.STARTING, Warmth.FAILING) else ""
 
 
 def _route(
@@ -448,6 +534,7 @@ def _free(
                 actions.append(_patch(part, obj, patch, "free (kept for its other owner)"))
         # An external Service kept for another owner is still what a claim writes: guard
         # the deletes of the rest with it, as a replacement does.
+        actions.extend(_released(instance, appdef_name))
         return Plan(State.RETIRED, None, _claim_guard_first(instance, actions), releasing)
 
     assert appdef is not None
@@ -488,8 +575,36 @@ def _free(
             # Before the external Service is freed, which is what lets the next claim in.
             actions.append(ResetPods(naming.app_selector(appdef.spec_name, instance.id),
                                      *_deployment_id(obj)))
+    actions.extend(_released(instance, appdef_name))
     return Plan(State.OUTDATED if outdated else State.FREE, None,
                 _guard_reset(instance, _claim_guard_first(instance, actions)), releasing)
+
+
+def _released(instance: InstanceView, appdef_name: str) -> list[Report]:
+    """A Normal `Released` event on the Session the external Service was still claimed for:
+    the plan it ends clears (or deletes) that trace, so it is reported once per release (a
+    plan that fails and runs again raises the same Event's count). Last in the plan: after
+    the writes that release. Names the instance, never the user.
+
+    The Session is read from the Service's owner reference, else (the garbage collector
+    removes the reference to a deleted Session, often before the release runs) from its
+    session labels, the uid from the claimed-for annotation when the label is gone too."""
+    ext = instance.get(Part.EXTERNAL_SERVICE)
+    if ext is None:
+        return []
+    held = {str(r.get("uid") or ""): str(r.get("name") or "")
+            for r in refs(ext) if is_session_ref(r)}
+    if not held:
+        labels = labels_of(ext)
+        uid = (labels.get(v.LABEL_SESSION_UUID)
+               or annotations_of(ext).get(v.ANNOTATION_CLAIMED_FOR, "").partition("/")[0])
+        if uid:
+            held[uid] = labels.get(v.LABEL_SESSION, "")
+    return [Report(REASON_RELEASED, f"instance {instance.id} of {appdef_name} released",
+                   warning=False, regarding={
+                       "apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
+                       "name": name or uid, "uid": uid})
+            for uid, name in held.items()]
 
 
 def unguarded_deletes(instance: InstanceView, plan: Plan) -> bool:

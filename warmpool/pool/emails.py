@@ -46,6 +46,22 @@ def email_error(address: str) -> str | None:
         return "it is empty"
     if len(address) > MAX_LENGTH:
         return f"it is longer than {MAX_LENGTH} characters ({len(address)})"
+    if (error := _character_error(address)) is not None:
+        return error
+    if address.startswith("#"):
+        return "it starts with '#', which oauth2-proxy reads as a comment line"
+    if address.count("@") != 1:
+        return f"it must contain exactly one '@' (it has {address.count('@')})"
+    local, domain = address.split("@")
+    if not local:
+        return "there is nothing before '@'"
+    if not domain:
+        return "there is nothing after '@'"
+    return _local_error(local) or _domain_error(domain)
+
+
+def _character_error(address: str) -> str | None:
+    """The first character of `address` that no allow-list line may hold, said why."""
     for i, ch in enumerate(address, start=1):
         code = ord(ch)
         if code < 0x20 or code == 0x7F:
@@ -60,20 +76,21 @@ def email_error(address: str) -> str | None:
             return f"character {i} is a comma: oauth2-proxy reads the allow-list as CSV"
         if ch == '"':
             return f"character {i} is a quote: oauth2-proxy reads the allow-list as CSV"
-    if address.startswith("#"):
-        return "it starts with '#', which oauth2-proxy reads as a comment line"
-    if address.count("@") != 1:
-        return f"it must contain exactly one '@' (it has {address.count('@')})"
-    local, domain = address.split("@")
-    if not local:
-        return "there is nothing before '@'"
-    if not domain:
-        return "there is nothing after '@'"
+    return None
+
+
+def _local_error(local: str) -> str | None:
+    """Which rule the part before '@' breaks (`local`: atoms joined by '.'), or None."""
     for ch in local:
         if ch != "." and ch not in _ATEXT:
             return f"character '{ch}' is not allowed before '@'"
     if any(not atom for atom in local.split(".")):
         return "the local part (before '@') starts or ends with '.' or has '..'"
+    return None
+
+
+def _domain_error(domain: str) -> str | None:
+    """Which rule the part after '@' breaks (`domain`: two or more labels), or None."""
     for ch in domain:
         if ch != "." and ch not in _LDH:
             return f"character '{ch}' is not allowed after '@' (letters, digits, '-' and '.')"

@@ -81,10 +81,26 @@ class AppDefinition:
     ingress_name: str = ""
     # spec.ingressHostnamePrefixes: the route's hostnames when the shared route has none.
     ingress_hostname_prefixes: tuple[str, ...] = ()
+    # spec.pullSecret: the Secret every instance pulls its image with (the pod's
+    # imagePullSecrets, as Java's K8sResourceFactory adds it); "" when unset.
+    pull_secret: str = ""
+    # spec.monitor.port: where the IDE's monitor listens, declared on the external Service so
+    # that the activity tracker can reach it (warmpool.controller.timeouts); None when unset.
+    monitor_port: int | None = None
+    # Whether spec.monitor.activityTracker is declared: the IDE's
+    # THEIACLOUD_MONITOR_ENABLE_ACTIVITY_TRACKER (Java takes it from --enableActivityTracker).
+    activity_tracker: bool = False
+    # The apiVersion the object was read at (the cluster's line, warmpool.pool.lines): what
+    # an owner reference to it says, so the garbage collector resolves it on that cluster.
+    api_version: str = v.APPDEF_API_VERSION
+    # spec.sidecars[].name (v1beta11, the EduIDE-Cloud fork, only): containers the fork's
+    # operator adds to each instance's pod. warmpool does not run them (README, "Theia Cloud
+    # lines"): they are read so that this is said, not silently dropped.
+    sidecars: tuple[str, ...] = ()
 
     def owner_reference(self) -> dict[str, str]:
         return {
-            "apiVersion": v.APPDEF_API_VERSION,
+            "apiVersion": self.api_version,
             "kind": v.APPDEF_KIND,
             "name": self.name,
             "uid": self.uid,
@@ -116,14 +132,25 @@ class Session:
     secret: str = field(default="", repr=False)
     # status.lastActivity in epoch ms, or None when missing or not a non-negative integer.
     last_activity: int | None = None
+    # The apiVersion the object was read at: what an owner reference to it says.
+    api_version: str = v.SESSION_API_VERSION
 
     @property
     def live(self) -> bool:
         return not self.deleting
 
+    @property
+    def started_lazily(self) -> bool:
+        """Started by the Java operator's lazy fallback: it runs on a Deployment of its own
+        (owned by the Session, so the garbage collector ends it with the Session), not on a
+        pool instance. Found on a cluster migrated from it (docs/operating.md); warmpool
+        never claims an instance for it, which would move its user off the running IDE."""
+        return (self.annotations.get(v.ANNOTATION_START_STRATEGY)
+                == v.START_STRATEGY_LAZY_FALLBACK)
+
     def owner_reference(self) -> dict[str, str]:
         return {
-            "apiVersion": v.SESSION_API_VERSION,
+            "apiVersion": self.api_version,
             "kind": v.SESSION_KIND,
             "name": self.name,
             "uid": self.uid,
@@ -177,47 +204,19 @@ def _parse_appdefinition(
         return Invalid("spec is missing")
     if not isinstance(spec, Mapping):
         return Invalid(f"spec must be an object, got {type(spec).__name__}")
-    ints: dict[str, int | None] = {}
-    for key, required in (
-        ("minInstances", True),
-        ("maxInstances", True),
-        ("port", True),
-        ("uid", False),
-    ):
-        parsed = _int_field(spec, key, required=required)
-        if isinstance(parsed, Invalid):
-            return parsed
-        ints[key] = parsed
+    ints = _spec_ints(spec)
+    if isinstance(ints, Invalid):
+        return ints
     min_i, max_i, port = ints["minInstances"], ints["maxInstances"], ints["port"]
     assert min_i is not None and max_i is not None and port is not None
-    for key, value in (("minInstances", min_i), ("maxInstances", max_i)):
-        if value > max_instances_ceiling:
-            return Invalid(f"spec.{key} ({_shown(value)}) is above the ceiling of "
-                           f"{max_instances_ceiling} instances per AppDefinition "
-                           f"(the controller's {CEILING_SETTING})")
-    if min_i < 0:
-        return Invalid(f"spec.minInstances must be >= 0, got {min_i}")
-    if max_i < min_i:
-        return Invalid(f"spec.minInstances ({min_i}) must not exceed spec.maxInstances ({max_i})")
-    if not 0 < port < 65536:
-        return Invalid(f"spec.port must be a TCP port (1-65535), got {port}")
-    spec_name = spec.get("name")
-    if not isinstance(spec_name, str) or not _SPEC_NAME.fullmatch(spec_name):
-        return Invalid(f"spec.name must match ^[a-z0-9A-Z-_]+$, got {_shown(spec_name)}")
-    # Each instance's Services select its pods by the `app` label "<spec.name>-<id>", which
-    # Theia Cloud cuts to 62 characters: past that, instances share one selector and a user's
-    # Service would route to another user's pod. Refuse rather than build that.
-    longest = naming.VALID_NAME_LIMIT - 1 - len(str(max_i))
-    if len(spec_name) > longest:
-        return Invalid(f"spec.name is {len(spec_name)} characters; with instance ids up to "
-                       f"maxInstances ({max_i}) at most {longest} fit in the "
-                       f"{naming.VALID_NAME_LIMIT}-character `app` selector "
-                       "'<spec.name>-<id>' that keeps instances apart")
-    image = spec.get("image")
-    if image is not None and not isinstance(image, str):
-        return Invalid(f"spec.image must be a string, got {_shown(image)}")
-    if not image or not image.strip():
-        return Invalid("spec.image is missing")
+    if (error := _sizes_error(min_i, max_i, port, max_instances_ceiling)) is not None:
+        return Invalid(error)
+    spec_name = _spec_name(spec.get("name"), max_i)
+    if isinstance(spec_name, Invalid):
+        return spec_name
+    image = _image(spec.get("image"))
+    if isinstance(image, Invalid):
+        return image
     resources = {key: _opt_str(spec.get(key)) for key in _QUANTITY_FIELDS}
     pull_policy = spec.get("imagePullPolicy") or _DEFAULT_PULL_POLICY
     if (error := _deployment_error(image, pull_policy, ints["uid"], port, resources)):
@@ -225,22 +224,23 @@ def _parse_appdefinition(
     if not meta.get("uid"):
         return Invalid("metadata.uid is missing")
     ingress_name = spec.get("ingressname")
-    if ingress_name is not None and not isinstance(ingress_name, str):
-        return Invalid(f"spec.ingressname must be a string, got {_shown(ingress_name)}")
     prefixes = spec.get("ingressHostnamePrefixes") or []
-    if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
-        return Invalid("spec.ingressHostnamePrefixes must be a list of strings, got "
-                       f"{_shown(prefixes)}")
-    # Each prefix is put before the instances host in every Session route's hostnames: bounded
-    # by the hostname grammar (warmpool.pool.grammar) and by count, so a bad one is refused
-    # here, at its AppDefinition, rather than by the API server at every claim.
-    if len(prefixes) > MAX_HOSTNAME_PREFIXES:
-        return Invalid(f"spec.ingressHostnamePrefixes has {len(prefixes)} entries; at most "
-                       f"{MAX_HOSTNAME_PREFIXES} (a route has at most 16 hostnames, one of "
-                       "them the instances host)")
-    for i, prefix in enumerate(prefixes):
-        if (error := hostname_prefix_error(prefix)) is not None:
-            return Invalid(f"spec.ingressHostnamePrefixes[{i}] {error}")
+    if (error := _ingress_error(ingress_name, prefixes)) is not None:
+        return Invalid(error)
+    pull_secret = spec.get("pullSecret")
+    if pull_secret is None:
+        pull_secret = ""
+    # Copied into every instance's pod spec as a LocalObjectReference: held to the grammar of
+    # a Secret's name here, so a bad one stops this pool alone, with a message, instead of
+    # every Deployment write being refused (or a pod waiting on a Secret nobody can make).
+    if pull_secret != "" and (error := object_name_error(pull_secret)) is not None:
+        return Invalid(f"spec.pullSecret {error}")
+    lifetime = parse_lifetime(obj)
+    if (error := _monitor_error(lifetime)) is not None:
+        return Invalid(error)
+    sidecars = _sidecar_names(spec.get("sidecars"))
+    if isinstance(sidecars, Invalid):
+        return sidecars
     return AppDefinition(
         name=meta.get("name", ""),
         namespace=meta.get("namespace", ""),
@@ -261,7 +261,104 @@ def _parse_appdefinition(
         created=str(meta.get("creationTimestamp") or ""),
         ingress_name=(ingress_name or "").strip(),
         ingress_hostname_prefixes=tuple(prefixes),
+        pull_secret=pull_secret,
+        monitor_port=lifetime.monitor_port,
+        activity_tracker=lifetime.tracker is not None,
+        api_version=theia_api_version(obj, v.APPDEF_API_VERSION),
+        sidecars=sidecars,
     )
+
+
+def _spec_ints(spec: Mapping[str, Any]) -> dict[str, int | None] | Invalid:
+    """The AppDefinition's integer fields (uid optional), or the first one that is wrong."""
+    ints: dict[str, int | None] = {}
+    for key, required in (
+        ("minInstances", True),
+        ("maxInstances", True),
+        ("port", True),
+        ("uid", False),
+    ):
+        parsed = _int_field(spec, key, required=required)
+        if isinstance(parsed, Invalid):
+            return parsed
+        ints[key] = parsed
+    return ints
+
+
+def _sizes_error(min_i: int, max_i: int, port: int, max_instances_ceiling: int) -> str | None:
+    """What is wrong with the pool's bounds and port, if anything."""
+    for key, value in (("minInstances", min_i), ("maxInstances", max_i)):
+        if value > max_instances_ceiling:
+            return (f"spec.{key} ({_shown(value)}) is above the ceiling of "
+                    f"{max_instances_ceiling} instances per AppDefinition "
+                    f"(the controller's {CEILING_SETTING})")
+    if min_i < 0:
+        return f"spec.minInstances must be >= 0, got {min_i}"
+    if max_i < min_i:
+        return f"spec.minInstances ({min_i}) must not exceed spec.maxInstances ({max_i})"
+    if not 0 < port < 65536:
+        return f"spec.port must be a TCP port (1-65535), got {port}"
+    return None
+
+
+def _spec_name(spec_name: object, max_i: int) -> str | Invalid:
+    """spec.name, if valid for instance ids up to `max_i`."""
+    if not isinstance(spec_name, str) or not _SPEC_NAME.fullmatch(spec_name):
+        return Invalid(f"spec.name must match ^[a-z0-9A-Z-_]+$, got {_shown(spec_name)}")
+    # Each instance's Services select its pods by the `app` label "<spec.name>-<id>", which
+    # Theia Cloud cuts to 62 characters: past that, instances share one selector and a user's
+    # Service would route to another user's pod. Refuse rather than build that.
+    longest = naming.VALID_NAME_LIMIT - 1 - len(str(max_i))
+    if len(spec_name) > longest:
+        return Invalid(f"spec.name is {len(spec_name)} characters; with instance ids up to "
+                       f"maxInstances ({max_i}) at most {longest} fit in the "
+                       f"{naming.VALID_NAME_LIMIT}-character `app` selector "
+                       "'<spec.name>-<id>' that keeps instances apart")
+    return spec_name
+
+
+def _image(image: object) -> str | Invalid:
+    """spec.image, if it is a non-blank string (its grammar is the Deployment's check)."""
+    if image is not None and not isinstance(image, str):
+        return Invalid(f"spec.image must be a string, got {_shown(image)}")
+    if not image or not image.strip():
+        return Invalid("spec.image is missing")
+    return image
+
+
+def _ingress_error(ingress_name: object, prefixes: object) -> str | None:
+    """What is wrong with spec.ingressname and spec.ingressHostnamePrefixes, if anything."""
+    if ingress_name is not None and not isinstance(ingress_name, str):
+        return f"spec.ingressname must be a string, got {_shown(ingress_name)}"
+    if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
+        return f"spec.ingressHostnamePrefixes must be a list of strings, got {_shown(prefixes)}"
+    # Each prefix is put before the instances host in every Session route's hostnames: bounded
+    # by the hostname grammar (warmpool.pool.grammar) and by count, so a bad one is refused
+    # here, at its AppDefinition, rather than by the API server at every claim.
+    if len(prefixes) > MAX_HOSTNAME_PREFIXES:
+        return (f"spec.ingressHostnamePrefixes has {len(prefixes)} entries; at most "
+                f"{MAX_HOSTNAME_PREFIXES} (a route has at most 16 hostnames, one of "
+                "them the instances host)")
+    for i, prefix in enumerate(prefixes):
+        if (error := hostname_prefix_error(prefix)) is not None:
+            return f"spec.ingressHostnamePrefixes[{i}] {error}"
+    return None
+
+
+def _monitor_error(lifetime: Lifetime) -> str | None:
+    """What in spec.monitor refuses the pool, if anything.
+
+    spec.monitor is read once, by parse_lifetime (the timeouts read it too). What the
+    timeouts may read as unset must not be built into a Service: a bad port refuses the pool.
+    (The activity tracker's minutes stay the timeouts' concern: not checked here.)"""
+    if (problem := next((p for p in lifetime.problems
+                         if p.startswith(("spec.monitor must", "spec.monitor.port"))),
+                        None)) is not None:
+        return problem.removesuffix(": read as unset")
+    if lifetime.monitor_port == v.OAUTH2_PROXY_PORT:
+        return (f"spec.monitor.port must not be {v.OAUTH2_PROXY_PORT}: the oauth2-proxy "
+                "in the same pod listens there")
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,7 +571,40 @@ def parse_session(obj: Mapping[str, Any]) -> Session:
         error=error if isinstance(error := status_obj.get("error"), str) else "",
         secret=secret if isinstance(secret := spec.get("sessionSecret"), str) else "",
         last_activity=_epoch_ms(status_obj.get("lastActivity")),
+        api_version=theia_api_version(obj, v.SESSION_API_VERSION),
     )
+
+
+#: A Theia Cloud apiVersion as the API server writes it into an object it returns.
+_THEIA_API_VERSION = re.compile(re.escape(v.GROUP) + r"/v[1-9][0-9]?(?:(?:alpha|beta)[1-9][0-9]?)?")
+#: At most this many sidecars are read (the fork's chart runs one per language server).
+MAX_SIDECARS = 16
+
+
+def theia_api_version(obj: Mapping[str, Any], default: str) -> str:
+    """The object's own apiVersion when it is a Theia Cloud one (the version the cluster
+    served it at), else `default`: a value that is no apiVersion is never copied into an owner
+    reference, where it would leave the garbage collector unable to resolve the owner."""
+    raw = obj.get("apiVersion")
+    return raw if isinstance(raw, str) and _THEIA_API_VERSION.fullmatch(raw) else default
+
+
+def _sidecar_names(raw: object) -> tuple[str, ...] | Invalid:
+    """spec.sidecars (v1beta11): the entries' names, held to the fork's CRD grammar and count.
+    Absent (v1beta10 and older, or none declared): ()."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_SIDECARS:
+        return Invalid(f"spec.sidecars must be a list of at most {MAX_SIDECARS} objects, got "
+                       f"{_shown(raw)}")
+    names: list[str] = []
+    for i, entry in enumerate(raw):
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if not isinstance(name, str) or not _SPEC_NAME.fullmatch(name) or len(name) > 63:
+            return Invalid(f"spec.sidecars[{i}].name must match ^[a-z0-9A-Z-_]+$ (at most 63 "
+                           f"characters), got {_shown(name)}")
+        names.append(name)
+    return tuple(names)
 
 
 def _epoch_ms(value: object) -> int | None:

@@ -254,24 +254,51 @@ def _unusable(policy: ProxyPolicy, why: str) -> Prepared:
     return Prepared(minimal.values, (finding,), minimal.skip_routes, HEAD_UNUSABLE)
 
 
+class _Findings:
+    """The findings of one rewrite, in the order they were made."""
+
+    def __init__(self) -> None:
+        self.found: list[Finding] = []
+
+    def refuse(self, key: str, why: str, reason: str = REASON_REFUSED) -> None:
+        self.found.append(Finding(reason, f"{TEMPLATE_FIELD}.{key}",
+                                  f"ConfigMap {v.NAMESPACE_PROXY_TEMPLATE} {TEMPLATE_FIELD}: "
+                                  f"{key} {why}"))
+
+
 def _rewrite(raw: Mapping[str, Any], policy: ProxyPolicy, *, head: str) -> Prepared:
-    findings: list[Finding] = []
+    findings = _Findings()
+    values = _writable(raw, findings)
+    reverse = _maybe_on(values.get("reverse_proxy", False))
+    trusted = _trusted(values, policy, reverse, findings)
+    routes = _skip_routes(values, reverse, trusted, findings)
+    _refuse_open_doors(values, reverse, findings)
+    if policy.secret_name:
+        for key in SECRET_KEYS:
+            values.pop(key, None)  # read from the Secret (environment), not this ConfigMap
+    return Prepared(values, tuple(findings.found), tuple(routes), head)
 
-    def refuse(key: str, why: str, reason: str = REASON_REFUSED) -> None:
-        findings.append(Finding(reason, f"{TEMPLATE_FIELD}.{key}",
-                                f"ConfigMap {v.NAMESPACE_PROXY_TEMPLATE} {TEMPLATE_FIELD}: "
-                                f"{key} {why}"))
 
+def _writable(raw: Mapping[str, Any], findings: _Findings) -> dict[str, Any]:
+    """The template's options that are oauth2-proxy option names with values this module
+    can write; the others dropped, each a finding."""
     values: dict[str, Any] = {}
     for key, val in raw.items():
         if not _KEY.fullmatch(key):
-            refuse(_shown(key), "is not an oauth2-proxy option name: dropped", REASON_INVALID)
+            findings.refuse(_shown(key), "is not an oauth2-proxy option name: dropped",
+                            REASON_INVALID)
         elif (why := _unwritable(val)) is not None:
-            refuse(key, f"{why}: dropped", REASON_INVALID)
+            findings.refuse(key, f"{why}: dropped", REASON_INVALID)
         else:
             values[key] = val
-    reverse = _maybe_on(values.get("reverse_proxy", False))
-    # Who is a trusted proxy: the setting, else the template's own list if it is one.
+    return values
+
+
+def _trusted(
+    values: dict[str, Any], policy: ProxyPolicy, reverse: bool, findings: _Findings,
+) -> Sequence[str]:
+    """Who is a trusted proxy: the setting, else the template's own list if it is one. The
+    template's trusted_proxy_ip is replaced by it (kept only with reverse_proxy on)."""
     trusted: Sequence[str] = policy.trusted_proxy_ips
     if not trusted and "trusted_proxy_ip" in values:
         own = _strings(values["trusted_proxy_ip"])
@@ -280,50 +307,59 @@ def _rewrite(raw: Mapping[str, Any], policy: ProxyPolicy, *, head: str) -> Prepa
         except ValueError:
             trusted = ()
         if not trusted:
-            refuse("trusted_proxy_ip", "is not a list of addresses or CIDRs narrower than /0: "
-                   f"dropped (set {TRUSTED_PROXIES_SETTING} to the gateway's pod range)")
+            findings.refuse("trusted_proxy_ip", "is not a list of addresses or CIDRs narrower "
+                            f"than /0: dropped (set {TRUSTED_PROXIES_SETTING} to the gateway's "
+                            "pod range)")
     values.pop("trusted_proxy_ip", None)
     if reverse and trusted:
         values["trusted_proxy_ip"] = list(trusted)
-    # Skip routes: anchored literal paths, or refused.
+    return trusted
+
+
+def _skip_routes(
+    values: dict[str, Any], reverse: bool, trusted: Sequence[str], findings: _Findings,
+) -> list[tuple[str, str]]:
+    """The skip routes, taken out of `values`: anchored literal paths, or refused."""
     routes: list[tuple[str, str]] = []
     for key in ("skip_auth_routes", "skip_auth_regex"):
         if key not in values:
             continue
         entries = _strings(values.pop(key))
         if entries is None:
-            refuse(key, "is not a string or a list of strings: dropped")
+            findings.refuse(key, "is not a string or a list of strings: dropped")
             continue
         if reverse and not trusted:
-            refuse(key, f"{_shown(str(entries))} refused: reverse_proxy is on and no trusted "
-                   f"proxy is configured ({TRUSTED_PROXIES_SETTING} unset), so oauth2-proxy "
-                   "would match them against a client-supplied X-Forwarded-Uri "
-                   "(GHSA-7x63-xv5r-3p2x, oauth2-proxy #3506); instances are served with "
-                   "authentication on every path")
+            findings.refuse(
+                key, f"{_shown(str(entries))} refused: reverse_proxy is on and no trusted "
+                f"proxy is configured ({TRUSTED_PROXIES_SETTING} unset), so oauth2-proxy "
+                "would match them against a client-supplied X-Forwarded-Uri "
+                "(GHSA-7x63-xv5r-3p2x, oauth2-proxy #3506); instances are served with "
+                "authentication on every path")
             continue
         for entry in entries:
             route = _anchored(entry, regex_only=key == "skip_auth_regex")
             if route is None:
-                refuse(key, f"entry {_shown(entry)} is not a literal path ([METHOD=]/a/path, "
-                       "optionally ^...$ or ending in .*): dropped")
+                findings.refuse(key, f"entry {_shown(entry)} is not a literal path "
+                                "([METHOD=]/a/path, optionally ^...$ or ending in .*): dropped")
             else:
                 routes.append(route)
+    return routes
+
+
+def _refuse_open_doors(values: dict[str, Any], reverse: bool, findings: _Findings) -> None:
+    """Options that would let someone other than the holder in, taken out of `values`."""
     if reverse and "trusted_ips" in values:
         values.pop("trusted_ips")
-        refuse("trusted_ips", "refused: with reverse_proxy on, the client address it is checked "
-               "against comes from X-Forwarded-For, which a client writes")
+        findings.refuse("trusted_ips", "refused: with reverse_proxy on, the client address it "
+                        "is checked against comes from X-Forwarded-For, which a client writes")
     if "skip_auth_preflight" in values and _maybe_on(values["skip_auth_preflight"]):
         values.pop("skip_auth_preflight")
-        refuse("skip_auth_preflight", "refused: it sends every OPTIONS request, on any path, "
-               "to the IDE without a login")
+        findings.refuse("skip_auth_preflight", "refused: it sends every OPTIONS request, on "
+                        "any path, to the IDE without a login")
     if "email_domains" in values:
         values.pop("email_domains")
-        refuse("email_domains", "refused: it would admit users beside the instance's holder "
-               "(each instance's allow-list is its authenticated-emails file)")
-    if policy.secret_name:
-        for key in SECRET_KEYS:
-            values.pop(key, None)  # read from the Secret (environment), not this ConfigMap
-    return Prepared(values, tuple(findings), tuple(routes), head)
+        findings.refuse("email_domains", "refused: it would admit users beside the instance's "
+                        "holder (each instance's allow-list is its authenticated-emails file)")
 
 
 def _anchored(entry: str, *, regex_only: bool) -> tuple[str, str] | None:

@@ -40,6 +40,7 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from warmpool.pool.conditions import Condition, set_conditions
 from warmpool.pool.grammar import object_name_error
 from warmpool.pool.grammar import shown as _shown
 from warmpool.pool.meta import namespace_of
@@ -353,28 +354,97 @@ def rfc3339(when: datetime | None) -> str | None:
     return None if when is None else _utc(when).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: The conditions a PoolSchedule's status carries (`warmpool.pool.conditions`).
+COND_VALID = "Valid"    # the schedule counts: its spec and its AppDefinition are valid
+COND_ACTIVE = "Active"  # one of its windows raises the pool's target now
+
+
 def schedule_status(
     obj: Mapping[str, Any], appdef: AppDefinition | Invalid | None,
     objects: Iterable[Mapping[str, Any]], now: datetime,
 ) -> dict[str, Any]:
     """The status a PoolSchedule should show: the named AppDefinition's `effectiveTarget`
     and `nextChange` (RFC 3339, null if none ahead) over all its valid schedules, and
-    `message`: "ok", or why this schedule is invalid (it then counts for nothing)."""
+    `message`: "ok", or why this schedule is invalid (it then counts for nothing).
+
+    And the same verdict as an operator's tools read it: `conditions` (`Valid`, `Active`)
+    and `observedGeneration`, the spec's generation it was computed from (a status whose
+    generation is behind the object's was computed from an older spec)."""
     spec = obj.get("spec")
     name = spec.get("appDefinition") if isinstance(spec, Mapping) else None
+    meta = obj.get("metadata")
+    generation = meta.get("generation") if isinstance(meta, Mapping) else None
+    generation = generation if isinstance(generation, int) else None
+    previous = obj.get("status")
+    existing = previous.get("conditions") if isinstance(previous, Mapping) else None
+    when = rfc3339(now) or ""
+
+    def verdict(fields: dict[str, Any], *conds: Condition) -> dict[str, Any]:
+        observed = {} if generation is None else {"observedGeneration": generation}
+        return {**fields, **observed,
+                "conditions": set_conditions(existing, conds, generation, when)}
+
     if not isinstance(appdef, AppDefinition):
         parsed = parse_schedule(obj)
         if isinstance(parsed, Invalid):
-            message = parsed.message
+            message, reason = parsed.message, "InvalidSpec"
         elif appdef is None:
             message = f"AppDefinition {name!r} does not exist in this namespace"
+            reason = "AppDefinitionNotFound"
         else:
             message = f"AppDefinition {name!r} is invalid and left as it is: {appdef.message}"
-        return {"effectiveTarget": None, "nextChange": None, "message": message}
+            reason = "AppDefinitionInvalid"
+        return verdict({"effectiveTarget": None, "nextChange": None, "message": message},
+                       Condition(COND_VALID, "False", reason, message),
+                       Condition(COND_ACTIVE, "False", "NotValid", "an invalid schedule "
+                                 "changes no pool size"))
     parsed = parse_schedule(obj, appdef)
     mine = valid_schedules(appdef, objects)
-    return {
-        "effectiveTarget": effective_target(appdef, mine, now),
-        "nextChange": rfc3339(next_change(appdef, mine, now)),
-        "message": parsed.message if isinstance(parsed, Invalid) else OK,
-    }
+    target = effective_target(appdef, mine, now)
+    fields = {"effectiveTarget": target, "nextChange": rfc3339(next_change(appdef, mine, now)),
+              "message": parsed.message if isinstance(parsed, Invalid) else OK}
+    if isinstance(parsed, Invalid):
+        return verdict(fields, Condition(COND_VALID, "False", "InvalidSpec", parsed.message),
+                       Condition(COND_ACTIVE, "False", "NotValid", "an invalid schedule "
+                                 "changes no pool size"))
+    open_now = [w for w in parsed.windows if active(w, now)]
+    if open_now:
+        size = max(w.size for w in open_now)
+        active_cond = Condition(COND_ACTIVE, "True", "WindowOpen",
+                                f"a window asks for {size} instance(s); the pool's target "
+                                f"is {target}")
+    else:
+        active_cond = Condition(COND_ACTIVE, "False", "NoWindowOpen",
+                                f"no window of this schedule is open; the pool's target "
+                                f"is {target}")
+    return verdict(fields, Condition(COND_VALID, "True", "Valid", OK), active_cond)
+
+
+@dataclass(frozen=True, slots=True)
+class Timetable:
+    """What a pool's job does with its PoolSchedules at `now`: the status each schedule
+    should show (`statuses`: (schedule object, status), only those that name the pool) and
+    the next instant its target changes (None: none within the horizon)."""
+
+    statuses: tuple[tuple[Mapping[str, Any], dict[str, Any]], ...]
+    next_change: datetime | None
+
+
+def timetable(
+    name: str, appdef: AppDefinition | Invalid | None, objects: Iterable[Mapping[str, Any]],
+    now: datetime,
+) -> Timetable:
+    """The schedules of the AppDefinition `name` (`appdef` as parsed from its spec, its
+    min_instances spec.minInstances; Invalid or None: no target, every schedule says why)."""
+    objects = list(objects)
+    mine = [obj for obj in objects if _names(obj) == name]
+    edge = (next_change(appdef, valid_schedules(appdef, objects), now)
+            if isinstance(appdef, AppDefinition) and mine else None)
+    return Timetable(tuple((obj, schedule_status(obj, appdef, objects, now)) for obj in mine),
+                     edge)
+
+
+def _names(obj: Mapping[str, Any]) -> str | None:
+    spec = obj.get("spec")
+    name = spec.get("appDefinition") if isinstance(spec, Mapping) else None
+    return name if isinstance(name, str) else None

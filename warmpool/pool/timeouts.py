@@ -297,3 +297,32 @@ def activity_plan(
     if notify_after is not None and notify_after <= minutes:
         actions.append(Popup())
     return tuple(actions)
+
+
+def may_be_tracked(session: Session, lifetime: Lifetime | None) -> bool:
+    """Whether an activity tracker watches `session` now or will once it is HANDLED: its
+    AppDefinition has a tracker with ``timeoutAfter > 0`` and a monitor port, and it is not
+    being deleted. (Its HANDLED status is a status write, which queues nothing: its job keeps
+    looking while it may become tracked.)"""
+    if session.deleting or session.status == v.STATUS_ERROR or lifetime is None:
+        return False
+    tracker = lifetime.tracker
+    return (tracker is not None and tracker.timeout_after is not None
+            and tracker.timeout_after > 0 and lifetime.monitor_port is not None)
+
+
+def next_look(session: Session, lifetime: Lifetime | None, now: float, *,
+              poll: float | None) -> float | None:
+    """When `session`'s timeout job should run again (epoch s, the cluster's clock), or None:
+    nothing will end it unless it or its AppDefinition changes (whose events queue it).
+
+    Its hard deadline (`hard_deadline`), and, with the tracker on (`poll`: seconds between
+    asks of its monitor, Java's one minute), `poll` from now while a tracker watches it or
+    may: its activity is only known by asking. An inactivity deadline is therefore met within
+    one `poll` (as Java's pass every minute meets it); the hard limit exactly, on the
+    cluster's clock as read (late by at most the clock's lag, `warmpool.kube.clock`)."""
+    due = [hard_deadline(session, lifetime)]
+    if poll is not None and may_be_tracked(session, lifetime):
+        due.append(now + poll)
+    known = [d for d in due if d is not None]
+    return min(known) if known else None

@@ -52,6 +52,9 @@ SESSION_LABEL_KEYS = (
 ANNOTATION_INSTANCE_ID = "theia-cloud.io/instance-id"
 ANNOTATION_START_STRATEGY = "theia-cloud.io/session-start-strategy"
 START_STRATEGY_EAGER = "eager"
+# The EduIDE line's Java operator, with no free instance, starts a Session "lazily" (a Deployment
+# of its own, owned by the Session) and annotates it so (EagerWithLazyFallbackSessionHandler).
+START_STRATEGY_LAZY_FALLBACK = "lazy-fallback"
 ANNOTATION_REFRESH = "theia-cloud.io/eager-start-refresh"
 # warmpool's own: the fence of the lease under which an object was last written.
 ANNOTATION_FENCE = "warmpool.io/fence"

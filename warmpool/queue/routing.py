@@ -14,6 +14,9 @@ ACTOR_FOR_KIND: dict[str, str] = {
     "instance": "reconcile_instance",
     "session": "claim_session",
     "pool": "resync_pool",
+    "timeout": "session_timeout",
+    "probe": "probe_url",
+    "sweep": "sweep_orphans",
 }
 
 Router = Callable[[str], str]

@@ -121,6 +121,11 @@ class QueueSettings:
                 continue
             # a str, int, float or bool (or None): its type parses the variable's text
             default: Any = field.default
-            values[field.name] = type(default)(raw) if default is not None else raw
+            try:
+                values[field.name] = type(default)(raw) if default is not None else raw
+            except ValueError:  # float("abc"): say which variable, as the other settings do
+                raise ValueError(f"{ENV_PREFIX}{field.name.upper()} must be "
+                                 f"{'an integer' if type(default) is int else 'a number'}, "
+                                 f"got {raw!r}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

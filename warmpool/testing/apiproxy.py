@@ -43,7 +43,9 @@ Clients: the proxy's first port is client "main" (`kubeconfig_path`); `add_clien
 on one more port and returns a kubeconfig for it, so a fault can single out one process (the
 API server cannot tell the proxy's clients apart, and neither can the proxy by anything else).
 
-`proxy.stats()` counts requests and each injected fault; `proxy.events` keeps the latest
+`proxy.writes(client)` lists the writes a client sent that reached the server, each with its
+answer (what a test reads to show a late write refused). `proxy.stats()` counts requests and
+each injected fault; `proxy.events` keeps the latest
 injected faults with timestamps (for a failing test's history). `proxy.traffic(client)` counts
 requests and response body bytes by verb (GET, LIST, WATCH, POST, PUT, PATCH, DELETE, OTHER:
 a GET of a collection is a LIST, a GET with `?watch=` a WATCH, counted once however long it
@@ -322,6 +324,8 @@ class _Handler(BaseHTTPRequestHandler):
         if held is not None:
             held.answered(resp.status)
         p._count_shape(self.verb, path, resp.status)
+        if method in MUTATING:
+            p._wrote(self.client, method, path, resp.status)
         if method == "DELETE" and 200 <= resp.status < 300:
             p._deleted_path(path, body)  # before the reply: the server has deleted it anyway
         if plan.lost_response:
@@ -641,6 +645,23 @@ class Hold:
             self._cond.notify_all()
 
 
+@dataclass(frozen=True)
+class Write:
+    """One write a client sent that reached the API server, and the server's answer: the
+    server's side of "a late write was refused" (409: a precondition or the fence no longer
+    held; 404: the object it named is gone)."""
+
+    at: float  # time.time() when answered
+    client: str
+    method: str
+    path: str
+    status: int
+
+    @property
+    def refused(self) -> bool:
+        return self.status >= 400
+
+
 @dataclass
 class _Plan:
     outage: bool = False
@@ -706,6 +727,7 @@ class ApiProxy:
         self._outage: str | None = None
         self._outage_timer: threading.Timer | None = None
         self._holds: list[Hold] = []
+        self._writes: deque[Write] = deque(maxlen=events)  # see `writes`
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._kubeconfig_path = kubeconfig_path
 
@@ -748,12 +770,18 @@ class ApiProxy:
     def client_url(self, name: str = MAIN_CLIENT) -> str:
         return f"http://{self.host}:{self._listeners[name][0]}"
 
-    def write_kubeconfig(self, path: Path, client: str = MAIN_CLIENT) -> Path:
-        """A kubeconfig that reaches the API server through this proxy (as `client`)."""
+    def client_port(self, name: str = MAIN_CLIENT) -> int:
+        return int(self._listeners[name][0])
+
+    def write_kubeconfig(self, path: Path, client: str = MAIN_CLIENT,
+                         server: str | None = None) -> Path:
+        """A kubeconfig that reaches the API server through this proxy (as `client`), at
+        `server` when given (a forwarder in front of the client's port, e.g. a host's link)."""
         user: dict[str, Any] = {"token": self.token} if self.token else {}
         config = {
             "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "proxy", "cluster": {"server": self.client_url(client)}}],
+            "clusters": [{"name": "proxy",
+                          "cluster": {"server": server or self.client_url(client)}}],
             "users": [{"name": "proxy", "user": user}],
             "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "proxy",
                                                       "namespace": "default"}}],
@@ -959,6 +987,16 @@ class ApiProxy:
                 if client is None or c == client:
                     out[verb] += n
         return Traffic({k: req[k] for k in VERBS}, {k: out[k] for k in VERBS})
+
+    def writes(self, client: str | None = None) -> list[Write]:
+        """The latest writes (POST, PUT, PATCH, DELETE) forwarded to the API server, of one
+        client (None: all), oldest first, each with the server's answer."""
+        with self._lock:
+            return [w for w in self._writes if client is None or w.client == client]
+
+    def _wrote(self, client: str, method: str, path: str, status: int) -> None:
+        with self._lock:
+            self._writes.append(Write(time.time(), client, method, path, status))
 
     def held_watch_events(self, client: str | None = None) -> int:
         """Watch events read from the server and not yet relayed (a `watch_delay`)."""

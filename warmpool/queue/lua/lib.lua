@@ -182,6 +182,17 @@ local function fence_counter()
   return digits
 end
 
+-- Whether the key's last run was lost and is still owed: a deadline in `inflight` while no
+-- lease is there (every caller checks the lease first). Only `done` with the holder's own
+-- token and `recover` remove a deadline; a lease that lapsed (a holder SIGSTOPped or starved
+-- of CPU past the TTL), or was deleted as unreadable, leaves it for the recovery pass. A
+-- script that takes the key before that pass must take the debt with it, since its ZADD
+-- replaces the deadline recovery would have found: without that, a secondary lease taken and
+-- released in between erased the lost run, and its key never ran again.
+local function owes_lost_run(key)
+  return redis.call("ZSCORE", INFLIGHT, key) ~= false
+end
+
 -- INCR, then the counter's exact decimal text: never a Lua number (a double, which prints
 -- 10^14 as "1e+14" and is not exact above 2^53). Returns value, fence text, repair note.
 local function acquire(key, token, ttl)

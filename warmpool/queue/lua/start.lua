@@ -22,6 +22,11 @@ if not is_dirty(key) then
   if lease_problem then return {"stale", lease_problem} end
   return "stale"
 end
+-- The key's last holder was lost and the recovery pass has not reached it: this run is the
+-- rerun it owed, so it must run (never skipped as "own") and reconcile fully, since what the
+-- lost run wrote is unknown -- the `*` the recovery would have recorded. The deadline this
+-- start replaces then stands for this run alone.
+if owes_lost_run(key) then untriggered(key) end
 redis.call("SREM", DIRTY, key)
 redis.call("HDEL", PENDING, key)
 local added = redis.call("HGET", ADDED_AT, key)

@@ -2,15 +2,23 @@
 
   Kubernetes   --kubeconfig    KUBECONFIG            in-cluster service account, else
                                                      ~/.kube/config
+  context      --context                             the kubeconfig's current-context
   namespace    -n/--namespace  WARMPOOL_NAMESPACE    the kubeconfig context's namespace (or the
                                                      service account's), else `default`
   Redis        --redis-url     WARMPOOL_REDIS_URL    redis://127.0.0.1:6379/0
   queue layout                 WARMPOOL_QUEUE_<FIELD> (QueueSettings.from_env, e.g. _PREFIX,
                                                      _NAMESPACE, _QUEUE_NAME), as the workers
 
-The inspection commands never start a Redis of their own (the workers' embedded fallback):
-inspecting an empty server that happens to be there would show a wrong, quiet queue. When
-nothing answers, they say so and exit 4.
+Every setting, with its grammar, default and the roles that read it: docs/configuration.md
+(generated from warmpool/settings_registry.py); `warmpool config` shows the effective values.
+
+No command starts a Redis of its own: inspecting an empty server that happens to be there
+would show a wrong, quiet queue, and a worker or scheduler on a Redis of its own would serve
+a queue nobody else sees. The inspection commands fall back to the default URL and, when
+nothing answers, say so and exit 4; `warmpool worker` and `warmpool scheduler` need a URL
+(`require_redis_url`, exit 4 without one). Only `warmpool demo` runs an embedded Redis.
+A server that refuses the credentials exits 5, and one that answers but is not a Kubernetes
+API server (or not Redis) exits 6 (errors.py).
 
 Everything that can go wrong here becomes an `Unreachable` or `BadValue` error with the source
 of the value in it ("from $KUBECONFIG"), so a person knows which setting to fix.
@@ -19,6 +27,7 @@ of the value in it ("from $KUBECONFIG"), so a person knows which setting to fix.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import warnings
@@ -29,7 +38,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from warmpool.cli.errors import BadValue, CredentialsRefused, Unreachable, one_line
+from warmpool.errors import (
+    BadValue,
+    CliError,
+    CredentialsRefused,
+    Unreachable,
+    Unusable,
+    WrongServer,
+    one_line,
+)
+from warmpool.settings_registry import registered
 
 if TYPE_CHECKING:
     import redis
@@ -40,9 +58,9 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
-ENV_KUBECONFIG = "KUBECONFIG"
-ENV_NAMESPACE = "WARMPOOL_NAMESPACE"
-ENV_REDIS_URL = "WARMPOOL_REDIS_URL"
+ENV_KUBECONFIG = registered("KUBECONFIG")
+ENV_NAMESPACE = registered("WARMPOOL_NAMESPACE")
+ENV_REDIS_URL = registered("WARMPOOL_REDIS_URL")
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_NAMESPACE = "default"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -98,9 +116,15 @@ def resolve_kube_target(
                       f"({LOCAL_CLUSTER_HINT})")
 
 
-def context_namespace(target: KubeTarget, sa_dir: Path = SERVICE_ACCOUNT_DIR) -> str | None:
-    """The current context's namespace (in a pod: the service account's), if any."""
+def context_namespace(target: KubeTarget, sa_dir: Path = SERVICE_ACCOUNT_DIR,
+                      context: str | None = None) -> str | None:
+    """The namespace of `context` (default: the current context; in a pod: the service
+    account's), if any. `BadValue` if `context` is not in the kubeconfig, or asked for in a
+    pod, where there is no kubeconfig to choose it from."""
     if target.in_cluster:
+        if context is not None:
+            raise BadValue(f"--context {context}: there is no kubeconfig to choose it from (in "
+                           "a pod, with its service account); pass --kubeconfig too")
         try:
             return (sa_dir / "namespace").read_text().strip() or None
         except OSError:
@@ -109,9 +133,18 @@ def context_namespace(target: KubeTarget, sa_dir: Path = SERVICE_ACCOUNT_DIR) ->
     from kubernetes.config import ConfigException, list_kube_config_contexts
 
     try:
-        _, current = list_kube_config_contexts(config_file=target.path)
+        contexts, current = list_kube_config_contexts(config_file=target.path)
     except (ConfigException, OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
-        return None  # connecting will say what is wrong with the file
+        if context is None:
+            return None  # connecting will say what is wrong with the file
+        contexts, current = [], None
+    if context is not None:
+        names = [str(c.get("name")) for c in contexts or [] if isinstance(c, dict)]
+        if context not in names:
+            raise BadValue(f"--context {context}: no such context in the kubeconfig "
+                           f"{target.path} (from {target.source}); its contexts: "
+                           f"{', '.join(names) or 'none'}")
+        current = next(c for c in contexts if isinstance(c, dict) and c.get("name") == context)
     return ((current or {}).get("context") or {}).get("namespace") or None
 
 
@@ -119,16 +152,18 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def resolve_namespace(
-    flag: str | None, target: KubeTarget | None, environ: Mapping[str, str] | None = None
+    flag: str | None, target: KubeTarget | None, environ: Mapping[str, str] | None = None,
+    context: str | None = None,
 ) -> str:
     env = os.environ if environ is None else environ
+    from_context = context_namespace(target, context=context) if target else None
     for value, source in ((flag, "--namespace"), (_env(env, ENV_NAMESPACE), "$WARMPOOL_NAMESPACE")):
         if value:
             if len(value) > 63 or not _DNS_LABEL.match(value):
                 raise BadValue(f"namespace {value!r} (from {source}) is not a valid Kubernetes "
                                "namespace name (lower-case letters, digits and '-')")
             return value
-    return (context_namespace(target) if target else None) or DEFAULT_NAMESPACE
+    return from_context or DEFAULT_NAMESPACE
 
 
 def _quiet_tls_warnings(verify_ssl: bool) -> None:
@@ -145,9 +180,54 @@ def _connection_reason(exc: BaseException) -> str:
     return reason.split("): ", 1)[-1]  # drop urllib3's "HTTPSConnection(host=...)" prefix
 
 
-def connect_kube(target: KubeTarget) -> Kube:
-    """A `Kube` on the target; the API server has answered and accepted the credentials when
-    this returns."""
+def _refusal(exc: Any, host: str, target: KubeTarget) -> CliError:
+    """What an HTTP error answer to a request every API server serves says: credentials
+    refused (401/403), a server not ready (5xx, 429: wait), or a server that is not a
+    Kubernetes API server at all (any other answer: the address is wrong)."""
+    status, reason = exc.status, one_line(str(exc.reason or ""), 80)
+    where = f"at {host} (kubeconfig from {target.source})"
+    if status in (401, 403):
+        return CredentialsRefused(
+            f"the Kubernetes API server {where} refused the credentials: {status} {reason}; "
+            "renew them, or point KUBECONFIG/--kubeconfig at a kubeconfig whose user may use "
+            "the cluster")
+    if status is None or status == 429 or status >= 500:
+        return Unreachable(f"the Kubernetes API server {where} is not ready: {status} "
+                           f"{reason}; try again, or check the control plane")
+    kind = (getattr(exc, "headers", None) or {}).get("Content-Type") or "no content type"
+    return WrongServer(
+        f"the server {where} is not a Kubernetes API server: it answered {status} {reason} "
+        f"({kind}) to GET /apis; point the kubeconfig's cluster.server at the API server")
+
+
+def _check_is_kubernetes(api: Any, host: str, target: KubeTarget) -> None:
+    """GET /apis, with the credentials, parsed here: a web server or a proxy answering 200
+    with a page of its own is told apart from an API server by the body, not the status.
+    (The dynamic client's discovery may come from its cache file, and /apis answers only
+    authenticated users, so this checks the credentials too.)"""
+    from kubernetes import client as kclient
+
+    resp: Any = kclient.ApisApi(api).get_api_versions(_preload_content=False,
+                                                      _request_timeout=(5.0, 10.0))
+    try:
+        body = resp.data
+        kind = resp.headers.get("Content-Type") or "no content type"
+    finally:
+        resp.release_conn()
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or doc.get("kind") != "APIGroupList":
+        raise WrongServer(
+            f"the server at {host} (kubeconfig from {target.source}) is not a Kubernetes API "
+            f"server: GET /apis answered {resp.status} with {kind}, not an APIGroupList; point "
+            "the kubeconfig's cluster.server at the API server")
+
+
+def connect_kube(target: KubeTarget, context: str | None = None) -> Kube:
+    """A `Kube` on the target (with `context`: that kubeconfig context, not the current one);
+    the API server has answered as one, and accepted the credentials, when this returns."""
     import urllib3
     import yaml
     from kubernetes import client as kclient
@@ -162,39 +242,31 @@ def connect_kube(target: KubeTarget) -> Kube:
             kconfig.load_incluster_config(client_configuration=cfg)
             api = kclient.ApiClient(cfg)
         else:
-            api = kconfig.new_client_from_config(config_file=target.path)
+            api = kconfig.new_client_from_config(config_file=target.path, context=context)
     except (kconfig.ConfigException, OSError, KeyError, TypeError, ValueError,
             yaml.YAMLError) as exc:
         what = ("the in-cluster service account" if target.in_cluster
                 else f"the kubeconfig {target.path} (from {target.source})")
-        raise Unreachable(f"cannot use {what}: {one_line(str(exc), 200)}; fix it or point "
+        raise Unusable(f"cannot use {what}: {one_line(str(exc), 200)}; fix it or point "
                           "KUBECONFIG/--kubeconfig at another kubeconfig") from exc
     host = api.configuration.host
     _quiet_tls_warnings(bool(api.configuration.verify_ssl))
     try:
-        kube = Kube(api)
-        # The dynamic client's discovery may come from its cache file: ask the server itself,
-        # with the credentials (/apis answers authenticated users only).
-        kclient.ApisApi(api).get_api_versions(_request_timeout=(5.0, 10.0))
-        return kube
+        _check_is_kubernetes(api, host, target)
+        return Kube(api)  # its discovery runs now: after the check, so its errors are plain
     except urllib3.exceptions.HTTPError as exc:
         raise Unreachable(f"cannot reach the Kubernetes API server at {host} (kubeconfig from "
                           f"{target.source}): {_connection_reason(exc)}; start it, or point "
                           "KUBECONFIG/--kubeconfig at one that runs") from exc
-    except ApiException as exc:  # discovery needs an authenticated user
-        if exc.status in (401, 403):
-            raise CredentialsRefused(
-                f"the Kubernetes API server at {host} refused the credentials (kubeconfig "
-                f"from {target.source}): {exc.status} {exc.reason}; renew them, or point "
-                "KUBECONFIG/--kubeconfig at a kubeconfig whose user may use the cluster") from exc
-        raise
+    except ApiException as exc:  # the dynamic client's errors are ApiExceptions too
+        raise _refusal(exc, host, target) from exc
 
 
 def check_namespaces(kube: Kube, namespaces: list[str]) -> None:
     """`NotFound` for a namespace that does not exist: watching it would wait for ever on an
     empty pool. A user allowed only inside the namespace (the Role in deploy/) cannot read the
     Namespace object; then the namespace is taken as given."""
-    from warmpool.cli.errors import NotFound
+    from warmpool.errors import NotFound
     from warmpool.kube.api import KubeError
 
     for name in namespaces:
@@ -215,15 +287,16 @@ class KubeConfig:
 
     kubeconfig: str | None
     namespace_flag: str | None
+    context: str | None = None
 
     def target(self) -> KubeTarget:
         return resolve_kube_target(self.kubeconfig)
 
     def connect(self) -> tuple[Kube, str]:
-        """(Kube, namespace); the namespace is checked before connecting."""
+        """(Kube, namespace); the namespace (and the context) are checked before connecting."""
         target = self.target()
-        namespace = resolve_namespace(self.namespace_flag, target)
-        return connect_kube(target), namespace
+        namespace = resolve_namespace(self.namespace_flag, target, context=self.context)
+        return connect_kube(target, self.context), namespace
 
 
 # --- Redis ----------------------------------------------------------------------------------
@@ -270,12 +343,26 @@ def redact_url(url: str) -> str:
     return _QUERY_PASSWORD.sub(r"\1***", url)
 
 
-def queue_settings(url: str, environ: Mapping[str, str] | None = None) -> QueueSettings:
-    """The workers' key layout (WARMPOOL_QUEUE_* from the environment) on `url`."""
+def require_redis_url(value: str | None, command: str) -> str:
+    """The URL a worker or scheduler runs on (`--redis-url`, or $WARMPOOL_REDIS_URL through
+    click), or `Unreachable` (exit 4): one without a URL used to start an embedded server of
+    its own, or take whatever answered on 127.0.0.1:6379, and so could work a queue the other
+    processes never see while looking healthy."""
+    if value and value.strip():
+        return value
+    raise Unreachable(f"no Redis URL: set {ENV_REDIS_URL} or pass --redis-url (e.g. "
+                      f"redis://redis:6379/0); `warmpool {command}` never starts a Redis of "
+                      "its own (the embedded one is for `warmpool demo`)")
+
+
+def queue_settings(url: str, environ: Mapping[str, str] | None = None,
+                   queue_name: str | None = None) -> QueueSettings:
+    """The workers' key layout (WARMPOOL_QUEUE_* from the environment) on `url`; a bad value
+    is a `BadValue` (exit 2, one line), in every command and role alike."""
     from warmpool.queue.settings import QueueSettings
 
     try:
-        return QueueSettings.from_env(environ, redis_url=url)
+        return QueueSettings.from_env(environ, redis_url=url, queue_name=queue_name)
     except (TypeError, ValueError) as exc:
         raise BadValue(f"bad queue setting in the environment (WARMPOOL_QUEUE_*): {exc}") from exc
 
@@ -303,6 +390,9 @@ def connect_redis(url: str, source: str) -> redis.Redis:
         raise CredentialsRefused(f"Redis at {shown} (from {source}) refused the credentials: "
                                  f"{exc}; put the password in the URL "
                                  "(redis://:PASSWORD@host:port)") from exc
+    except redis_lib.exceptions.InvalidResponse as exc:
+        raise WrongServer(f"the server at {shown} (from {source}) does not speak Redis: "
+                          f"{one_line(str(exc), 80)}; is that the Redis port?") from exc
     except MasterNotFoundError as exc:  # its text is the repr of every Sentinel client
         raise Unreachable(f"no Sentinel of {shown} (from {source}) names a primary: none "
                           "answers, or none monitors that service; check the hosts and the "
@@ -323,7 +413,7 @@ def patiently(attempt: Callable[[], T], seconds: float = STARTUP_WAIT) -> T:
     malformed value, refused credentials, a namespace that does not exist."""
     import time
 
-    from warmpool.cli.errors import translate
+    from warmpool.errors import translate
 
     deadline = time.monotonic() + seconds
     while True:
@@ -358,12 +448,17 @@ def check_servers(redis_url: str | None, *, kube: bool, kubeconfig: str | None =
         target = resolve_kube_target(kubeconfig)
         client = patiently(lambda: connect_kube(target))
         patiently(lambda: check_namespaces(client, list(dict.fromkeys(namespaces))))
-        from warmpool.cli.errors import Unreachable
+        from warmpool.errors import Unreachable
+        from warmpool.pool import lines
+        from warmpool.pool import vocabulary as v
 
         for api_version, kind, advice in kinds:
-            if not client.serves(api_version, kind):
-                raise Unreachable(f"the Kubernetes API serves no {kind} ({api_version}): "
-                                  f"{advice}")
+            if client.serves(api_version, kind):
+                continue
+            if api_version.startswith(f"{v.GROUP}/") and kind in lines.KNOWN:
+                # Theia Cloud's kinds are read at the cluster's version: say which it serves.
+                raise Unreachable(lines.missing_advice(kind, *client.theia_group()))
+            raise Unreachable(f"the Kubernetes API serves no {kind} ({api_version}): {advice}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,17 +475,22 @@ class RedisConfig:
 # --- options --------------------------------------------------------------------------------
 
 def kube_options(func: F) -> F:
-    """`--kubeconfig` and `-n/--namespace`, handed to the command as `kube: KubeConfig`."""
+    """`--kubeconfig`, `--context` and `-n/--namespace`, handed to the command as
+    `kube: KubeConfig`."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, kubeconfig: str | None, namespace_flag: str | None,
-                **kwargs: Any) -> Any:
-        return func(*args, kube=KubeConfig(kubeconfig, namespace_flag), **kwargs)
+    def wrapper(*args: Any, kubeconfig: str | None, context: str | None,
+                namespace_flag: str | None, **kwargs: Any) -> Any:
+        return func(*args, kube=KubeConfig(kubeconfig, namespace_flag, context), **kwargs)
 
     wrapper = click.option(
         "--namespace", "-n", "namespace_flag", default=None, metavar="NS",
         help=f"Namespace of the AppDefinitions. [env: {ENV_NAMESPACE}; default: the kubeconfig "
              "context's namespace (in a pod: its own), else 'default']")(wrapper)
+    wrapper = click.option(
+        "--context", default=None, metavar="NAME",
+        help="The kubeconfig context to use (its cluster, user and namespace). [default: "
+             "the kubeconfig's current-context]")(wrapper)
     wrapper = click.option(
         "--kubeconfig", default=None, metavar="PATH",
         help=f"Kubeconfig file. [env: {ENV_KUBECONFIG}; default: the in-cluster service "
@@ -419,7 +519,3 @@ def redis_options(func: F) -> F:
              "WARMPOOL_QUEUE_QUEUE_NAME, as for the workers.")(wrapper)
     return wrapper  # type: ignore[return-value]
 
-
-def json_option(func: F) -> F:
-    return click.option("--json", "as_json", is_flag=True,
-                        help="Print JSON instead of tables (keys: see above).")(func)
