@@ -25,6 +25,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from metrics.build import BuildInfoCollector
 from metrics.collectors import (
     AddCounter,
     ClusterCollector,
@@ -56,6 +57,7 @@ def host_registry(path: str | Path, pool: WorkerPoolView | None = None) -> Colle
     Path(path).mkdir(parents=True, exist_ok=True)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(path))
+    registry.register(BuildInfoCollector())
     if pool is not None:
         registry.register(WorkerPoolCollector(pool))
     return registry
@@ -67,6 +69,7 @@ def scheduler_registry(
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(SchedulerCollector(app, adds))
+    registry.register(BuildInfoCollector())
     if client is not None:
         registry.register(ClusterCollector(client, settings))
     ProcessCollector(registry=registry)

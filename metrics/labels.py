@@ -11,7 +11,7 @@ from warmpool.pool import vocabulary as v
 from warmpool.pool.parts import POOL_KIND_NAMES
 from warmpool.queue.scripts import Skip
 
-KINDS = ("instance", "session", "pool")
+KINDS = ("instance", "session", "pool", "timeout", "probe", "sweep")
 OTHER_KIND = "other"  # a key of no known kind (never exported with the key itself)
 
 # warmpool_reconcile_total{result}

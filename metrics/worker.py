@@ -49,7 +49,9 @@ from metrics.labels import (
 from metrics.poolstate import PoolState, Stale
 from warmpool.controller.result import Outcome, Result, Start
 from warmpool.keys import Key, PoolKey, parse_key
+from warmpool.pool.claim import WaitReason
 from warmpool.pool.decide import Plan, State
+from warmpool.pool.health import PoolHealth
 from warmpool.queue.lease import LeaseLost
 from warmpool.queue.observer import NullObserver, set_observer
 
@@ -123,8 +125,16 @@ FENCE_REGRESSIONS = Counter("warmpool_fence_regressions", "Jobs that refused to 
 
 CLAIM_DURATION = Histogram("warmpool_claim_duration_seconds", "Seconds from a Session's "
                            "creationTimestamp to its claim completing (status HANDLED), by "
-                           "start: warm (a prewarmed instance) or cold (one made for it, burst)",
+                           "start: warm (an instance whose pod was Ready) or cold (its pod "
+                           "was starting, or made for it: burst)",
                            ["appdefinition", "start"], buckets=CLAIM_BUCKETS)
+POOL_PODS = Gauge("warmpool_pool_instances_by_pod", "A pool's instances by their pod, as its "
+                  "last resync counted them: warm (Ready), starting, failing (an image pull "
+                  "error or a crash loop; at 3 the pool makes no new instance)",
+                  ["appdefinition", "pod"], multiprocess_mode="mostrecent")
+POOL_CAPPED = Gauge("warmpool_pool_start_failures_capped", "1 while a pool makes no new "
+                    "instance because too many of its pods cannot start, else 0",
+                    ["appdefinition"], multiprocess_mode="mostrecent")
 CLAIMS_WAITED = Counter("warmpool_claims_waited", "Sessions that found no instance and began "
                         "to wait, by limit: maxInstances (burst at its cap), minInstances "
                         "(burst off), other (a missing shared route, an invalid AppDefinition)",
@@ -330,11 +340,12 @@ class JobMetrics:
             return
         if result.outcome is Outcome.DEFERRED:
             return
-        if result.plan is not None and result.instance is not None:
-            own = str(result.instance) == ctx.key
-            instance_done(ctx, result.instance.appdef, result.plan,
-                          key=None if own else str(result.instance),
-                          fence=None if own else result.fence)
+        record = result.record
+        if record.plan is not None and record.instance is not None:
+            own = str(record.instance) == ctx.key
+            instance_done(ctx, record.instance.appdef, record.plan,
+                          key=None if own else str(record.instance),
+                          fence=None if own else record.fence)
         if self.kind == "session":
             claim_done(ctx, result)
         elif self.kind == "pool":
@@ -342,6 +353,8 @@ class JobMetrics:
             assert isinstance(key, PoolKey)
             resync_done(ctx, key, [k for k, _ in result.follow_ups], self._resync_ms,
                         refused=result.outcome is Outcome.REFUSED)
+            if result.record.health is not None:
+                pool_health_seen(key.appdef, result.record.health)
 
     def __exit__(
         self,
@@ -373,7 +386,7 @@ def classify(exc: BaseException | None, result: Result | None = None) -> str:
         return SUCCESS
     if result.outcome in (Outcome.DEFERRED, Outcome.BEHIND):
         return REQUEUE
-    return CONFLICT if result.attempts > 1 else SUCCESS
+    return CONFLICT if result.record.attempts > 1 else SUCCESS
 
 
 # --- pool state, recorded by the handlers ----------------------------------------------------
@@ -417,31 +430,31 @@ def claim_done(ctx: JobContext, result: Result, now: datetime | None = None) -> 
     """After a claim: a waiting Session is recorded, any other outcome clears it; a claim's
     latency is observed; a refused Session counted."""
     state = pool_state(ctx.jobs)
+    record = result.record
     try:
-        if result.outcome is Outcome.WAITING and result.appdef:
-            if state.waiting(ctx.key, result.appdef):
-                CLAIMS_WAITED.labels(appdefinition=result.appdef,
-                                     limit=_wait_limit(result.message)).inc()
+        if result.outcome is Outcome.WAITING and record.appdef:
+            if state.waiting(ctx.key, record.appdef):
+                CLAIMS_WAITED.labels(appdefinition=record.appdef,
+                                     limit=str(record.wait or WaitReason.OTHER)).inc()
         else:
             state.not_waiting(ctx.key)
     except redis.RedisError as exc:
         log.warning("recording the claim of %s failed: %s", ctx.key, exc)
-    if result.outcome is Outcome.CLAIMED and result.appdef:
-        seconds = seconds_since(result.session_created, now)
+    if result.outcome is Outcome.CLAIMED and record.appdef:
+        seconds = seconds_since(record.session_created, now)
         if seconds is not None:
-            CLAIM_DURATION.labels(appdefinition=result.appdef,
-                                  start=result.start or Start.WARM).observe(seconds)
+            CLAIM_DURATION.labels(appdefinition=record.appdef,
+                                  start=record.start or Start.WARM).observe(seconds)
     elif result.outcome is Outcome.REFUSED:
         REFUSED.labels(kind="session").inc()
 
 
-def _wait_limit(message: str) -> str:
-    """Which limit a waiting claim's message names (a bounded label, never the message)."""
-    if "(maxInstances)" in message:
-        return "maxInstances"
-    if "prewarmed instances" in message:
-        return "minInstances"
-    return "other"
+def pool_health_seen(appdef: str, health: PoolHealth) -> None:
+    """A resync counted the pool's pods: the pool's gauges."""
+    for pod, n in (("warm", health.warm), ("starting", health.starting),
+                   ("failing", health.failing)):
+        POOL_PODS.labels(appdefinition=appdef, pod=pod).set(n)
+    POOL_CAPPED.labels(appdefinition=appdef).set(1 if health.capped else 0)
 
 
 def resync_started(ctx: JobContext) -> int | None:

@@ -12,12 +12,10 @@ process leads (startup, and every new leadership), then every ``resync_period``,
 when Redis lost its data: an epoch thread reads the Redis epoch every ``epoch_period``
 (``warmpool.queue.epoch``; every replica re-creates a missing one, only the leader resyncs).
 
-Scheduled pool sizes (PoolSchedules, ``warmpool.pool.schedule``): the leader's schedule loop
-sleeps until the next instant any pool's target changes (over every schedule, recomputed
-whenever a PoolSchedule or an AppDefinition event arrives), then offers that pool's
-``PoolKey``, a ``schedule_margin`` after the edge so that a worker whose clock is a little
-behind already sees the new target. Each pass writes every schedule's status
-(``effectiveTarget``, ``nextChange``, ``message``) where it changed.
+Nothing here waits for a time (issue #29): a PoolSchedule's edges are its pool's job's
+``requeue_after``, a Session's deadlines its ``timeout/`` key's, a URL probe's attempts its
+``probe/`` key's; the resync re-adds those keys (through the pool's job) after Redis lost them.
+PoolSchedule events map to their pool's key like any other event.
 """
 
 from __future__ import annotations
@@ -26,28 +24,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from scheduler import mapping
-from scheduler.leader import LeaderConfig, LeaderElector
-from warmpool.controller.timeouts import TimeoutRunner, TimeoutSettings
-from warmpool.keys import Key, PoolKey
-from warmpool.kube.api import Kube, KubeError
-from warmpool.kube.clock import ClockUnavailable
+from scheduler.leader import LeaderConfig, LeaderElector, call_timeout
+from warmpool.keys import Key, PoolKey, SweepKey
+from warmpool.kube.api import Kube
+from warmpool.kube.cache import ANY_OBJECT
 from warmpool.kube.observe import POOL_WATCHES
-from warmpool.kube.reflector import Backoff, Reflector, Watched
+from warmpool.kube.reflector import Backoff, Reflector, Watched, rv_int
 from warmpool.pool import vocabulary as v
-from warmpool.pool.meta import namespace_of
-from warmpool.pool.model import AppDefinition, Invalid, parse_appdefinition
-from warmpool.pool.schedule import (
-    effective_target,
-    next_change,
-    schedule_status,
-    valid_schedules,
-)
+from warmpool.pool.meta import namespace_of, owner_refs
+from warmpool.pool.parts import POOL_KIND_NAMES
 from warmpool.queue.epoch import Epoch
+from warmpool.queue.scripts import UNTRIGGERED as QUEUE_UNTRIGGERED
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +78,8 @@ class SchedulerConfig:
     leader: LeaderConfig | None = None  # None: no election, always leading
     routes: bool = False  # watch HTTPRoutes (PoolSettings.routing)
     ingresses: bool = False  # watch Ingresses (PoolSettings.ingress)
-    # Session timeouts (session-lifecycle §5), run by the leader every `interval`; None or
-    # not enabled: none (the CLI passes TimeoutSettings.from_env(), on by default).
-    timeouts: TimeoutSettings | None = None
-    # PoolSchedules: watched, their boundaries acted on and their status written (leader).
+    # PoolSchedules watched: their events queue their pool (the PoolSchedule CRD must exist).
     schedules: bool = True
-    # How long after a schedule's edge its pool is queued (worker clocks a little behind).
-    schedule_margin: float = 1.0
-    # The longest the schedule loop sleeps without looking again (a clock that jumped).
-    schedule_recheck: float = 60.0
-    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
 
 @dataclass
@@ -112,14 +95,6 @@ class SchedulerStats:
     became_leader_at: float | None = None
     redis_losses: int = 0  # epochs found missing or replaced
     epoch_errors: int = 0  # epoch reads that failed (Redis unreachable)
-    timeout_passes: int = 0
-    timeout_deletions: int = 0  # Sessions deleted for a timeout or inactivity
-    timeout_errors: int = 0  # Sessions (or namespaces) a timeout pass failed on
-    schedule_passes: int = 0
-    schedule_offers: int = 0  # pools queued because a schedule's window opened or closed
-    schedule_status_writes: int = 0
-    schedule_errors: int = 0  # passes (or status writes) that failed
-    next_schedule_change: str | None = None  # RFC 3339, over every schedule
 
 
 class Scheduler:
@@ -140,13 +115,6 @@ class Scheduler:
         self._resync_due = True
         self._resync_reason = "startup"
         self._wake_resync = threading.Event()
-        self._wake_schedules = threading.Event()
-        # (namespace, AppDefinition) -> its target at the last schedule pass.
-        self._targets: dict[tuple[str, str], int] = {}
-        # (namespace, PoolSchedule, uid) -> the status last written to it.
-        self._written: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self._status_kube: Kube | None = None
-        self._kube_factory = kube_factory
         self._threads: list[threading.Thread] = []
         self._stopped = False
         # For metrics: events handled by (kind, type) and resyncs by reason.
@@ -158,7 +126,6 @@ class Scheduler:
         self.reflectors: list[Reflector] = []
         self._sessions: list[Reflector] = []
         self._appdefs: list[Reflector] = []
-        self._schedules: list[Reflector] = []
         for ns in namespaces:
             kube = kube_factory()  # one client per namespace: its watches hold connections
             for watched in (*WATCHED, *((ROUTES,) if config.routes else ()),
@@ -172,15 +139,11 @@ class Scheduler:
                     self._sessions.append(r)
                 if watched.kind == v.APPDEF_KIND:
                     self._appdefs.append(r)
-                if watched.kind == v.SCHEDULE_KIND:
-                    self._schedules.append(r)
-        self.timeouts: TimeoutRunner | None = None
-        if config.timeouts is not None and config.timeouts.enabled:
-            self.timeouts = TimeoutRunner(kube_factory(), namespaces, config.timeouts,
-                                          active=self.is_leader)
         self.elector: LeaderElector | None = None
         if config.leader is not None:
-            self.elector = LeaderElector(kube_factory(), config.leader,
+            # Its calls bounded so that a stalled attempt ends within the renew deadline.
+            self.elector = LeaderElector(kube_factory().bounded(call_timeout(config.leader)),
+                                         config.leader,
                                          on_started=self._started_leading,
                                          on_stopped=self._stopped_leading)
 
@@ -253,8 +216,6 @@ class Scheduler:
         def handle(event_type: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
             with self._counts_lock:
                 self._events[(kind, event_type)] = self._events.get((kind, event_type), 0) + 1
-            if kind in (v.SCHEDULE_KIND, v.APPDEF_KIND):
-                self._wake_schedules.set()  # the next edge may have moved
             keys = mapping.keys_for(kind, event_type, obj, old,
                                     session_appdef_of=self._session_appdef,
                                     routed_by=self._routed_by)
@@ -297,13 +258,48 @@ class Scheduler:
     def resync(self, reason: str) -> list[PoolKey]:
         keys = self.pool_keys()
         log.info("resync (%s): %d pools", reason, len(keys))
-        self.offer(keys)
+        seen: dict[str, dict[str, str]] = {}
+        for k in keys:
+            if k.namespace not in seen:
+                seen[k.namespace] = self.seen_versions(k.namespace)
+            self.offer([k], {UNTRIGGERED: "", **seen[k.namespace]})
+        # The backstop for a pool object nothing owns, whose event was missed (a scheduler
+        # restarted, Redis lost the key): no pool's job looks at it. A stub keeps only the
+        # AppDefinition and Session references, so one with a foreign owner is named too
+        # (the sweep reads the object itself and leaves it).
+        for ns in sorted({ns for r in self.reflectors if r.watched.kind in POOL_KIND_NAMES
+                          for stub in r.items()
+                          if not owner_refs(stub) and (ns := namespace_of(stub))}):
+            if ns not in seen:
+                seen[ns] = self.seen_versions(ns)
+            self.offer([SweepKey(ns)], {UNTRIGGERED: "", **seen[ns]})
         self.stats.resyncs += 1
         with self._counts_lock:
             self._resyncs[reason] = self._resyncs.get(reason, 0) + 1
         self.stats.last_resync = time.time()
         self.stats.last_resync_reason = reason
         return keys
+
+    def seen_versions(self, namespace: str) -> dict[str, str]:
+        """Per kind watched in `namespace`, the newest resourceVersion among the objects
+        this scheduler holds, as `"<Kind>/*"` triggers (`ClusterCache.fresh`).
+
+        A resync key carries them, so the worker that runs it decides on a cache at least as
+        new as what this resync saw. Without them a worker whose watch is behind (in its
+        backoff after a flaky API server) would conclude, from a cache without a Session
+        the scheduler already knows, that the pool has no work, and nothing would run that
+        Session until the next resync (the chaos long tier, seed 26). The objects' own
+        versions, not the watch's: a bookmark may move a watch on, and a worker whose watch
+        got no bookmark yet would wait for one."""
+        out: dict[str, str] = {}
+        for r in self.reflectors:
+            if r.namespace not in (None, namespace):
+                continue
+            newest = max((rv_int(o) for o in r.items() if namespace_of(o) == namespace),
+                         default=0)
+            if newest:
+                mapping.merge_triggers(out, {f"{r.watched.kind}/{ANY_OBJECT}": str(newest)})
+        return out
 
     def request_resync(self, reason: str) -> None:
         self._resync_due, self._resync_reason = True, reason
@@ -395,125 +391,6 @@ class Scheduler:
                 self.resync(self._resync_reason)
                 next_periodic = time.monotonic() + period
 
-    # --- scheduled pool sizes ---------------------------------------------------------------
-
-    def _stubs(self, reflectors: Sequence[Reflector]) -> dict[str, list[dict[str, Any]]]:
-        """The cached stubs of these reflectors by namespace."""
-        out: dict[str, list[dict[str, Any]]] = {}
-        for r in reflectors:
-            for stub in r.items():
-                ns = namespace_of(stub)
-                if ns:
-                    out.setdefault(str(ns), []).append(stub)
-        return out
-
-    def schedule_pass(self, now: datetime | None = None) -> datetime | None:
-        """Queue each pool whose target changed since the last pass, write each schedule's
-        status where it changed, and return the next instant any target changes (None:
-        none ahead). Leader only; from the watch caches, no read of the API server."""
-        now = now or self.config.clock()
-        appdefs = self._stubs(self._appdefs)
-        earliest: datetime | None = None
-        offers: list[Key] = []
-        for ns, schedules in sorted(self._stubs(self._schedules).items()):
-            by_name = {str(a["metadata"].get("name")): a for a in appdefs.get(ns, [])}
-            for name in sorted({n for s in schedules
-                                if (n := mapping.schedule_appdef(s)) is not None}):
-                stub = by_name.get(name)
-                appdef: AppDefinition | Invalid | None = (
-                    None if stub is None else parse_appdefinition(stub))
-                if isinstance(appdef, AppDefinition):
-                    valid = valid_schedules(appdef, schedules)
-                    target = effective_target(appdef, valid, now)
-                    if self._targets.get((ns, name), target) != target:
-                        offers.append(PoolKey(ns, name))
-                    self._targets[(ns, name)] = target
-                    edge = next_change(appdef, valid, now)
-                    if edge is not None and (earliest is None or edge < earliest):
-                        earliest = edge
-                for obj in schedules:
-                    if mapping.schedule_appdef(obj) == name:
-                        self._write_status(ns, obj, schedule_status(obj, appdef, schedules, now))
-        if offers:
-            log.info("schedules: the target of %s changed", ", ".join(map(str, offers)))
-            self.stats.schedule_offers += len(offers)
-            self.offer(offers)
-        self.stats.schedule_passes += 1
-        self.stats.next_schedule_change = (None if earliest is None
-                                           else earliest.strftime("%Y-%m-%dT%H:%M:%SZ"))
-        return earliest
-
-    def _write_status(self, ns: str, obj: Mapping[str, Any], status: dict[str, Any]) -> None:
-        """Merge-patch the schedule's status, only where it differs from what the cache shows
-        (or this process last wrote: its event may not be here yet)."""
-        meta = obj.get("metadata") or {}
-        name, uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
-        shown = obj.get("status") or {}
-        ident = (ns, name, uid)
-        if (all(shown.get(k) == val for k, val in status.items())
-                or self._written.get(ident) == status):
-            return
-        if self._status_kube is None:
-            self._status_kube = self._kube_factory()
-        # Safe on a stale read: the patch first tests the uid the status was computed for, so
-        # a schedule re-created under the name since is not told its predecessor's target (a
-        # 422; the next pass writes the new one's). The status is wholly ours, so it is set whole.
-        ops: list[dict[str, Any]] = [
-            {"op": "test", "path": "/metadata/uid", "value": uid},
-            {"op": "add", "path": "/status", "value": {**shown, **status}}]
-        try:
-            self._status_kube.json_patch(v.SCHEDULE_API_VERSION, v.SCHEDULE_KIND, ns, name, ops,
-                                         status=True)
-        except KubeError as exc:
-            self.stats.schedule_errors += 1
-            log.warning("PoolSchedule %s/%s: writing its status failed: %s", ns, name, exc)
-            return
-        self._written[ident] = status
-        self.stats.schedule_status_writes += 1
-
-    def _schedule_loop(self) -> None:
-        """While leading: a pass, then sleep until the next edge (plus the margin), an event
-        of a PoolSchedule or AppDefinition, or `schedule_recheck`, whichever comes first."""
-        cfg = self.config
-        while not self._stop.is_set():
-            delay = cfg.schedule_recheck
-            self._wake_schedules.clear()
-            if self.synced() and self.is_leader():
-                try:
-                    edge = self.schedule_pass()
-                except Exception:
-                    self.stats.schedule_errors += 1
-                    log.exception("schedule pass failed")
-                else:
-                    if edge is not None:
-                        left = (edge - cfg.clock()).total_seconds() + cfg.schedule_margin
-                        delay = min(delay, max(0.05, left))
-            else:
-                delay = min(delay, 0.5)  # not leading or not synced yet: look again soon
-            self._wake_schedules.wait(delay)
-
-    def _timeouts_loop(self) -> None:
-        """A timeout pass every interval while leading (the first one interval after start,
-        as Java's); a pass that raises is logged and the next one runs on schedule."""
-        runner = self.timeouts
-        assert runner is not None
-        while not self._stop.wait(runner.settings.interval):
-            if not self.is_leader():
-                continue
-            try:
-                report = runner.run_once()
-            except ClockUnavailable as exc:  # no cluster time, no decision: try next interval
-                self.stats.timeout_errors += 1
-                log.warning("timeout pass skipped: %s", exc)
-                continue
-            except Exception:
-                self.stats.timeout_errors += 1
-                log.exception("timeout pass failed")
-                continue
-            self.stats.timeout_passes += 1
-            self.stats.timeout_deletions += len(report.deleted)
-            self.stats.timeout_errors += len(report.errors)
-
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
         t.start()
@@ -527,10 +404,6 @@ class Scheduler:
             self._spawn(lambda: elector.run(self._stop), "leader-elector")
         self._spawn(self._dispatch_loop, "dispatcher")
         self._spawn(self._resync_loop, "resync")
-        if self.timeouts is not None:
-            self._spawn(self._timeouts_loop, "timeouts")
-        if self.config.schedules:
-            self._spawn(self._schedule_loop, "schedules")
         if self.epoch is not None:
             self._spawn(self._epoch_loop, "epoch")
         for r in self.reflectors:  # a resync waits for these; wake it when they are done
@@ -557,7 +430,6 @@ class Scheduler:
         with self._lock:
             self._lock.notify_all()
         self._wake_resync.set()
-        self._wake_schedules.set()
         deadline = time.monotonic() + timeout
         for t in self._threads:
             if t.name.startswith("reflector-"):
@@ -577,12 +449,25 @@ UNTRIGGERED = "*untriggered"
 def _items(
     batch: Iterable[tuple[Key, dict[str, str]]],
 ) -> Iterator[str | tuple[str, dict[str, str]]]:
-    """The queue's add items for pending entries: (key, triggers), and the bare key as well
-    where an untriggered add was merged in, so the queue records both."""
+    """The queue's add items for pending entries, one per key: (key, triggers), with the
+    queue's own "run in full" trigger among them where an untriggered add (a resync) was
+    merged in, so that run is never skipped as the key's own writes; a bare key when there
+    are no versions to wait for."""
     for k, triggers in batch:
         fields = {f: val for f, val in triggers.items() if f != UNTRIGGERED}
-        if fields:
-            yield str(k), fields
-        if UNTRIGGERED in triggers or not fields:
+        if not fields:
             yield str(k)
+        elif UNTRIGGERED in triggers:
+            yield str(k), {**fields, QUEUE_UNTRIGGERED: "1"}
+        else:
+            yield str(k), fields
 
+
+def _timeless(status: Mapping[str, Any]) -> dict[str, Any]:
+    """`status` without its conditions' lastTransitionTime: the verdict alone."""
+    out = dict(status)
+    conds = out.get("conditions")
+    if isinstance(conds, list):
+        out["conditions"] = [{k: val for k, val in c.items() if k != "lastTransitionTime"}
+                             for c in conds if isinstance(c, Mapping)]
+    return out

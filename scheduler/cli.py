@@ -12,13 +12,19 @@ import signal
 import sys
 import threading
 import warnings
+from typing import TYPE_CHECKING
 
 import click
 
+if TYPE_CHECKING:
+    from warmpool.pool.builders import PoolSettings
+
 from scheduler.app import RESYNC_PERIOD, Scheduler, SchedulerConfig
-from scheduler.health import HealthServer
 from scheduler.leader import DEFAULT_LEASE_NAME, LeaderConfig, default_identity
-from warmpool.cli.config import check_servers
+from warmpool import logs
+from warmpool.config import check_servers, queue_settings, require_redis_url
+from warmpool.health import HealthServer
+from warmpool.logs import DEFAULT_LEVEL, FORMATS, LOG_FORMAT_ENV, LOG_LEVEL_ENV
 
 
 def parse_namespaces(values: tuple[str, ...]) -> list[str] | None:
@@ -41,6 +47,17 @@ def schedules_served(kubeconfig: str | None) -> bool:
     return served
 
 
+def settled_routes(kubeconfig: str | None, pool: PoolSettings) -> PoolSettings:
+    """`pool` with the routing the install has where WARMPOOL_ROUTES is unset (the fork:
+    HTTPRoutes; upstream: the shared Ingress), stated in one log line at start."""
+    from warmpool.kube import kinds
+    from warmpool.kube.api import Kube, connect
+
+    settled, said = kinds.settle_routes(Kube(connect(kubeconfig)), pool, os.environ)
+    logging.getLogger(__name__).info("%s", said)
+    return settled
+
+
 @click.command("scheduler")
 @click.option("--namespace", "-n", "namespaces", multiple=True, envvar="WARMPOOL_NAMESPACE",
               help="Namespace(s) to watch, comma-separated or repeated "
@@ -48,8 +65,8 @@ def schedules_served(kubeconfig: str | None) -> bool:
 @click.option("--kubeconfig", envvar="KUBECONFIG", default=None,
               help="Kubeconfig file [default: $KUBECONFIG, else in-cluster, else ~/.kube/config].")
 @click.option("--redis-url", envvar="WARMPOOL_REDIS_URL", default=None,
-              help="Redis URL [default: $WARMPOOL_REDIS_URL, else 127.0.0.1:6379 if it answers, "
-                   "else an embedded server].")
+              help="The work queue's Redis URL [env: WARMPOOL_REDIS_URL; required: without "
+                   "it the scheduler exits 4].")
 @click.option("--queue", "queue_name", default=None, help="Queue name (default: warmpool).")
 @click.option("--resync-period", type=float, default=RESYNC_PERIOD, show_default=True,
               help="Seconds between full resyncs (a PoolKey per AppDefinition); a Redis that "
@@ -79,37 +96,35 @@ def schedules_served(kubeconfig: str | None) -> bool:
               help="Port for /metrics; 0 picks a free one (printed). If the default port is "
                    "taken the scheduler runs without metrics (warning); a port given "
                    "explicitly must be free.")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", default=None,
+              help=f"[default: ${LOG_LEVEL_ENV}, else {DEFAULT_LEVEL}]")
+@click.option("--log-format", type=click.Choice(FORMATS), default=None,
+              help=f"text, or one JSON object a line [default: ${LOG_FORMAT_ENV}, else text]")
 def scheduler(
     namespaces: tuple[str, ...], kubeconfig: str | None, redis_url: str | None,
     queue_name: str | None, resync_period: float, leader_elect: bool, lease_name: str,
     lease_namespace: str | None, lease_duration: float, renew_deadline: float,
     retry_period: float, identity: str | None, watch_timeout: tuple[float, float],
     health_host: str, health_port: int, metrics_on: bool, metrics_host: str, metrics_port: int,
-    log_level: str,
+    log_level: str | None, log_format: str | None,
 ) -> None:
     """Watch AppDefinitions, Sessions and pool objects; add the keys their changes need."""
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.INFO),
-        format="%(asctime)s %(process)d %(threadName)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    # First: nothing else is worth checking for keys nobody else would see.
+    redis_url = require_redis_url(redis_url, "scheduler")
+    try:
+        logs.setup("scheduler", *logs.resolve(log_level, log_format))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     # A kubeconfig with insecure-skip-tls-verify (the local cluster) chose that: say it once.
     warnings.filterwarnings("once", message="Unverified HTTPS request")
     from warmpool.kube.api import Kube, connect
     from warmpool.queue.keyed import KeyedQueue
-    from warmpool.queue.settings import QueueSettings
 
     ns_list = parse_namespaces(namespaces)
     if resync_period <= 0:
         raise click.BadParameter("must be > 0", param_hint="--resync-period")
     if not 0 < watch_timeout[0] <= watch_timeout[1]:
         raise click.BadParameter("need 0 < MIN <= MAX", param_hint="--watch-timeout")
-    from warmpool.controller.timeouts import TimeoutSettings
-
-    try:
-        timeouts = TimeoutSettings.from_env()
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
     leader = None
     if leader_elect:
         try:
@@ -129,17 +144,21 @@ def scheduler(
         pool = PoolSettings.from_env(os.environ)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
+    settings = queue_settings(redis_url, queue_name=queue_name)
     check_servers(settings.redis_url, kube=True, kubeconfig=kubeconfig,
                   namespaces=[*(ns_list or ()), *([leader.namespace] if leader else [])],
-                  kinds=kinds.required(pool))
+                  kinds=kinds.theia())
+    # Where WARMPOOL_ROUTES is unset, route as the install does (the fork: HTTPRoutes;
+    # upstream: the shared Ingress), and say so; then check what that routing needs.
+    pool = settled_routes(kubeconfig, pool)
+    check_servers(None, kube=True, kubeconfig=kubeconfig, kinds=kinds.required(pool))
     schedules = schedules_served(kubeconfig)
     adds = AddCounter()
     producer = KeyedQueue.from_settings(settings, observer=adds)
     config = SchedulerConfig(namespaces=ns_list, resync_period=resync_period,
                              epoch_period=settings.epoch_period, watch_timeout=watch_timeout,
                              leader=leader, routes=pool.routing, ingresses=pool.ingress,
-                             timeouts=timeouts, schedules=schedules)
+                             schedules=schedules)
     from warmpool.queue.epoch import Epoch
 
     epoch = Epoch(producer.client, producer.layout, create=True)

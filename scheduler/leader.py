@@ -18,7 +18,10 @@ This is a small re-implementation of client-go's ``LeaderElector``:
   successful renewal *started* less than ``renew_deadline`` ago, so a leader that cannot
   renew stops acting by itself after the renew deadline, ``lease_duration - renew_deadline``
   (5 s by default) before anyone else may take over. Leadership is then given up
-  (``on_stopped``) and the elector becomes a candidate again.
+  (``on_stopped``) and the elector becomes a candidate again. A renewal that succeeds only
+  after ``is_leader()`` had turned false (one slow attempt, or a retry right at the deadline)
+  is a new term too: ``on_stopped`` then ``on_started``, so the scheduler resyncs what it
+  dropped in the gap.
 - ``release()`` (on SIGTERM) does what client-go does: clears ``holderIdentity``, sets
   ``leaseDurationSeconds`` to 1 and ``renewTime``/``acquireTime`` to now, so a standby takes
   over on its next retry instead of after the lease duration. Better than client-go, a
@@ -107,6 +110,17 @@ class Record:
             renew_time=spec.get("renewTime"),
             transitions=int(spec.get("leaseTransitions") or 0),
         )
+
+
+def call_timeout(config: LeaderConfig) -> float:
+    """How long each API call of an attempt (a GET, then a PATCH) may wait: half the renew
+    deadline, so a whole attempt ends within it. A leader whose link to the API server
+    stalls stops acting at the renew deadline by its own clock whatever its calls do
+    (`is_leader`); this bound makes the stalled attempt itself fail by then too, so the
+    leader steps down (`on_stopped`) and is a candidate again, `lease_duration -
+    renew_deadline` before any other candidate may take the Lease (the step-down margin,
+    5 s by default), and a healed leader retries at once instead of after a 60 s read."""
+    return config.renew_deadline / 2
 
 
 class LeaderElector:
@@ -338,11 +352,28 @@ class LeaderElector:
                 log.info("%s leads (lease %s/%s)", c.identity, c.namespace, c.name)
                 self._call(self.on_started)
                 # Leader: renew every retry period until a renewal deadline is missed.
+                lapsed = False
                 while not stop.is_set():
                     self._sleep(stop, jitter=False)
                     if stop.is_set():
                         break
+                    before = self._renewed_at
                     if self._attempt():
+                        # Renewed; but if `is_leader()` turned false meanwhile (the attempts
+                        # failed until just before the deadline, or this one was slow),
+                        # whatever the scheduler offered in that gap was dropped as a
+                        # standby's. So that is a new term: end the old one and start the new
+                        # one once it counts (`on_started`: the scheduler resyncs). The chaos
+                        # long tier, seed 26: two Sessions' keys lost in such a gap waited
+                        # for the periodic resync.
+                        lapsed = lapsed or self.clock() - before >= c.renew_deadline
+                        if lapsed and self.is_leader():
+                            lapsed = False
+                            log.warning("%s: renewed the lease only after the renew deadline "
+                                        "(%.0fs) had passed: leading again as a new term",
+                                        c.identity, c.renew_deadline)
+                            self._call(self.on_stopped)
+                            self._call(self.on_started)
                         continue
                     if self._observed and self._observed.holder not in ("", c.identity):
                         log.warning("%s: lease taken by %s", c.identity, self._observed.holder)

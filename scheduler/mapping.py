@@ -11,7 +11,9 @@ Rules (see the README of the scheduler in ``scheduler/__init__.py``):
 
 - AppDefinition added, deleted, or modified with a new ``metadata.generation`` (or a new
   deletionTimestamp) -> ``PoolKey``: the resync job fans out to its instances and claims.
-- Session added -> ``SessionKey`` (plus its ``InstanceKey`` if it is already annotated).
+- Session added -> ``SessionKey`` and ``TimeoutKey`` (its deadlines' job, which then waits
+  for the next one as its ``requeue_after``; the pool's job names it again on every run),
+  plus its ``InstanceKey`` if it is already annotated.
   Deleted, or modified with a deletionTimestamp -> its ``SessionKey`` (the claims queue: its
   job releases what the Session's uid holds, so a release never waits behind bulk work) and
   the ``InstanceKey`` of its ``theia-cloud.io/instance-id`` annotation, else the ``PoolKey``
@@ -26,11 +28,13 @@ Rules (see the README of the scheduler in ``scheduler/__init__.py``):
   and a rule removed by hand is restored by the periodic resync.
 - PoolSchedule added, deleted or modified (not its status) -> the ``PoolKey`` of the
   AppDefinition it names (before and after): the pool's target may have changed. The
-  boundaries of its windows are the scheduler's schedule loop's (``scheduler.app``).
+  boundaries of its windows are the pool job's own timer (its ``requeue_after``).
 - Pool object (Service, Deployment, ConfigMap) added, modified or deleted -> ``InstanceKey``
   of the AppDefinition named by its owner reference and the id in its name; without such a
   reference (the Java operator strips it) -> the ``PoolKey`` of each owning Session's
-  AppDefinition if known, else nothing (debug log).
+  AppDefinition if known; with no owner reference at all, added or modified -> the
+  namespace's ``SweepKey`` (its job deletes the object if its AppDefinition is gone, else
+  queues its instance: reliability.md, finding 18); else nothing (debug log).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey
+from warmpool.keys import InstanceKey, Key, PoolKey, SessionKey, SweepKey, TimeoutKey
 from warmpool.kube import reflector
 from warmpool.pool import naming, routes
 from warmpool.pool import vocabulary as v
@@ -105,13 +109,12 @@ def summarize(kind: str, obj: Obj) -> dict[str, Any]:
         if appdef:
             stub["spec"] = {"appDefinition": appdef}
     elif kind in (APPDEF, SCHEDULE):
-        # The whole spec (AppDefinitions and schedules are few): the schedule loop judges
-        # each schedule against its AppDefinition, and the routes map by spec.ingressname.
+        # The whole spec (AppDefinitions and schedules are few): a schedule maps to its
+        # AppDefinition's pool, a pool's resync is named by it, and the routes map by
+        # spec.ingressname.
         spec = obj.get("spec")
         if isinstance(spec, Mapping):
             stub["spec"] = dict(spec)
-        if kind == SCHEDULE and isinstance(obj.get("status"), Mapping):
-            stub["status"] = dict(obj["status"])  # what the leader wrote last
     elif kind == ROUTE:
         labels = labels_of(obj)
         if routes.is_session_route(obj):
@@ -204,7 +207,7 @@ def keys_for(
     if kind == SESSION:
         return _session_keys(ns, event_type, obj, old_obj)
     if kind in POOL_KIND_NAMES:
-        return _pool_object_keys(kind, ns, obj, old_obj, session_appdef_of)
+        return _pool_object_keys(kind, ns, event_type, obj, old_obj, session_appdef_of)
     if kind == ROUTE:
         return _route_keys(ns, obj, old_obj, session_appdef_of, routed_by)
     if kind == SCHEDULE:
@@ -268,6 +271,10 @@ def _session_keys(ns: str, event_type: str, obj: Obj, old: Obj | None) -> list[K
             return [SessionKey(ns, name), PoolKey(ns, appdef)]
         return []  # without an AppDefinition it never claimed anything
     keys: list[Key] = [SessionKey(ns, name)]
+    if event_type == ADDED and appdef:
+        # Its deadlines (its AppDefinition's): the job ends it past them, else waits for the
+        # next (requeue_after).
+        keys.append(TimeoutKey(ns, name))
     if appdef:
         keys += [InstanceKey(ns, appdef, i) for i in (instance_id(obj), instance_id(old)) if i]
         old_appdef = session_appdef(old)
@@ -277,7 +284,7 @@ def _session_keys(ns: str, event_type: str, obj: Obj, old: Obj | None) -> list[K
 
 
 def _pool_object_keys(
-    kind: str, ns: str, obj: Obj, old: Obj | None, lookup: SessionAppdef | None
+    kind: str, ns: str, event_type: str, obj: Obj, old: Obj | None, lookup: SessionAppdef | None
 ) -> list[Key]:
     name = name_of(obj)
     refs = [*owner_refs(obj), *owner_refs(old)]
@@ -290,6 +297,11 @@ def _pool_object_keys(
         appdef = _named(lookup(ns, session)) if lookup is not None else None
         if appdef:
             keys.append(PoolKey(ns, appdef))
+    if not keys and event_type != DELETED and not owner_refs(obj) and k:
+        # Nothing owns it: no other key would ever reach it (finding 18). A stub keeps only
+        # these two kinds of reference, so one with a foreign owner may come here too: the
+        # sweep reads the object itself.
+        return [SweepKey(ns)]
     if not keys:
         log.debug("%s %s/%s has no AppDefinition owner and no known Session owner: ignored",
                   kind, ns, name)

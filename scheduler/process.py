@@ -34,8 +34,10 @@ class SchedulerProcess:
         log_path: Path | None = None,
         python: str = sys.executable,
         cwd: str | Path | None = None,
+        wrapper: Sequence[str] = (),
     ) -> None:
         self.args = list(args)
+        self.wrapper = list(wrapper)  # e.g. `ip netns exec <ns>`: the command runs inside it
         self.env = {**os.environ, **(env or {})}
         self.log_path = log_path
         self.python = python
@@ -57,7 +59,8 @@ class SchedulerProcess:
         self.proc = subprocess.Popen(
             # Free loopback ports by default (the caller's args come later and win): several
             # schedulers on one host must not race for 9090.
-            [self.python, "-m", "scheduler", "--health-port", "0", "--metrics-host",
+            [*self.wrapper, self.python, "-m", "scheduler", "--health-port", "0",
+             "--metrics-host",
              "127.0.0.1", "--metrics-port", "0", *self.args],
             env=self.env, cwd=self.cwd, stdout=subprocess.PIPE,
             stderr=self._log or subprocess.DEVNULL, text=True)

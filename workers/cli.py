@@ -13,13 +13,16 @@ from typing import TYPE_CHECKING
 
 import click
 
-from warmpool.cli.config import check_servers
-from warmpool.cli.errors import BadValue
-from warmpool.queue.settings import QueueSettings
+from warmpool import logs
+from warmpool.config import check_servers, queue_settings, require_redis_url
+from warmpool.errors import BadValue
+from warmpool.logs import DEFAULT_LEVEL, FORMATS, LOG_FORMAT_ENV, LOG_LEVEL_ENV
 from workers.process import DEFAULT_MODULES, MULTIPROC_ENV, WorkerPool
 
 if TYPE_CHECKING:
     from metrics.exposition import MetricsServer
+    from warmpool.health import HealthServer
+    from warmpool.queue.settings import QueueSettings
 
 
 @click.command("worker")
@@ -36,7 +39,8 @@ if TYPE_CHECKING:
     "--redis-url",
     envvar="WARMPOOL_REDIS_URL",
     default=None,
-    help="Redis URL (redis://, rediss://, unix://); unset: an embedded valkey-server.",
+    help="The work queue's Redis URL (redis://, rediss://, unix://, redis+sentinel://) "
+         "[env: WARMPOOL_REDIS_URL; required: without it the worker exits 4].",
 )
 @click.option("--queue", "queue_name", default=None, help="Queue name (default: warmpool).")
 @click.option(
@@ -59,7 +63,20 @@ if TYPE_CHECKING:
 @click.option("--metrics-dir", type=click.Path(file_okay=False), default=None,
               help="Where worker processes write their metrics; emptied at start "
                    f"[default: ${MULTIPROC_ENV}, else a temporary directory].")
-@click.option("--log-level", default="WARNING", show_default=True)
+@click.option("--health/--no-health", "health_on", default=True, show_default=True,
+              help="Serve /healthz (alive: live worker processes) and /readyz (and Redis "
+                   "answers) for the kubelet's probes.")
+@click.option("--health-host", default="127.0.0.1", show_default=True)
+@click.option("--health-port", type=click.IntRange(min=0, max=65535), default=8081,
+              show_default=True,
+              help="Port for /healthz, /readyz and /status; 0 picks a free one (printed). If "
+                   "the default port is taken the workers run without it (warning); a port "
+                   "given explicitly must be free.")
+@click.option("--log-level", default=None,
+              help=f"[default: ${LOG_LEVEL_ENV}, else {DEFAULT_LEVEL}: claims and releases "
+                   "are logged at INFO]")
+@click.option("--log-format", type=click.Choice(FORMATS), default=None,
+              help=f"text, or one JSON object a line [default: ${LOG_FORMAT_ENV}, else text]")
 def worker(
     processes: int,
     threads: int,
@@ -70,11 +87,20 @@ def worker(
     metrics_host: str,
     metrics_port: int,
     metrics_dir: str | None,
-    log_level: str,
+    health_on: bool,
+    health_host: str,
+    health_port: int,
+    log_level: str | None,
+    log_format: str | None,
 ) -> None:
     """Run queue workers until SIGTERM/SIGINT; crashed worker processes are restarted."""
-    level = getattr(logging, log_level.upper(), logging.WARNING)
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # First: nothing else is worth checking on a queue nobody else would see.
+    redis_url = require_redis_url(redis_url, "worker")
+    try:
+        level, fmt = logs.resolve(log_level, log_format)
+    except ValueError as exc:
+        raise BadValue(str(exc)) from None
+    logs.setup("worker-supervisor", level, fmt)
     # This process writes no metric files: only its children do (WorkerPool hands them the
     # directory); it reads theirs.
     env_dir = os.environ.pop(MULTIPROC_ENV, None)
@@ -88,48 +114,51 @@ def worker(
                 check()
             except ValueError as exc:  # a bad setting: one `error:` line, exit 2, as elsewhere
                 raise BadValue(str(exc)) from None
-    settings = QueueSettings.from_env(redis_url=redis_url, queue_name=queue_name)
+    settings = queue_settings(redis_url, queue_name=queue_name)
     # The children find the API server through the same KUBECONFIG (or in-cluster config).
     check_servers(settings.redis_url,
                   kube=any(getattr(m, "NEEDS_KUBERNETES", False) for m in loaded),
                   kinds=[k for m in loaded for k in getattr(m, "required_kinds", list)()])
-    embedded = None
-    if settings.redis_url is None:
-        from warmpool.queue.embedded import embedded_redis
-
-        embedded = embedded_redis()
-        settings = settings.replace(redis_url=embedded.url)
-        click.echo(f"WARMPOOL_REDIS_URL unset: embedded valkey-server at {embedded.url}", err=True)
+    for module in loaded:  # what the processes will run with, e.g. the routing the install has
+        note = getattr(module, "start_note", None)
+        if note is not None:
+            click.echo(note(), err=True)
     temp_dir = None
     if metrics_on and metrics_dir is None:
         metrics_dir = temp_dir = tempfile.mkdtemp(prefix="warmpool-metrics-")
     pool = WorkerPool(
         settings, processes=processes, threads=threads, modules=modules, log_level=level,
+        log_format=fmt,
         metrics_dir=metrics_dir if metrics_on else None,
     )
     server = None
+    health = None
     try:
         if metrics_on:
             assert metrics_dir is not None
             server = _serve_metrics(pool, metrics_dir, metrics_host, metrics_port)
+        if health_on:
+            health = _serve_health(pool, settings, health_host, health_port)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         pool.start()
         url = server.url if server is not None else ("unavailable" if metrics_on else "off")
+        health_url = (f"http://{_hostport(*health.address)}" if health is not None
+                      else ("unavailable" if health_on else "off"))
         click.echo(
             f"{processes} worker processes x {threads} threads on {settings.queue_name} "
-            f"metrics={url}", err=True
+            f"metrics={url} health={health_url}", err=True
         )
         pool.supervise(stop)
     finally:
         pool.stop()
         if server is not None:
             server.stop()
+        if health is not None:
+            health.stop()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
-        if embedded is not None:
-            embedded.stop()
 
 
 def _serve_metrics(
@@ -145,3 +174,29 @@ def _serve_metrics(
         return serve(host_registry(metrics_dir, pool), host, port, required=explicit)
     except OSError as exc:
         raise click.ClickException(f"metrics port {host}:{port}: {exc}") from None
+
+
+def _serve_health(
+    pool: WorkerPool, settings: QueueSettings, host: str, port: int
+) -> HealthServer | None:
+    """The supervisor's probe endpoint (`workers.health`). A port asked for must be free;
+    the default one taken (a second `warmpool worker` on one host) is a warning."""
+    from warmpool.health import HealthServer
+    from workers.health import WorkerHealth, redis_ping
+
+    assert settings.redis_url is not None
+    explicit = (click.get_current_context().get_parameter_source("health_port")
+                is not click.core.ParameterSource.DEFAULT)
+    try:
+        return HealthServer(WorkerHealth(pool, redis_ping(settings.redis_url)), host,
+                            port).start()
+    except OSError as exc:
+        if explicit:
+            raise click.ClickException(f"health port {host}:{port}: {exc}") from None
+        logging.getLogger(__name__).warning("health endpoints not served: %s:%d: %s",
+                                            host, port, exc)
+        return None
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

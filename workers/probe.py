@@ -7,7 +7,10 @@ workers run, and through `WARMPOOL_PROBE` (read at import) for the mode:
   log   (default) each run appends [key, worker, start, end, fence] (time.time() floats) to
         `probe:log`, sleeping `probe:sleep` seconds (if set) in between; a key found in the
         hash `probe:hold` (key -> seconds) holds that long once, announcing itself on
-        `probe:holding`; a key in `probe:fail` (key -> n) fails its next n runs.
+        `probe:holding`; a key in `probe:fail` (key -> n) fails its next n runs; a key in
+        `probe:defer` (key -> n) defers its next n runs by 50 ms (`ctx.defer`), each noted on
+        `probe:deferred` as [key, time just before the defer]; a key in `probe:secondary`
+        (key -> other key) holds the other key's lease (`ctx.try_lease`) while it sleeps.
 A plain dramatiq actor `probe_raw` (INCRs `probe:raw`) is declared next to the keyed ones,
 for comparing against bare dramatiq.
 """
@@ -23,11 +26,13 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
 from warmpool.queue.jobs import JobContext
+from warmpool.queue.routing import ACTOR_FOR_KIND
 from warmpool.queue.settings import QueueSettings
 from workers import runtime
 
 MODE = os.environ.get("WARMPOOL_PROBE", "log")
 RAW_ACTOR = "probe_raw"
+DEFER_SECONDS = 0.05
 
 
 class ProbeFailure(RuntimeError):
@@ -62,7 +67,11 @@ def probe(ctx: JobContext) -> None:
         p.hdel(probe_key(settings, "hold"), ctx.key)
         p.get(probe_key(settings, "sleep"))
         p.hget(probe_key(settings, "fail"), ctx.key)
-        hold, _, sleep, fail = p.execute()
+        p.hget(probe_key(settings, "secondary"), ctx.key)
+        p.hget(probe_key(settings, "defer"), ctx.key)
+        hold, _, sleep, fail, other, defer = p.execute()
+    if other is not None:
+        ctx.try_lease(other.decode())  # released with the job (or refused: busy)
     if hold is not None:
         client.rpush(probe_key(settings, "holding"), json.dumps([ctx.key, os.getpid()]))
         _sleep_holding(ctx, float(hold), probe_key(settings, "release"))
@@ -71,6 +80,11 @@ def probe(ctx: JobContext) -> None:
     if fail is not None and int(fail) > 0:
         client.hincrby(probe_key(settings, "fail"), ctx.key, -1)
         raise ProbeFailure(f"probe failure on {ctx.key} (attempt {ctx.attempt})")
+    if defer is not None and int(defer) > 0:
+        client.hincrby(probe_key(settings, "defer"), ctx.key, -1)
+        deferred_at = time.time()  # before: a rerun cannot start before the defer's time
+        ctx.defer(DEFER_SECONDS)
+        client.rpush(probe_key(settings, "deferred"), json.dumps([ctx.key, deferred_at]))
     ctx.ensure_held()
     end = time.time()
     record = json.dumps([ctx.key, worker, start, end, ctx.fence])
@@ -91,7 +105,7 @@ def _declare_raw(broker: RedisBroker, settings: QueueSettings) -> None:
 
 
 #: The probe for every key kind (`runtime.using(probe.HANDLERS)` in a test process).
-HANDLERS = {kind: probe for kind in ("instance", "session", "pool")}
+HANDLERS = {kind: probe for kind in ACTOR_FOR_KIND}
 
 for _kind, _fn in HANDLERS.items():
     runtime.register(_kind, _fn)

@@ -24,11 +24,12 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as MpEvent
 from types import TracebackType
 
+from warmpool import logs
 from warmpool.queue.settings import QueueSettings
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ def run_worker_process(
     ready: MpEvent | None = None,
     log_level: int = logging.WARNING,
     metrics_dir: str | None = None,
+    log_format: str = "text",
 ) -> None:
     """Entry point of one worker process; returns after a SIGTERM/SIGINT-triggered drain."""
     os.environ.update(env or {})
@@ -53,9 +55,7 @@ def run_worker_process(
         os.environ[MULTIPROC_ENV] = metrics_dir
     else:
         os.environ.pop(MULTIPROC_ENV, None)
-    logging.basicConfig(
-        level=log_level, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
-    )
+    logs.setup("worker", log_level, log_format)
     from metrics.worker import install
 
     install()  # the queue observer: before the broker is built
@@ -93,6 +93,7 @@ class WorkerPool:
         env: dict[str, str] | None = None,
         log_level: int = logging.WARNING,
         metrics_dir: str | os.PathLike[str] | None = None,
+        log_format: str = "text",
     ) -> None:
         if settings.redis_url is None:
             raise ValueError("resolve settings.redis_url before starting worker processes")
@@ -101,21 +102,29 @@ class WorkerPool:
         self.modules = tuple(modules)
         self.env = dict(env or {})
         self.log_level = log_level
+        self.log_format = log_format
         self._mp = multiprocessing.get_context("spawn")
         self.procs: list[BaseProcess | None] = [None] * processes
         # A child unpickles its ready-event after start(): keep each alive until replaced.
         self._ready: list[MpEvent | None] = [None] * processes
         self.metrics_dir = os.fspath(metrics_dir) if metrics_dir is not None else None
         self.restarts = 0  # children started again after they exited
+        # When `supervise` last looked at the children (time.monotonic): its liveness probe.
+        self.last_round = time.monotonic()
         # Processes whose files are already gone (not pids: a pid may be reused by a child).
         self._reaped: weakref.WeakSet[BaseProcess] = weakref.WeakSet()
+
+    def _target(self) -> Callable[..., None]:
+        """What a child runs: `run_worker_process`, or (a subclass) a wrapper that calls it,
+        e.g. in a network namespace of its own (`warmpool.harness.hosts`)."""
+        return run_worker_process
 
     def _spawn(self, i: int) -> tuple[BaseProcess, MpEvent]:
         ready = self._mp.Event()
         proc = self._mp.Process(
-            target=run_worker_process,
+            target=self._target(),
             args=(self.settings, self.threads, self.modules, self.env, ready, self.log_level,
-                  self.metrics_dir),
+                  self.metrics_dir, self.log_format),
             name=f"warmpool-worker-{i}",
             daemon=False,
         )
@@ -189,6 +198,7 @@ class WorkerPool:
     def supervise(self, stop: threading.Event, backoff: float = 1.0) -> None:
         """Restart crashed workers until `stop` is set (the `warmpool worker` main loop)."""
         while not stop.wait(backoff):
+            self.last_round = time.monotonic()
             for i in self.dead():
                 proc = self.procs[i]
                 log.warning(

@@ -1,6 +1,8 @@
-"""The real handlers of `workers.handlers`, each run logged to Redis: "<time.time()> <key>" is
-appended to `Layout.runs_started` before the handler starts and to `Layout.runs_ended` after
-it returns or raises (`<prefix>runlog:starts` / `<prefix>runlog:ends`).
+"""The real handlers of `workers.handlers`, each run logged to Redis: "<time.time()> <key>
+<worker>" is appended to `Layout.runs_started` before the handler starts and to
+`Layout.runs_ended` after it returns or raises (`<prefix>runlog:starts` /
+`<prefix>runlog:ends`); `<worker>` is `<host>:<pid>` of the process that ran it, so a test
+can tell how the work spread over the workers (`RunLog.by_worker`).
 
 Who reads it: `warmpool.harness` (`RunLog`: the benchmarks' runs per key, each run's start
 and duration; `System.mark`/`wait_quiet`: "the work caused by a change has run", instead of a
@@ -14,6 +16,8 @@ Run workers with `modules=("workers.runlog",)` (the harness's default): two RPUS
 from __future__ import annotations
 
 import functools
+import os
+import socket
 import time
 
 import workers.handlers  # noqa: F401  (registers the real handlers)
@@ -22,16 +26,22 @@ from warmpool.queue.layout import Layout
 from workers import runtime
 
 
+def _worker() -> str:
+    """This process, as the run log names it (read per run: a forked child has its own pid)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def _logged(fn: runtime.Handler) -> runtime.Handler:
     # wraps: the worker sees the real handler underneath (and fills its cache before jobs).
     @functools.wraps(fn)
     def run(ctx: JobContext) -> None:
         client, layout = ctx.jobs.client, Layout.of(ctx.jobs.settings)
-        client.rpush(layout.runs_started, f"{time.time():.6f} {ctx.key}")
+        worker = _worker()
+        client.rpush(layout.runs_started, f"{time.time():.6f} {ctx.key} {worker}")
         try:
             fn(ctx)
         finally:
-            client.rpush(layout.runs_ended, f"{time.time():.6f} {ctx.key}")
+            client.rpush(layout.runs_ended, f"{time.time():.6f} {ctx.key} {worker}")
 
     return run
 

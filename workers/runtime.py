@@ -92,7 +92,9 @@ def _actor_fn(kind: str, actor_name: str) -> Callable[[str], None]:
     return run
 
 
-def declare_actors(broker: RedisBroker, settings: QueueSettings) -> dict[str, dramatiq.Actor]:
+def declare_actors(
+    broker: RedisBroker, settings: QueueSettings,
+) -> dict[str, dramatiq.Actor[[str], None]]:
     """One keyed actor per kind, named as in `warmpool.queue.routing.ACTOR_FOR_KIND`: the
     claim actor on the claims queue at `CLAIM_PRIORITY`, the others on the main queue at
     `BULK_PRIORITY`, so a claim neither queues behind nor waits in a worker behind bulk work."""
@@ -139,6 +141,16 @@ class RunningWorker:
         self.worker.stop(timeout=ms)
 
 
+#: The job threads of this process's worker (`start_worker`): what a job kind that may wait
+#: long (a URL probe) takes a share of.
+_threads = 8
+
+
+def job_threads() -> int:
+    """How many job threads this process's worker runs (8 before `start_worker`)."""
+    return _threads
+
+
 def start_worker(
     settings: QueueSettings,
     *,
@@ -148,6 +160,8 @@ def start_worker(
 ) -> RunningWorker:
     """Start consuming `settings.queue_name` and its claims queue with `threads` worker threads
     in this process. dramatiq allows one Worker per process; stop it before starting another."""
+    global _threads
+    _threads = threads
     broker = build_worker_broker(settings, client=client, observer=observer)
     worker = dramatiq.Worker(
         broker,
