@@ -7,6 +7,11 @@ Fixtures (use them by name as arguments):
   session in a temp dir with `--watch-cache=false` (so a compaction really gives 410 Gone), and
   stopped at the end. With WARMPOOL_TEST_KUBECONFIG set, that cluster is used instead and nothing
   is started (WARMPOOL_TEST_ETCD_URL may then name its etcd).
+- `crds` (session): which Theia Cloud CRDs `cluster` has: "warmpool" (warmpool's own, the
+  EduIDE-Cloud fork's versions) unless a test is parametrized over both with
+  `tests.crd_sets.BOTH_CRD_SETS`. One kube-apiserver holds one CRD per kind, so upstream's set
+  runs on a second control plane, started the first time a test asks for it (about 15 s) and
+  kept for the session; WARMPOOL_TEST_UPSTREAM_KUBECONFIG names an external one instead.
 - `kube_api` (session): a `kubernetes.client.ApiClient` for that cluster. Never the global
   default configuration, so a stray ~/.kube/config can never be touched by a test.
 - `kube` (session): `warmpool.kube.api.Kube` on `kube_api` (plain dicts, typed errors).
@@ -36,6 +41,7 @@ from kubernetes.client.rest import ApiException
 
 from warmpool.cluster import local
 from warmpool.kube.api import Kube
+from warmpool.kube.cache import ClusterCache
 from warmpool.testing.world import create_namespace
 
 # tests/ is a package (so is each folder under it): pytest puts the repository root on
@@ -63,27 +69,65 @@ def _external_cluster(kubeconfig: Path) -> local.ClusterInfo:
     )
 
 
+class ControlPlanes:
+    """The session's control planes, one per CRD set, each started when first asked for and
+    stopped at the end of the session (not when the tests switch from one set to the other:
+    pytest sets up a session fixture again for each parameter, a control plane must not)."""
+
+    EXTERNAL = {"warmpool": "WARMPOOL_TEST_KUBECONFIG",
+                "upstream": "WARMPOOL_TEST_UPSTREAM_KUBECONFIG"}
+
+    def __init__(self, request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> None:
+        self._request = request
+        self._tmp = tmp_path_factory
+        self._started: dict[str, local.ClusterInfo] = {}
+
+    def get(self, crds: str) -> local.ClusterInfo:
+        if crds in self._started:
+            return self._started[crds]
+        external = os.environ.get(self.EXTERNAL[crds])
+        if external:
+            info = _external_cluster(Path(external))
+        else:
+            if not local.binaries_present():
+                # Minutes, once per machine (cached outside the repo): show the stages live,
+                # not captured, so a CI log does not sit silent.
+                capman = self._request.config.pluginmanager.getplugin("capturemanager")
+                with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+                    local.build(progress=True)
+            state_dir = self._tmp.mktemp(f"cluster-{crds}")
+            # die_with_parent: a killed pytest leaves no etcd or apiserver behind.
+            info = local.up(state_dir, watch_cache=False, die_with_parent=True, crds=crds)
+        self._started[crds] = info
+        return info
+
+    def stop(self) -> None:
+        for info in self._started.values():
+            if info.state_dir is not None and info.pids:
+                local.down(info.state_dir)
+
+
 @pytest.fixture(scope="session")
-def cluster(
+def control_planes(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[local.ClusterInfo]:
-    external = os.environ.get("WARMPOOL_TEST_KUBECONFIG")
-    if external:
-        yield _external_cluster(Path(external))
-        return
-    if not local.binaries_present():
-        # Minutes, once per machine (cached outside the repo): show the stages live, not
-        # captured, so a CI log does not sit silent.
-        capman = request.config.pluginmanager.getplugin("capturemanager")
-        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
-            local.build(progress=True)
-    state_dir = tmp_path_factory.mktemp("cluster")
-    # die_with_parent: a killed pytest leaves no etcd or apiserver behind.
-    info = local.up(state_dir, watch_cache=False, die_with_parent=True)
+) -> Iterator[ControlPlanes]:
+    planes = ControlPlanes(request, tmp_path_factory)
     try:
-        yield info
+        yield planes
     finally:
-        local.down(state_dir)
+        planes.stop()
+
+
+@pytest.fixture(scope="session")
+def crds() -> str:
+    """The CRD set of `cluster`; tests.crd_sets.BOTH_CRD_SETS parametrizes it."""
+    return "warmpool"
+
+
+@pytest.fixture(scope="session")
+def cluster(control_planes: ControlPlanes, crds: str) -> local.ClusterInfo:
+    return control_planes.get(crds)
 
 
 @pytest.fixture(scope="session")
@@ -140,3 +184,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # The local cluster's cert is self-signed and skipped on purpose (loopback only).
     config.addinivalue_line(
         "filterwarnings", "ignore::urllib3.exceptions.InsecureRequestWarning")
+
+
+@pytest.fixture
+def cache(kube: Kube, namespace: str) -> Iterator[ClusterCache]:
+    """A worker's watch-fed cache of `namespace`, synced (tests that read through it)."""
+    c = ClusterCache(lambda: kube, [namespace], timeout_range=(60.0, 90.0)).start()
+    assert c.wait_synced(30)
+    yield c
+    c.stop()

@@ -46,6 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="run Redis as a primary, a replica and this many Sentinels, every "
                    "process on the redis+sentinel:// URL; the Redis fault is then "
                    "redis_failover [default: 0, one Redis server]")
+    p.add_argument("--hosts", action="store_true",
+                   help="each worker and scheduler on a host (network namespace) of its own, "
+                   "with the network faults (needs root) [default: one network]")
     p.add_argument("--kinds", default=None,
                    help="comma-separated fault kinds to inject [default: every kind that "
                    "fits the Redis: see FAULT_KINDS in tests/chaos/faults.py]")
@@ -72,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     kinds = (tuple(k.strip() for k in args.kinds.split(",") if k.strip())
              if args.kinds else None)
     try:  # an unknown kind, or one that does not fit the Redis: say so before starting
-        fault_kinds(ChaosConfig(seed=0, sentinels=args.sentinels, kinds=kinds))
+        fault_kinds(ChaosConfig(seed=0, sentinels=args.sentinels, kinds=kinds,
+                                hosts=args.hosts))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -96,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = ChaosConfig(seed=seed, ops=args.ops, ops_per_fault=args.ops_per_fault,
                               round_ops=args.round_ops, long_outages=long_outages,
                               outage_seconds=(lo, hi), sentinels=args.sentinels,
-                              kinds=kinds, hostile_skip=tuple(
+                              kinds=kinds, hosts=args.hosts, hostile_skip=tuple(
                                   k for k in args.hostile_skip.split(",") if k))
             if cfg.command() in done:
                 print(f"chaos: seed {seed} already in {args.results}", flush=True)

@@ -51,6 +51,12 @@ class ChaosConfig:
     # keys `hostile_edits` leaves alone (e.g. "warmpool.io/fence", to see what the other keys
     # find while a known finding about the fence is still open)
     hostile_skip: tuple[str, ...] = ()
+    # the many-host topology (warmpool.harness.hosts): each worker process on a host of its
+    # own, the two schedulers on two more, every host reaching Redis and the API server
+    # through links of its own; it adds the network faults (NETWORK_KINDS in faults.py)
+    hosts: bool = False
+    partition_seconds: tuple[float, float] = (4.0, 12.0)  # past the lease TTL: leases lapse
+    slow_delay: tuple[float, float] = (0.05, 0.5)  # a slow link's delay, each way
     # L, the liveness bound (tests/chaos/liveness.py): every valid Session that has room is
     # served, and every ended holder's allow-list and route are gone, within L seconds of
     # fault-free time (the resync period: whatever an event missed, the resync finds)
@@ -61,7 +67,8 @@ class ChaosConfig:
         lo, hi = self.outage_seconds
         extra = (f" --sentinels {self.sentinels}" if self.sentinels else "") + (
             f" --kinds {','.join(self.kinds)}" if self.kinds is not None else "") + (
-            f" --hostile-skip {','.join(self.hostile_skip)}" if self.hostile_skip else "")
+            f" --hostile-skip {','.join(self.hostile_skip)}" if self.hostile_skip else "") + (
+            " --hosts" if self.hosts else "")
         return (f"python -m tests.chaos --seeds {self.seed} --ops {self.ops} "
                 f"--ops-per-fault {self.ops_per_fault} --round-ops {self.round_ops} "
                 f"--long-outages {self.long_outages} --outage-seconds {lo:g},{hi:g}{extra}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tests.chaos.config import ChaosConfig
 from tests.chaos.history import History
-from tests.chaos.system import LAGGING
+from tests.chaos.system import lagging_client
 from warmpool.harness import SentinelRedis, System
 from warmpool.testing.apiproxy import ApiProxy
 from warmpool.testing.apiproxy import Faults as ProxyFaults
@@ -45,6 +46,14 @@ FAULT_KINDS: dict[str, tuple[float, str]] = {
     # foreign values written by hand into the labels, annotations and owner references the
     # controller reads on pool objects and Sessions (tests/chaos/hostile.py)
     "hostile_edits": (2.0, "hostile"),
+    # The many-host topology only (`ChaosConfig.hosts`), on the hosts' own links: a worker
+    # host partitioned (silently: connections open, nothing passes, one way or both) from
+    # Redis, the API server or both, struck while it holds leases in a race of claims and a
+    # scale-down, and healed while that runs on elsewhere; the leader's link to the API
+    # server stalled past its Lease; one link slowed for seconds.
+    "host_partition": (3.0, "network"),
+    "leader_api_stall": (1.5, "network"),
+    "link_slow": (1.5, "network"),
 }
 
 
@@ -69,19 +78,29 @@ class Fault:
 #: The Redis faults of a run with one server, and of a run with Sentinels.
 SINGLE_REDIS_KINDS = frozenset({"redis_restart", "redis_flush", "redis_flush_race"})
 SENTINEL_KINDS = frozenset({"redis_failover"})
+#: The faults on the hosts' links: only in a run with hosts.
+NETWORK_KINDS = frozenset({"host_partition", "leader_api_stall", "link_slow"})
+
+#: A write reaches the API server this long after the worker checked its lease at most, when
+#: the worker's link to the API server is healthy (loopback and a veth): the slack of the
+#: "no write after the lease lapsed" check.
+WRITE_TRANSIT = 1.0
 
 
 def fault_kinds(cfg: ChaosConfig) -> list[str]:
     """The kinds a run may plan: the chosen ones (all by default) that fit its Redis."""
     unfit = SINGLE_REDIS_KINDS if cfg.sentinels else SENTINEL_KINDS
+    if not cfg.hosts:
+        unfit = unfit | NETWORK_KINDS
     if cfg.kinds is not None:
         unknown = set(cfg.kinds) - set(FAULT_KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}")
         wrong = set(cfg.kinds) & unfit
         if wrong:
-            raise ValueError(f"fault kinds {sorted(wrong)} need "
-                             f"{'one Redis server' if cfg.sentinels else 'Sentinels'}")
+            need = ("hosts (--hosts)" if wrong <= NETWORK_KINDS else
+                    "one Redis server" if cfg.sentinels else "Sentinels")
+            raise ValueError(f"fault kinds {sorted(wrong)} need {need}")
     return [k for k in FAULT_KINDS if (cfg.kinds is None or k in cfg.kinds)
             and FAULT_KINDS[k][0] > 0 and k not in unfit]
 
@@ -106,7 +125,8 @@ def plan_faults(rng: random.Random, cfg: ChaosConfig) -> dict[int, list[tuple[st
     return plan
 
 
-def fault_params(rng: random.Random, kind: str, cfg: ChaosConfig) -> dict[str, Any]:
+# Complex by count only: a flat dispatch, one `match` case per fault kind and its draws.
+def fault_params(rng: random.Random, kind: str, cfg: ChaosConfig) -> dict[str, Any]:  # noqa: C901
     match kind:
         case "worker_kill":
             return {"worker": rng.randrange(cfg.workers), "down": rng.uniform(0.2, 3.0)}
@@ -144,6 +164,19 @@ def fault_params(rng: random.Random, kind: str, cfg: ChaosConfig) -> dict[str, A
         case "watch_lag":
             return {"seconds": rng.uniform(*cfg.lag_seconds),
                     "delay": rng.uniform(*cfg.lag_delay)}
+        case "host_partition":
+            return {"worker": rng.randrange(cfg.workers),
+                    "service": rng.choice(["redis", "api", "both"]),
+                    "direction": rng.choice(["both", "both", "up", "down"]),
+                    "seconds": rng.uniform(*cfg.partition_seconds)}
+        case "leader_api_stall":
+            # Past the Lease duration: the other scheduler takes the Lease meanwhile.
+            return {"seconds": rng.uniform(cfg.scheduler_lease + 2.0,
+                                           2 * cfg.scheduler_lease + 2.0)}
+        case "link_slow":
+            return {"worker": rng.randrange(cfg.workers),
+                    "service": rng.choice(["redis", "api"]),
+                    "delay": rng.uniform(*cfg.slow_delay), "seconds": rng.uniform(3, 10)}
         case "hostile_edits":
             return {"edits": rng.randint(*cfg.hostile_edits), "gap": rng.uniform(*cfg.hostile_gap),
                     "hold": rng.uniform(*cfg.hostile_hold), "seed": rng.randrange(2**31)}
@@ -167,6 +200,7 @@ class FaultInjector:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.errors: list[str] = []
+        self.violations: list[str] = []  # what a network fault saw break (the run reports it)
         self.notes: list[str] = []  # what a fault found when it struck (shown in the report)
 
     def start(self, kind: str, params: dict[str, Any]) -> bool:
@@ -183,7 +217,7 @@ class FaultInjector:
             # race (the operations' sequence stays the seed's, not the fault thread's timing).
             fault.handoff = (lambda: self._flush(**params), threading.Event())
             self.ops.flush_race = fault.handoff
-        elif kind == "worker_stop" and self.ops is not None:
+        elif kind in ("worker_stop", "host_partition") and self.ops is not None:
             self.ops.race_next = True  # the burst of claims and scale-downs it freezes in
         self.history.add("fault", f"{kind} {params}")
         t = threading.Thread(target=self._run, args=(fault, group), daemon=True,
@@ -383,7 +417,121 @@ class FaultInjector:
         events held when the window closes still arrive at their time (the tail)."""
         f.blocking = False  # its reads are behind, its writes are refused if stale: slower
         f.slack = delay
-        self._window(f, seconds, tail=delay, watch_delay=delay, watch_delay_client=LAGGING)
+        self._window(f, seconds, tail=delay, watch_delay=delay,
+                     watch_delay_client=lagging_client(self.cfg))
+
+    def _holder(self, seeded: int) -> int:
+        """The worker holding the most leases (waiting up to 5 s for one: the next operation
+        is a race of claims and a scale-down), else the seeded one."""
+        deadline = time.monotonic() + 5.0
+        holders = self.system.lease_holders()
+        while not holders and time.monotonic() < deadline:
+            time.sleep(0.005)  # polling Redis for lease holders, not a wait for an effect
+            holders = self.system.lease_holders()
+        return holders.most_common(1)[0][0] if holders else seeded
+
+    def _host_partition(self, f: Fault, worker: int, service: str, direction: str,
+                        seconds: float) -> None:
+        """Cut a worker's host off (silently) from `service` while it holds leases, heal it
+        `seconds` later while the race it was in runs on. Whatever it was doing goes on by
+        its own clock: with Redis cut its leases lapse locally and it must stop writing, and
+        the API server must see no write of it applied from a lease TTL (plus transit) after
+        the cut until the heal; with the API server cut its calls time out within a lease
+        TTL and its keys move to other hosts. Healed, it carries on as the same process."""
+        worker = self._holder(worker)
+        host = self.system.hosts[worker]  # worker i runs on host i (tests/chaos/system.py)
+        pid = self.system.workers.pids[worker]
+        text = (f"host {host.name} (worker {worker}) cut from {service} ({direction}) for "
+                f"{seconds:.1f}s")
+        self.history.add("fault", text)
+        self.notes.append(f"host_partition: {text}")
+        cut_at = time.time()
+        host.partition(service, direction)
+        try:
+            time.sleep(seconds)  # the stimulus: how long the host is cut off
+        finally:
+            healed_at = time.time()
+            host.heal(service)
+        paused = any(g.kind in ("worker_stop", "worker_kill") and g.window(self.history.now())
+                     [1] >= f.start for g in list(self.all) if g is not f)
+        # A paused process's write checked before the pause lands after it (fences refuse it
+        # when stale): that is the worker faults' to judge, not this one's.
+        if service != "api" and not paused:  # no Redis renewal it could hear of
+            lapsed = cut_at + self.cfg.lease_ttl + WRITE_TRANSIT
+            applied = [w for w in self.proxy.writes(host.name)
+                       if lapsed < w.at < healed_at and not w.refused
+                       and "/events" not in w.path]
+            if applied:
+                self.violations.append(
+                    f"host_partition: {host.name} cut from Redis at {cut_at:.2f} wrote after "
+                    f"its lease lapsed (applied): {applied[:5]}")
+        if self.system.workers.pids[worker] != pid:
+            self.notes.append(f"host_partition: worker {worker} was restarted ({pid} -> "
+                              f"{self.system.workers.pids[worker]})")
+        f.end = self.history.now()
+        # Its leases lapse (TTL), its stalled calls end (a lease TTL each), its keys back off.
+        f.tail = 2 * self.cfg.lease_ttl + 5.0
+
+    def _leader_api_stall(self, f: Fault, seconds: float) -> None:
+        """The leader's link to the API server goes silent for longer than its Lease: it
+        must stop leading (by its own clock, at the renew deadline) before the other
+        scheduler takes the Lease (at the Lease duration), and lead again or stand by once
+        healed. Both report whether they lead (/status, over their hosts' own addresses,
+        not through the stalled link); two leaders at one poll is a violation."""
+        leader = self.system.leader()
+        if leader is None:
+            self.notes.append("leader_api_stall: no leader found; nothing stalled")
+            f.end = self.history.now()
+            return
+        h = self.system.scheduler_host(leader)
+        assert h is not None, "a run with hosts puts every scheduler on a host"
+        host = self.system.hosts[h]
+        host.partition("api")
+        start = time.monotonic()
+        stepped_down = taken = None
+        try:
+            while time.monotonic() - start < seconds:
+                leading = self._leading()
+                if len(leading) > 1:
+                    self.violations.append(f"leader_api_stall: schedulers {sorted(leading)} "
+                                           "both lead while the old leader's link stalls")
+                    break
+                now = time.monotonic() - start
+                if stepped_down is None and leader not in leading:
+                    stepped_down = now
+                if taken is None and leading and leader not in leading:
+                    taken = now
+                time.sleep(0.1)  # polling the schedulers' /status
+        finally:
+            host.heal("api")
+        self.notes.append(
+            f"leader_api_stall: scheduler {leader} stalled {seconds:.1f}s; stopped leading "
+            f"after {_secs(stepped_down)}, the other led after {_secs(taken)}")
+        f.end = self.history.now()
+        f.tail = self.cfg.scheduler_lease + 3.0  # a leader again, then its resync
+
+    def _leading(self) -> set[int]:
+        out = set()
+        for i, s in enumerate(self.system.schedulers):
+            with contextlib.suppress(Exception):
+                if s.alive() and s.status().get("leader"):
+                    out.add(i)
+        return out
+
+    def _link_slow(self, f: Fault, worker: int, service: str, delay: float,
+                   seconds: float) -> None:
+        """One host's link to `service` slowed by `delay` s each way for `seconds`: slower,
+        not stopped (every chunk arrives, late, in order)."""
+        f.blocking = False
+        f.slack = 20 * delay  # a job makes a few dozen round trips at most
+        host = self.system.hosts[worker]
+        host.slow(delay, service)
+        try:
+            time.sleep(seconds)  # the stimulus: how long the link is slow
+        finally:
+            host.heal(service)
+        f.end = self.history.now()
+        f.tail = delay
 
     def _api_outage_long(self, f: Fault, seconds: float, mode: str) -> None:
         self._api_outage(f, seconds, mode)
@@ -409,3 +557,7 @@ class FaultInjector:
         f.blocking = False
         self.hostile.run(edits, gap, hold, seed)
         f.end = self.history.now()
+
+
+def _secs(t: float | None) -> str:
+    return "never" if t is None else f"{t:.1f}s"

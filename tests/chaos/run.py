@@ -104,6 +104,7 @@ class ChaosResult:
     deletions_audited: int = 0
     audit_gaps: int = 0
     gc_races: int = 0
+    double_claims: int = 0  # held-looking objects deleted in settling a double claim
     unrebuildable: list[str] = field(default_factory=list)
     hostile_edits: int = 0  # hostile edits made (refused by the API server included)
     hostile: str = ""  # their categories and outcomes
@@ -150,7 +151,8 @@ class ChaosResult:
                  f"  settle times (s): {[round(s, 1) for s in self.settle_seconds]}",
                  f"  watchdog polls: {self.polls}; deletions audited: {self.deletions_audited}"
                  f" (watch gaps: {self.audit_gaps}; held objects the garbage collector took "
-                 f"from claims racing their AppDefinition's deletion: {self.gc_races})"]
+                 f"from claims racing their AppDefinition's deletion: {self.gc_races}; "
+                 f"double claims settled: {self.double_claims})"]
         if self.hostile_edits:
             lines.append(f"  hostile edits: {self.hostile}")
             if not self.violations:  # with violations, all of them follow the history
@@ -249,6 +251,7 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
         if faults.errors:
             notes += [f"fault could not be applied: {e}" for e in faults.errors]
         notes += faults.notes
+        dog.violations += faults.violations
         api = proxy.stats()
         system.stop()
         for ns in namespaces:
@@ -260,7 +263,7 @@ def run_chaos(cluster: ClusterInfo, cfg: ChaosConfig, workdir: Path,
         settle_seconds=settle, duration=time.monotonic() - started, polls=dog.polls,
         history=dog.first_history or history.tail(), notes=notes, workdir=workdir,
         rerun=cfg.command(), deletions_audited=audit.audited, audit_gaps=audit.gaps,
-        gc_races=audit.gc_races,
+        gc_races=audit.gc_races, double_claims=audit.double_claims,
         unrebuildable=sorted(dog.excusals.unrebuildable),
         hostile_edits=len(hostile.edits), hostile=hostile.summary(),
         hostile_log=[e.describe() for e in hostile.snapshot()],

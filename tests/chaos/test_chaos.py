@@ -1,6 +1,6 @@
 """The chaos tiers (see run.py for what a run does and checks).
 
-CI tier (`-m chaos`): three seeds of 90 operations and about a dozen faults each, every fault
+CI tier (`-m chaos`): two seeds of 90 operations and about a dozen faults each, every fault
 kind but `hostile_edits` in every seed (`watch_lag` included: one worker's watch events 3-8 s
 late for 10-20 s; `worker_stop`: a lease holder SIGSTOPped past its lease TTL, then resumed;
 `redis_flush_race`: Redis emptied between a race's claims and its scale-down), one quiescence
@@ -24,15 +24,18 @@ import pytest
 
 from tests.chaos.config import ROOT, ChaosConfig
 from tests.chaos.conftest import option
-from tests.chaos.faults import FAULT_KINDS
+from tests.chaos.faults import FAULT_KINDS, NETWORK_KINDS
 from tests.chaos.report import figures, write_figures
 from tests.chaos.run import run_chaos
 from warmpool.cluster.local import ClusterInfo
 
-CI_SEEDS = (1, 2, 3)
-#: The three seeds' kinds: every kind of a one-server run but `hostile_edits`, which has a seed
+#: Two seeds (a cold CI run must stay under 30 minutes): 2, which found finding 16, and 3,
+#: whose one long outage (30 s) no other CI seed has. Seed 1, and any other, in the long tier.
+CI_SEEDS = (2, 3)
+#: The two seeds' kinds: every kind of a one-server run but `hostile_edits`, which has a seed
 #: of its own (below), so that these keep one fault of each kind (12 faults, 12 kinds).
-CI_KINDS = tuple(k for k in FAULT_KINDS if k not in ("hostile_edits", "redis_failover"))
+CI_KINDS = tuple(k for k in FAULT_KINDS if k not in ("hostile_edits", "redis_failover")
+                 and k not in NETWORK_KINDS)  # the network faults: the --hosts tier
 #: The second, fourth and sixth edits of its first hostile fault (before operation 10) write a
 #: fence of 99999999999999 or 10^20 on a pool object (each edit's target kind, key and value
 #: are fixed draws of the fault's seed, tests/chaos/hostile.py): the values that poisoned the
@@ -41,7 +44,10 @@ HOSTILE_SEED = 25
 
 
 @pytest.mark.chaos
-@pytest.mark.parametrize("seed", CI_SEEDS)
+@pytest.mark.parametrize("seed", [
+    # Seed 3 (its long API outage among the faults) runs in the slow tier: CI keeps seed 2
+    # and the hostile seed within a cold run's 30 minutes; the long tier runs many more.
+    pytest.param(s, marks=pytest.mark.slow) if s == 3 else s for s in CI_SEEDS])
 def test_chaos_ci_tier(cluster: ClusterInfo, tmp_path: Path, seed: int) -> None:
     # One fault per 7 operations: 12 faults, one of each of the 12 kinds.
     cfg = ChaosConfig(seed=seed, ops=90, ops_per_fault=7, round_ops=45,

@@ -20,9 +20,14 @@ from warmpool.kube import observe
 from warmpool.kube.api import Gone, Kube
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
+from warmpool.pool.decide import rightful_instance
 from warmpool.pool.instances import is_session_ref, refs
-from warmpool.pool.model import parse_session
+from warmpool.pool.model import Session, parse_session
 from warmpool.pool.parts import Part
+
+#: A held instance, as the watchdog tracks it: (namespace, Session uid, instance id, the
+#: last 12 characters of its external Service's name).
+HeldKey = tuple[str, str, int, str]
 
 
 class Watchdog:
@@ -45,7 +50,7 @@ class Watchdog:
         self._pending: dict[str, float] = {}  # I1/I2 damage -> first seen
         self._reported: set[str] = set()
         # (ns, Session uid, k, AppDefinition uid12) -> {kind/name: (uid, has the Session's ref)}
-        self._held: dict[tuple[str, str, int, str], dict[str, tuple[str, bool]]] = {}
+        self._held: dict[HeldKey, dict[str, tuple[str, bool]]] = {}
         self._vanished: dict[str, float] = {}  # uid -> when first missing (AppDefinition gone)
         self._last: World | None = None
         self._stop = threading.Event()
@@ -167,59 +172,19 @@ class Watchdog:
         raced the GC's read (finding 8). Who deleted it is the deletion audit's call, made
         exactly from the watch and the proxy's record; the watchdog waits `AUDIT_WAIT` seconds
         for that verdict (`ops.gc_deleted`) before it reports the deletion."""
-        seen: dict[tuple[str, str, int, str], dict[str, tuple[str, bool]]] = {}
-        gone: set[tuple[str, str, int, str]] = set()  # keys whose AppDefinition is gone
+        seen: dict[HeldKey, dict[str, tuple[str, bool]]] = {}
+        gone: set[HeldKey] = set()  # keys whose AppDefinition is gone
         for ns in self.namespaces:
             live = {s.uid: s for s in map(parse_session, world.sessions[ns]) if s.live}
             appdefs = {a["metadata"]["name"] for a in world.appdefs[ns]
                        if not a["metadata"].get("deletionTimestamp")}
-            keys: set[tuple[str, str, int, str]] = set()
-            for obj in world.objects[ns]:
-                name = obj["metadata"]["name"]
-                k = naming.instance_id_from_name(name)
-                if k is None or observe.classify(obj) is not Part.EXTERNAL_SERVICE:
-                    continue
-                for r in refs(obj):
-                    s = live.get(str(r.get("uid"))) if is_session_ref(r) else None
-                    if s is not None:
-                        keys.add((ns, s.uid, k, name[-12:]))
-            for key in self._held:  # still annotated with it: held even if objects vanished
-                if key[0] == ns and key[1] in live and live[key[1]].instance_id == key[2]:
-                    keys.add(key)
-            for key in keys:
-                _, suid, k, uid12 = key
-                objs = {}
-                for obj in world.objects[ns]:
-                    name = obj["metadata"]["name"]
-                    if naming.instance_id_from_name(name) == k and uid12 in name:
-                        has_ref = any(is_session_ref(r) and r.get("uid") == suid
-                                      for r in refs(obj))
-                        objs[f"{obj['kind']}/{name}"] = (obj["metadata"]["uid"], has_ref)
-                seen[key] = objs
-                if live[suid].appdef not in appdefs:
+            for key in self._held_keys(world, ns, live):
+                seen[key] = _instance_objects(world, ns, key)
+                if live[key[1]].appdef not in appdefs:
                     gone.add(key)
         for key, before in self._held.items():
-            if key not in seen:
-                continue  # released: the Session ended or holds this instance no more
-            now = seen[key]
-            ns, suid, k, _ = key
-            who = f"instance {k} held by Session {live_name(world, ns, suid)}"
-            for name, (uid, had_ref) in before.items():
-                if uid in self.ops.hand_deleted or uid in self.ops.gc_deleted:
-                    continue
-                if name not in now:
-                    if self._still_there(ns, name, uid):
-                        continue  # relabelled by a hostile hand, not deleted
-                    if not had_ref and key in gone:
-                        continue
-                    if key in gone:
-                        since = self._vanished.setdefault(uid, self.history.now())
-                        if self.history.now() - since < self.AUDIT_WAIT:
-                            continue  # the audit has not ruled on it yet
-                    self.violate(f"{ns}: {name} of {who} was deleted while held")
-                elif now[name][0] != uid:
-                    self.violate(f"{ns}: {name} of {who} was replaced while held "
-                                 f"(uid {uid[:8]} -> {now[name][0][:8]})")
+            if key in seen:  # else released: the Session ended or holds this instance no more
+                self._check_kept(world, key, before, seen[key], gone=key in gone)
         # Remember the last uid of each object (one that vanished stays remembered, so a
         # later recreation is compared against the deleted one's uid).
         merged = {}
@@ -227,6 +192,63 @@ class Watchdog:
             merged[key] = {**{n: e for n, e in self._held.get(key, {}).items()
                               if e[0] not in self.ops.hand_deleted}, **now}
         self._held = merged
+
+    def _held_keys(self, world: World, ns: str, live: dict[str, Session]) -> set[HeldKey]:
+        """(namespace, Session uid, instance id, the external Service's uid suffix) of each
+        instance a live Session holds: its external Service references the Session, or the
+        Session is still annotated with an instance held before (whose objects may be gone)."""
+        keys: set[HeldKey] = set()
+        for obj in world.objects[ns]:
+            name = obj["metadata"]["name"]
+            k = naming.instance_id_from_name(name)
+            if k is None or observe.classify(obj) is not Part.EXTERNAL_SERVICE:
+                continue
+            for r in refs(obj):
+                s = live.get(str(r.get("uid"))) if is_session_ref(r) else None
+                if s is not None:
+                    keys.add((ns, s.uid, k, name[-12:]))
+        for key in self._held:  # still annotated with it: held even if objects vanished
+            if key[0] == ns and key[1] in live and live[key[1]].instance_id == key[2]:
+                keys.add(key)
+        return keys
+
+    def _check_kept(self, world: World, key: HeldKey, before: dict[str, tuple[str, bool]],
+                    now: dict[str, tuple[str, bool]], *, gone: bool) -> None:
+        """A violation for each object of held instance `key` deleted or replaced since the
+        last poll (`before` -> `now`: name -> (uid, whether it referenced the holder)), but by
+        the runner's hand, the garbage collector's (the audit's verdict, awaited while the
+        AppDefinition is `gone`), or a hostile relabelling."""
+        ns, suid, k, _ = key
+        who = f"instance {k} held by Session {live_name(world, ns, suid)}"
+        for name, (uid, had_ref) in before.items():
+            if uid in self.ops.hand_deleted or uid in self.ops.gc_deleted:
+                continue
+            if name not in now:
+                if self._still_there(ns, name, uid):
+                    continue  # relabelled by a hostile hand, not deleted
+                if not had_ref and gone:
+                    continue
+                if gone:
+                    since = self._vanished.setdefault(uid, self.history.now())
+                    if self.history.now() - since < self.AUDIT_WAIT:
+                        continue  # the audit has not ruled on it yet
+                self.violate(f"{ns}: {name} of {who} was deleted while held")
+            elif now[name][0] != uid:
+                self.violate(f"{ns}: {name} of {who} was replaced while held "
+                             f"(uid {uid[:8]} -> {now[name][0][:8]})")
+
+
+def _instance_objects(world: World, ns: str, key: HeldKey) -> dict[str, tuple[str, bool]]:
+    """The objects of held instance `key`: "<kind>/<name>" -> (uid, whether it references
+    the holder)."""
+    _, suid, k, uid12 = key
+    objs = {}
+    for obj in world.objects[ns]:
+        name = obj["metadata"]["name"]
+        if naming.instance_id_from_name(name) == k and uid12 in name:
+            has_ref = any(is_session_ref(r) and r.get("uid") == suid for r in refs(obj))
+            objs[f"{obj['kind']}/{name}"] = (obj["metadata"]["uid"], has_ref)
+    return objs
 
 
 
@@ -257,6 +279,7 @@ class DeletionAudit:
         self.audited = 0
         self.gaps = 0
         self.gc_races = 0
+        self.double_claims = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the pinned client is not shared between threads
         self._threads: list[threading.Thread] = []
@@ -349,6 +372,25 @@ class DeletionAudit:
         if not holders:
             return
         holder = holders[0]
+        # A double claim (a claim whose deciding write's answer was lost, retried on another
+        # instance) is settled by releasing every instance but the Session's rightful one,
+        # as the controller decides it: an instance above minInstances then goes. Excused
+        # only when the server's own state, just before this deletion, made another
+        # instance the rightful one.
+        session = parse_session(holder)
+        referencing = frozenset(
+            i for svc in services
+            if observe.classify(svc) is Part.EXTERNAL_SERVICE
+            and uid12 in svc["metadata"]["name"]
+            and (i := naming.instance_id_from_name(svc["metadata"]["name"])) is not None
+            and any(is_session_ref(r) and r.get("uid") == holder["metadata"]["uid"]
+                    for r in refs(svc)))
+        if rightful_instance(session, referencing, k) != k:
+            self.double_claims += 1
+            self.history.add("audit", f"{ns}: {obj['kind']}/{name} of instance {k} deleted: "
+                             f"a double claim of {holder['metadata']['name']} (it rightfully "
+                             f"holds instance {rightful_instance(session, referencing, k)})")
+            return
         had_ref = any(is_session_ref(r) and r.get("uid") == holder["metadata"]["uid"]
                       for r in refs(obj))
         app = (holder.get("spec") or {}).get("appDefinition")

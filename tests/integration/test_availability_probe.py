@@ -2,8 +2,9 @@
 
 The TLS server is local, with a CA made here by the `openssl` CLI: the probe must trust it
 only when given its bundle, check the hostname, follow no redirect and time out. Then the
-runner, on a compressed schedule, writes a Session's `status.url`, leaves a same-name
-re-created Session alone, and gives up with a Warning event and `status.error` 551.
+probe's writes on the API server (`status.url` alone; the give-up's Warning event and
+`status.error` 551; nothing for a same-name re-created Session), and the whole way: the
+workers' `probe/` key, on a compressed schedule, writes the URL once the instance answers.
 """
 
 from __future__ import annotations
@@ -22,15 +23,13 @@ import pytest
 from tests.pool_world import session
 from tests.waiting import wait_for
 from warmpool.cluster.local import free_port
-from warmpool.controller.availability import ProbeRunner, SessionWrites, fetch_status
+from warmpool.controller.availability import SessionWrites, fetch_status, ssl_context
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
 from warmpool.pool.availability import (
     GIVE_UP_ERROR,
     GIVE_UP_REASON,
-    ProbeSettings,
     ProbeTarget,
-    Schedule,
     session_url,
 )
 from warmpool.testing.world import create_session, delete_session
@@ -187,35 +186,15 @@ def test_the_probe_times_out_and_gets_no_status_from_a_closed_port(server: Serve
                         timeout=1) is None
 
 
-def test_an_unreadable_ca_bundle_fails_the_runner_at_once(tmp_path: Path) -> None:
+def test_an_unreadable_ca_bundle_fails_at_once(tmp_path: Path) -> None:
+    """What `warmpool worker` checks at start (`check_settings`): one clear error."""
     missing = tmp_path / "none.pem"
     with pytest.raises(ValueError, match=f"URL probe CA bundle {missing}"):
-        ProbeRunner(ProbeSettings(ca_bundle=str(missing)), still_holds=lambda t: True,
-                    write_url=lambda t: None, give_up=lambda t: None)
+        ssl_context(str(missing))
 
 
-# -- the runner against the API server
-
-
-def _runner(kube: Kube, pki: Pki, schedule: str, still_holds: Any = None) -> ProbeRunner:
-    writes = SessionWrites(kube)
-
-    def holds_by_uid(target: ProbeTarget) -> bool:
-        live = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, target.namespace, target.session)
-        return live is not None and live["metadata"]["uid"] == target.uid
-
-    return ProbeRunner(
-        ProbeSettings(ca_bundle=str(pki.ca), schedule=Schedule.parse(schedule), timeout=5),
-        still_holds=still_holds or holds_by_uid, write_url=writes.write_url,
-        give_up=writes.give_up, workers=2)
-
-
-@pytest.fixture
-def runners() -> Iterator[list[ProbeRunner]]:
-    made: list[ProbeRunner] = []
-    yield made
-    for runner in made:
-        runner.stop(timeout=10)
+# -- the probe's writes against the API server (the keyed job that makes them is
+# tests/unit/test_availability.py's; the whole way is the workers' test below)
 
 
 HANDLED = {"operatorStatus": v.STATUS_HANDLED, "lastActivity": 1700000000000}
@@ -234,75 +213,25 @@ def _target(obj: dict[str, Any], server: Server, path: str, k: int = 1) -> Probe
                        instance=k, url=session_url(server.host, path), app_definition="java")
 
 
-def test_the_url_is_written_once_the_instance_answers(
-    kube: Kube, namespace: str, server: Server, pki: Pki, runners: list[ProbeRunner]
-) -> None:
-    server.answers.set("/java-app-1/", 503, 503, 200)
-    s1 = _handled_session(kube, namespace, "s1")
-    runner = _runner(kube, pki, "20x0.05")
-    runners.append(runner)
-    assert runner.submit(_target(s1, server, "/java-app-1"))
-    wait_for(lambda: session(kube, namespace, "s1").get("status", {}).get("url"), timeout=30,
-             message="status.url")
-    wait_for(lambda: len(runner) == 0, timeout=10, message="the probe's end")
-    status = session(kube, namespace, "s1")["status"]
-    # Only url was added; no scheme, a trailing slash.
-    assert status == {**HANDLED, "url": f"localhost:{server.port}/java-app-1/"}
-    assert server.answers.answered("/java-app-1/") == [503, 503, 200]
-
-
-@pytest.mark.parametrize("holds", ["by-uid", "stale"])
-def test_a_same_name_session_recreated_while_probing_is_left_alone(
-    kube: Kube, namespace: str, server: Server, pki: Pki, runners: list[ProbeRunner],
-    holds: str,
-) -> None:
-    """`by-uid`: the runner's still_holds sees the new uid and ends the probe. `stale`: a
-    still_holds that still says yes (a lagging cache): the write's uid test refuses it."""
-    path = "/java-app-1/"
-    server.answers.set(path, 503)
-    old = _handled_session(kube, namespace, "s1")
-    runner = _runner(kube, pki, "200x0.05",
-                     still_holds=(lambda t: True) if holds == "stale" else None)
-    runners.append(runner)
-    target = _target(old, server, "/java-app-1")
-    assert runner.submit(target)
-    wait_for(lambda: server.answers.answered(path), timeout=30, message="a first attempt")
-
-    delete_session(kube, namespace, "s1")
-    wait_for(lambda: kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, namespace, "s1") is None,
-             timeout=30, message="s1 gone")
-    new = _handled_session(kube, namespace, "s1")
-    assert new["metadata"]["uid"] != old["metadata"]["uid"]
-
-    server.answers.set(path, 200)
-    if holds == "stale":  # it goes on probing, and its write is refused
-        wait_for(lambda: 200 in server.answers.answered(path), timeout=30, message="a 200")
-    # `by-uid`: the next attempt, asked first, ends the probe without a GET.
-    wait_for(lambda: len(runner) == 0, timeout=30, message="the old probe's end")
-    live = session(kube, namespace, "s1")
-    assert live["metadata"]["uid"] == new["metadata"]["uid"]
-    assert live["status"] == HANDLED  # no url, no error
-    assert not runner.probing(namespace, old["metadata"]["uid"])
-    assert _events(kube, namespace, "s1") == []
-
-
 def _events(kube: Kube, ns: str, name: str) -> list[dict[str, Any]]:
     items, _ = kube.list("v1", "Event", ns)
     return [e for e in items if e["involvedObject"].get("name") == name]
 
 
-def test_a_probe_that_never_succeeds_gives_up_with_an_event_and_551(
-    kube: Kube, namespace: str, server: Server, pki: Pki, runners: list[ProbeRunner]
+def test_the_url_write_adds_only_the_url(kube: Kube, namespace: str, server: Server) -> None:
+    s1 = _handled_session(kube, namespace, "s1")
+    SessionWrites(kube).write_url(_target(s1, server, "/java-app-1"))
+    # Only url was added; no scheme, a trailing slash.
+    assert session(kube, namespace, "s1")["status"] == {
+        **HANDLED, "url": f"localhost:{server.port}/java-app-1/"}
+
+
+def test_the_give_up_writes_551_and_a_warning_event(
+    kube: Kube, namespace: str, server: Server,
 ) -> None:
     path = "/java-app-3/"
-    server.answers.set(path, 503)
     s1 = _handled_session(kube, namespace, "s1")
-    runner = _runner(kube, pki, "3x0.05,2x0.1")
-    runners.append(runner)
-    runner.submit(_target(s1, server, "/java-app-3", k=3))
-    wait_for(lambda: session(kube, namespace, "s1").get("status", {}).get("error"), timeout=30,
-             message="status.error")
-    wait_for(lambda: _events(kube, namespace, "s1"), timeout=30, message="the event")
+    SessionWrites(kube).give_up(_target(s1, server, "/java-app-3", k=3))
     assert session(kube, namespace, "s1")["status"] == {**HANDLED, "error": GIVE_UP_ERROR}
     assert GIVE_UP_ERROR == "551:Unable to launch session within time limit."
     [event] = _events(kube, namespace, "s1")
@@ -310,8 +239,25 @@ def test_a_probe_that_never_succeeds_gives_up_with_an_event_and_551(
     assert event["involvedObject"]["uid"] == s1["metadata"]["uid"]
     assert event["involvedObject"]["kind"] == v.SESSION_KIND
     assert f"localhost:{server.port}{path}" in event["message"]
-    assert len(runner) == 0
-    assert server.answers.answered(path) == [503] * 5  # every attempt of the schedule, no more
+
+
+def test_a_same_name_session_recreated_since_is_not_written(
+    kube: Kube, namespace: str, server: Server,
+) -> None:
+    """A probe decided for the old uid (a lagging read): the writes' uid test refuses both."""
+    old = _handled_session(kube, namespace, "s1")
+    delete_session(kube, namespace, "s1")
+    wait_for(lambda: kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, namespace, "s1") is None,
+             timeout=30, message="s1 gone")
+    new = _handled_session(kube, namespace, "s1")
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    writes = SessionWrites(kube)
+    writes.write_url(_target(old, server, "/java-app-1"))
+    writes.give_up(_target(old, server, "/java-app-1"))
+    live = session(kube, namespace, "s1")
+    assert live["metadata"]["uid"] == new["metadata"]["uid"]
+    assert live["status"] == HANDLED  # no url, no error
+    assert _events(kube, namespace, "s1") == []
 
 
 def test_the_workers_write_the_url_once_the_instance_answers_through_its_route(

@@ -35,6 +35,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.pool_world import emails, instance_objects, snapshot
 from tests.redis_server import resolve_redis_url
+from tests.tiers import ci_sample
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
 from warmpool.harness import System
@@ -804,6 +805,13 @@ WORKER = ("worker", "--processes", "1", "--threads", "1")
 SCHEDULER = ("scheduler", "--health-port", "0")
 
 CONFIG_CASES = [
+    # No URL: refused before anything starts (no embedded server, no 127.0.0.1:6379 taken
+    # because it answers), whatever else is configured.
+    ConfigCase("worker-redis-url-missing", WORKER,
+               lambda c, t, r: _env(c.kubeconfig), ("no redis url", "WARMPOOL_REDIS_URL"), (4,)),
+    ConfigCase("scheduler-redis-url-missing", SCHEDULER,
+               lambda c, t, r: _env(c.kubeconfig, None, "default"),
+               ("no redis url", "WARMPOOL_REDIS_URL"), (4,)),
     ConfigCase("worker-redis-url-malformed", WORKER,
                lambda c, t, r: _env(c.kubeconfig, "not-a-url"), ("redis",)),
     ConfigCase("worker-redis-unreachable", WORKER,
@@ -815,7 +823,7 @@ CONFIG_CASES = [
                ("kubernetes",), (4,)),
     ConfigCase("worker-credentials-rejected", WORKER,
                lambda c, t, r: _env(kubeconfig_variant(c, t / "kc", token="expired-token"), r),
-               ("credentials",), (4,)),
+               ("credentials",), (5,)),
     ConfigCase("worker-kubeconfig-missing", WORKER,
                lambda c, t, r: _env(t / "no-such-kubeconfig", r), ("kubeconfig",), (4,)),
     ConfigCase("scheduler-redis-url-malformed", SCHEDULER,
@@ -829,7 +837,7 @@ CONFIG_CASES = [
                ("kubernetes",), (4,)),
     ConfigCase("scheduler-credentials-rejected", SCHEDULER,
                lambda c, t, r: _env(kubeconfig_variant(c, t / "kc", token="expired-token"), r,
-                                    "default"), ("credentials",), (4,)),
+                                    "default"), ("credentials",), (5,)),
     ConfigCase("scheduler-unknown-namespace", SCHEDULER,
                lambda c, t, r: _env(c.kubeconfig, r, "no-such-namespace-42"),
                ("no-such-namespace-42",), (3, 4)),
@@ -843,7 +851,14 @@ CONFIG_CASES = [
 EXIT_WITHIN = 20.0
 
 
-@pytest.mark.parametrize("case", CONFIG_CASES, ids=lambda c: c.id)
+#: The "unreachable" cases each wait out the startup patience (`STARTUP_WAIT`, 10 s): CI runs
+#: one per role and one per server; every case runs in the slow tier.
+CONFIG_CASES_SLOW = {"worker-api-unreachable", "scheduler-redis-unreachable"}
+
+
+@pytest.mark.parametrize("case", ci_sample(
+    CONFIG_CASES, [c.id for c in CONFIG_CASES if c.id not in CONFIG_CASES_SLOW],
+    lambda c: c.id))
 def test_configuration_error_exits_with_one_clear_line(
     cluster: ClusterInfo, tmp_path: Path, case: ConfigCase
 ) -> None:
@@ -933,7 +948,9 @@ FOREIGN_FENCES = [
 ]
 
 
-@pytest.mark.parametrize(("case", "fence"), FOREIGN_FENCES, ids=[c for c, _ in FOREIGN_FENCES])
+@pytest.mark.parametrize(("case", "fence"), ci_sample(
+    FOREIGN_FENCES, {"superscript-two", "empty", "above-int64", "above-the-ceiling"},
+    lambda c: c[0]))
 def test_a_foreign_fence_is_reported_on_its_object_and_the_pool_still_serves(
     ctl: Controller, case: str, fence: str,
 ) -> None:
@@ -1323,7 +1340,8 @@ def _traces(kube: Kube, ns: str, app: str, k: int) -> list[str]:
     return left
 
 
-@pytest.mark.parametrize("case", INVALID_WHILE_HELD, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", ci_sample(
+    INVALID_WHILE_HELD, {"above-ceiling", "lowered-and-broken"}, lambda c: c.id))
 def test_a_session_ended_while_its_appdefinition_is_invalid_loses_access_at_once(
     ctl: Controller, case: InvalidWhileHeld
 ) -> None:
@@ -1457,7 +1475,8 @@ def unparseable_keys(ctl: Controller) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("case", BAD_REFERENCES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", ci_sample(
+    BAD_REFERENCES, {"ref-slash", "ref-newline", "ref-too-long"}, lambda c: c.id))
 def test_session_naming_no_possible_appdefinition_gets_error_and_makes_no_key(
     ctl: Controller, case: BadSession
 ) -> None:

@@ -8,9 +8,12 @@ Configuration failures (no kubeconfig, an API server that does not answer) need 
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -95,7 +98,8 @@ def test_status_of_converged_pools_with_holders_waiting_outdated_and_errors(
     assert set(pools) == {"java", "broken"}
     java = pools["java"]
     assert java["valid"] and (java["minInstances"], java["maxInstances"]) == (3, 3)
-    assert java["counts"] == {"claimed": 3, "free": 0, "outdated": 0, "starting": 0,
+    assert java["counts"] == {"claimed": 3, "free": 0, "free_warm": 0, "free_starting": 0,
+                              "free_failing": 0, "outdated": 0, "starting": 0,
                               "releasing": 0, "removing": 0, "waiting": 1}
     assert {i["id"]: i["session"] for i in java["instances"]} == {
         k: name for name, k in held.items()}
@@ -112,7 +116,13 @@ def test_status_of_converged_pools_with_holders_waiting_outdated_and_errors(
     assert ("SessionError", "Session/stray") in stray
     assert all("nowhere" in e["message"] for e in doc["errors"])
 
-    # The table, on 80 columns (checked by run): names, counts, holders; no e-mail address.
+    # -o yaml is the same document; -o wide adds each instance's URL
+    assert yaml.safe_load(run(env, "status", "-o", "yaml").stdout) == doc
+    wide = run(env, "status", "java", "-o", "wide").stdout
+    assert re.search(r"^ID +STATE +POD +OBJECTS +SESSION +ALSO-CLAIMED-BY +ROUTE +URL$", wide, re.M)
+    assert "URL" not in run(env, "status", "java").stdout
+
+    # The table: names, counts, holders; no e-mail address.
     text = run(env, "status").stdout
     assert_no_email(text)
     for fragment in ("java", "broken", "claimed 3", "waiting 1", "s3", "InvalidSession",
@@ -300,18 +310,116 @@ def test_help_names_each_option_and_its_environment_variable() -> None:
     for args in (("status",), ("scale",)):
         text = run(cli_env(None), *args, "--help").stdout
         for fragment in ("--kubeconfig", "KUBECONFIG", "--namespace", "WARMPOOL_NAMESPACE",
-                         "--json", "JSON (--json)"):
+                         "--context", "-o, --output [json|yaml|wide]", "-o json | -o yaml:",
+                         "--json", "Same as -o json"):
             assert fragment in text, (args, fragment)
+    assert "-A, --all-namespaces" in run(cli_env(None), "status", "--help").stdout
     top = " ".join(run(cli_env(None), "--help").stdout.split())
-    assert "Exit codes" in top and "4 unreachable" in top
+    for fragment in ("Exit codes", "4 unreachable", "5 credentials refused",
+                     "6 not a Kubernetes API server"):
+        assert fragment in top, fragment
+    assert re.fullmatch(r"warmpool \d+\.\d+\S*\n", run(cli_env(None), "--version").stdout)
+
+
+class _HtmlEverywhere(http.server.BaseHTTPRequestHandler):
+    """A web server that answers every path 200 with a page: its status alone looks fine."""
+
+    def do_GET(self) -> None:
+        body = b"<!DOCTYPE html><html><body>welcome</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(params=["404", "200"])
+def web_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A real HTTP server on a free port that is not a Kubernetes API server: Python's file
+    server (a 404 page on /apis), or one answering every path 200 with HTML."""
+    handler: Callable[..., http.server.BaseHTTPRequestHandler] = (
+        _HtmlEverywhere if request.param == "200" else
+        functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_server_that_is_not_kubernetes_is_one_line_and_exit_6(
+    web_server: str, tmp_path: Path
+) -> None:
+    """A kubeconfig pointing at a web server printed 'unexpected NotFoundError' with the page
+    in it. Each command says, in one line, that the address is not an API server."""
+    kc = _kubeconfig(tmp_path / "web.yaml", web_server)
+    for args in (("status",), ("status", "-A", "-o", "yaml"), ("scale", "java", "--min", "1")):
+        proc = run(cli_env(str(kc)), *args, code=6)
+        assert_one_line_error(proc, f"the server at {web_server}", "is not a Kubernetes API "
+                              "server", "cluster.server")
+        assert "<html" not in proc.stderr.lower() and proc.stdout == ""
+
+
+def test_refused_credentials_are_one_line_and_exit_5(cluster, tmp_path: Path) -> None:
+    config = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    for user in config["users"]:
+        user["user"] = {"token": "not-a-token-of-this-cluster"}
+    kc = tmp_path / "refused.yaml"
+    kc.write_text(yaml.safe_dump(config))
+    for args in (("status",), ("scale", "java", "--min", "1")):
+        proc = run(cli_env(str(kc)), *args, code=5)
+        assert_one_line_error(proc, "refused the credentials", "401")
+        assert "not-a-token" not in proc.stderr
+
+
+def test_context_flag_and_all_namespaces(kube, namespace, cluster, tmp_path: Path) -> None:
+    """--context picks a context other than the current one, with its namespace; -A shows
+    every namespace that has AppDefinitions."""
+    config = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    (current,) = [c for c in config["contexts"] if c["name"] == config["current-context"]]
+    config["clusters"].append({"name": "nowhere", "cluster": {"server": "https://127.0.0.1:1"}})
+    config["contexts"] = [
+        {"name": "down", "context": {**current["context"], "cluster": "nowhere"}},
+        {"name": "test", "context": {**current["context"], "namespace": namespace}}]
+    config["current-context"] = "down"
+    kc = tmp_path / "contexts.yaml"
+    kc.write_text(yaml.safe_dump(config))
+    env = cli_env(str(kc))
+    run(env, "status", code=4)  # the current context's server does not answer
+    create_appdef(kube, namespace, "java", min_instances=0, max_instances=2)
+    doc = run_json(env, "status", "--context", "test")
+    assert doc["namespace"] == namespace
+    assert [p["name"] for p in doc["appdefinitions"]] == ["java"]
+    assert_one_line_error(run(env, "status", "--context", "prod", code=2),
+                          "--context prod: no such context", "down, test")
+
+    every = run_json(env, "status", "--context", "test", "-A")["namespaces"]
+    mine = [d for d in every if d["namespace"] == namespace]
+    assert [[p["name"] for p in d["appdefinitions"]] for d in mine] == [["java"]]
+    assert all(d["appdefinitions"] for d in every)  # only namespaces with AppDefinitions
+    only = run_json(env, "status", "java", "--context", "test", "-A")["namespaces"]
+    assert namespace in {d["namespace"] for d in only}
+    assert all([p["name"] for p in d["appdefinitions"]] == ["java"] for d in only)
+    text = run(env, "status", "--context", "test", "-A").stdout
+    assert f"(namespace {namespace})" in text
+    assert_one_line_error(run(env, "status", "-A", "-n", namespace, code=2),
+                          "not both")
+    assert_one_line_error(run(env, "status", "nope", "--context", "test", "-A", code=3),
+                          "'nope' not found in any namespace")
 
 
 def test_a_kind_the_api_server_does_not_serve_stops_the_roles_with_one_line(cluster) -> None:
     """`warmpool worker` and `warmpool scheduler` check the kinds their settings need: a watch
     of a kind the server does not serve would never sync, and the controller would stall
     without a word."""
-    from warmpool.cli.config import check_servers
-    from warmpool.cli.errors import EXIT_UNREACHABLE, Unreachable
+    from warmpool.config import check_servers
+    from warmpool.errors import EXIT_UNREACHABLE, Unreachable
     from warmpool.kube import kinds
     from warmpool.pool.builders import PoolSettings
 

@@ -1,4 +1,4 @@
-"""`warmpool queue | queue show | locks | workers | dead-letters`, run as a person runs them.
+"""`warmpool queue list | queue show | locks | workers | dead-letters`, run as a person runs them.
 
 Each command is a subprocess (`python -m warmpool.cli ...`) that finds the test's queue only
 through the environment (WARMPOOL_REDIS_URL and the key layout WARMPOOL_QUEUE_PREFIX /
@@ -9,14 +9,20 @@ WARMPOOL_QUEUE_NAMESPACE), against a real Redis and real worker processes runnin
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+import yaml
 
-from tests.cli_run import assert_one_line_error, clean_env, run, run_json
+from tests.cli_run import assert_one_line_error, clean_env, first_column, run, run_json
 from tests.redis_server import isolated
 from tests.waiting import wait_for
+from warmpool.cluster.local import free_port
 from warmpool.queue.embedded import LOCAL_URL
 from warmpool.queue.keyed import KeyedQueue
 from warmpool.queue.settings import QueueSettings
@@ -63,7 +69,7 @@ def test_queue_lists_pending_keys_oldest_first_and_delayed_ones(settings, queue)
         queue.add(k)
     queue.add_after("instance/ns/a/1", 300)
 
-    doc = run_json(env, "queue")
+    doc = run_json(env, "queue", "list")
     assert doc["redis"] == settings.redis_url and doc["prefix"] == settings.prefix
     (row,) = doc["queues"]
     assert row["name"] == "warmpool"
@@ -77,7 +83,7 @@ def test_queue_lists_pending_keys_oldest_first_and_delayed_ones(settings, queue)
     assert [d["key"] for d in doc["delayed"]] == ["instance/ns/a/1"]
     assert 0 < doc["delayed"][0]["due_in_seconds"] <= 300
 
-    text = run(env, "queue").stdout
+    text = run(env, "queue", "list").stdout
     assert "pool/ns/a" in text and "instance/ns/a/1" in text and "warmpool" in text
     assert run_json(env, "queue", "show", "pool/ns/b")["state"] == "waiting"
     assert run_json(env, "queue", "show", "instance/ns/a/1")["state"] == "delayed"
@@ -109,7 +115,7 @@ def test_a_running_key_its_lease_and_its_worker_seen_from_another_process(
     assert (shown["holder"], shown["fence"]) == (lock["holder"], lock["fence"])
     assert shown["lease_ttl_seconds"] > 0
 
-    doc = run_json(env, "queue")
+    doc = run_json(env, "queue", "list")
     assert (doc["queues"][0]["in_flight"], doc["queues"][0]["rerun"]) == (1, 1)
     assert doc["rerun"] == [{"key": key, "holder": lock["holder"]}]
     assert doc["workers_alive"] == 2
@@ -123,9 +129,9 @@ def test_a_running_key_its_lease_and_its_worker_seen_from_another_process(
     assert holder["process"] in {x["process"] for x in w["workers"]}
     assert holder["process"].endswith(f":{holding_pid}") and holder["keys"] == [key]
 
-    for args in (("locks",), ("workers",), ("queue",), ("queue", "show", key)):
-        out = run(env, *args).stdout  # also checks the 80 columns
-        assert key in out or "in flight" in out
+    for args in (("locks",), ("workers",), ("queue", "list"), ("queue", "show", key)):
+        out = run(env, *args).stdout
+        assert key in out or "IN-FLIGHT" in out
 
     redis_client.sadd(probe.probe_key(settings, "release"), key)
     wait_for(lambda: run_json(env, "queue", "show", key)["state"] == "idle", timeout=30)
@@ -153,7 +159,7 @@ def test_dead_letters_list_show_retry_and_purge(settings, queue, workers, redis_
     assert shown["state"] == "dead" and shown["dead"] and shown["dead_letter_id"]
     assert shown["failures"] == settings.max_failures
     assert "ProbeFailure" in shown["last_error"]
-    assert run_json(env, "queue")["queues"][0]["dead"] == 3
+    assert run_json(env, "queue", "list")["queues"][0]["dead"] == 3
     table = run(env, "dead-letters", "list").stdout
     assert keys[0] in table and "ProbeFailure" in table
     assert "ProbeFailure" in run(env, "queue", "show", keys[0]).stdout
@@ -191,7 +197,7 @@ def test_dead_letters_list_show_retry_and_purge(settings, queue, workers, redis_
 
 
 @pytest.mark.parametrize("args", [
-    ("queue",), ("queue", "show", "pool/ns/a"), ("locks",), ("workers",),
+    ("queue", "list"), ("queue", "show", "pool/ns/a"), ("locks",), ("workers",),
     ("dead-letters", "list"), ("dead-letters", "retry", "--all"),
     ("dead-letters", "purge", "--yes"),
 ])
@@ -208,7 +214,8 @@ def test_flag_beats_environment_and_debug_shows_the_traceback() -> None:
     assert "s3cret" not in proc.stderr  # the password is never shown
     proc = run(env, "queue", "--redis-url", UNREACHABLE, "show", "pool/ns/a", code=4)
     assert_one_line_error(proc, "from --redis-url")  # the group's flag reaches `show`
-    debug = run(cli_env(None, WARMPOOL_REDIS_URL=UNREACHABLE), "--debug", "queue", code=4)
+    debug = run(cli_env(None, WARMPOOL_REDIS_URL=UNREACHABLE), "--debug", "queue", "list",
+                code=4)
     assert "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1].startswith("error: nothing answers at")
 
@@ -219,23 +226,116 @@ def test_bad_values_exit_2(settings) -> None:
     assert_one_line_error(run(cli_env(None, WARMPOOL_REDIS_URL="http://x"), "locks", code=2),
                           "bad Redis URL")
     assert_one_line_error(
-        run(cli_env(settings, WARMPOOL_QUEUE_LEASE_TTL="soon"), "queue", code=2),
+        run(cli_env(settings, WARMPOOL_QUEUE_LEASE_TTL="soon"), "queue", "list", code=2),
         "WARMPOOL_QUEUE_")
 
 
 def test_without_configuration_the_default_local_redis_is_read(redis_url: str) -> None:
     if redis_url != LOCAL_URL:
         pytest.skip(f"the test Redis is {redis_url}, not the default {LOCAL_URL}")
-    doc = run_json(cli_env(None), "queue")
+    doc = run_json(cli_env(None), "queue", "list")
     assert doc["redis"] == LOCAL_URL and doc["prefix"] == "warmpool:"
 
 
 def test_help_names_each_option_and_its_environment_variable() -> None:
     env = cli_env(None)
-    for args in (("queue",), ("queue", "show"), ("locks",), ("workers",),
+    for args in (("queue", "list"), ("queue", "show"), ("locks",), ("workers",),
                  ("dead-letters", "list"), ("dead-letters", "retry"),
                  ("dead-letters", "purge")):
         text = run(env, *args, "--help").stdout
         assert "--redis-url" in text and "WARMPOOL_REDIS_URL" in text, args
-        assert "--json" in text and "JSON (--json)" in text, args
+        assert "-o, --output [json|yaml|wide]" in text and "-o json | -o yaml:" in text, args
+        assert "--json" in text and "Same as -o json" in text, args
         assert "WARMPOOL_QUEUE_PREFIX" in text, args
+
+
+def test_bare_groups_print_their_help() -> None:
+    """`warmpool dead-letters` printed its help as a cut-short `error: Usage: ...` line."""
+    for group in ("queue", "dead-letters"):
+        proc = run(cli_env(None), group)
+        assert proc.stdout.startswith(f"Usage: warmpool {group} [OPTIONS] COMMAND")
+        assert "Commands:" in proc.stdout and proc.stderr == ""
+
+
+#: A key longer than any terminal's line here: folded at 80 columns it could not be pasted.
+LONG_NS = "theia-cloud-" + "a" * 51  # 63 characters, the longest namespace name
+LONG_KEY = f"instance/{LONG_NS}/java-application-definition/12"
+DELAYED_KEY = f"pool/{LONG_NS}/java-application-definition"
+
+
+def test_a_printed_key_pastes_into_queue_show_at_any_width(
+    settings, queue, workers, redis_client
+) -> None:
+    """The first cell of a row of `warmpool locks` and of `warmpool queue list` is the key,
+    whole, on a 30-column terminal as on a 300-column one: pasted into `warmpool queue show`
+    it shows that key. `-o yaml` is the `-o json` document; `-o wide` adds the holder."""
+    env = cli_env(settings)
+    # held until released below: the many commands run here outlast a short hold when loaded
+    redis_client.hset(probe.probe_key(settings, "hold"), LONG_KEY, 600)
+    queue.add(LONG_KEY)
+    queue.add_after(DELAYED_KEY, 300)
+    wait_for(lambda: redis_client.llen(probe.probe_key(settings, "holding")) == 1, timeout=30)
+
+    for columns in (30, 300):
+        (held,) = first_column(run(env, "locks", columns=columns).stdout, "instance/")
+        assert held == LONG_KEY, columns
+        shown = run_json(env, "queue", "show", held)
+        assert (shown["key"], shown["state"]) == (LONG_KEY, "running")
+        text = run(env, "queue", "show", held, columns=columns).stdout
+        assert text.splitlines()[0] == f"{LONG_KEY}: running"
+
+        (delayed,) = first_column(run(env, "queue", "list", columns=columns).stdout, "pool/")
+        assert delayed == DELAYED_KEY
+        assert run_json(env, "queue", "show", delayed)["state"] == "delayed"
+
+    as_yaml = yaml.safe_load(run(env, "locks", "-o", "yaml").stdout)
+    as_json = run_json(env, "locks")
+
+    def leases(doc: dict[str, Any]) -> list[dict[str, Any]]:
+        # Two commands, two moments: the held lease is the same in both, a maintenance lock
+        # (a worker's recovery pass, a fraction of a second) may be in one and not the other.
+        return [{k: v for k, v in lk.items() if k != "ttl_seconds"}
+                for lk in doc["locks"] if lk["kind"] == "lease"]
+
+    assert leases(as_yaml) == leases(as_json) != []
+    (lease,) = [lk for lk in as_json["locks"] if lk["kind"] == "lease"]
+    wide = run(env, "locks", "-o", "wide").stdout.splitlines()
+    assert wide[0].split() == ["KEY", "KIND", "PROCESS", "TTL", "FENCE", "HOLDER"]
+    (row,) = [line for line in wide if line.startswith(LONG_KEY)]
+    assert row.split()[-1] == lease["holder"]
+    assert yaml.safe_load(run(env, "queue", "list", "-o", "yaml").stdout)["delayed"][0][
+        "key"] == DELAYED_KEY
+
+    redis_client.sadd(probe.probe_key(settings, "release"), LONG_KEY)
+    wait_for(lambda: run_json(env, "queue", "show", LONG_KEY)["state"] == "idle", timeout=30)
+
+
+@pytest.fixture
+def password_redis(tmp_path: Path) -> Iterator[str]:
+    """A redis-server of this test's own that wants a password: the URL of it, password and all."""
+    server = shutil.which("redis-server")
+    assert server, "redis-server is needed (.ci/run installs it)"
+    port = free_port()
+    proc = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--requirepass", "right",
+         "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"redis://:right@127.0.0.1:{port}/0"
+        wait_for(lambda: redis.Redis.from_url(url).ping(), timeout=20,
+                 ignore=(redis.RedisError,), message="the password redis-server")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_refused_redis_credentials_are_one_line_and_exit_5(password_redis: str) -> None:
+    wrong = password_redis.replace(":right@", ":wrong@")
+    none = password_redis.replace(":right@", "")
+    for url in (wrong, none):
+        for args in (("queue", "list"), ("locks",), ("dead-letters", "list")):
+            proc = run(cli_env(None, WARMPOOL_REDIS_URL=url), *args, code=5)
+            assert_one_line_error(proc, "refused the credentials", "from $WARMPOOL_REDIS_URL")
+            assert "wrong" not in proc.stderr and proc.stdout == ""
+    assert run_json(cli_env(None, WARMPOOL_REDIS_URL=password_redis), "locks") == {"locks": []}

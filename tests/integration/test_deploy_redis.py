@@ -10,7 +10,6 @@ import re
 import secrets
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -105,13 +104,14 @@ def as_documented(tls: TlsRedis) -> str:
 
 
 def readiness(url: str) -> int:
-    from tests.unit.test_deploy_manifests import DEPLOY, container, kustomize
+    """0 when the workers' readiness check (their /readyz: `workers.health.redis_ping`)
+    passes on `url`, as the kubelet's probe would see it; 1 when it fails."""
+    from workers.health import redis_ping
 
-    command = container(kustomize(DEPLOY / "base"), "warmpool-worker")["readinessProbe"][
-        "exec"]["command"]
-    assert command[0] == "python3"
-    return subprocess.run([sys.executable, *command[1:]], env={"WARMPOOL_REDIS_URL": url},
-                          capture_output=True, timeout=30).returncode
+    try:
+        return 0 if redis_ping(url)() else 1
+    except redis.exceptions.RedisError:
+        return 1
 
 
 def test_the_documented_url_reaches_a_password_and_tls_redis(

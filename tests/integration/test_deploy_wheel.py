@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.unit.test_deploy_image import copied_sources, parse_dockerfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +44,7 @@ def run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
     return out
 
 
+@pytest.mark.slow  # CI builds the image itself (`make image`, then `make image-test`)
 def test_the_dockerfiles_python_steps_give_a_working_install_without_pip(tmp_path: Path) -> None:
     _, stages = parse_dockerfile((ROOT / "Dockerfile").read_text())
     builder, final = stages[0], stages[-1]

@@ -20,8 +20,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from metrics.exposition import MetricsServer
-from scheduler.health import HealthServer
 from tests.waiting import wait_for
+from warmpool.health import HealthServer
 
 TIMEOUT = 0.5  # the servers' per-read timeout here (the default is 5 s)
 DEADLINE = 2.0  # a connection's whole life here (the default is 15 s)

@@ -199,10 +199,6 @@ class Container:
         return podman("exec", *flags, self.name, *argv, check_rc=False,
                       timeout=60).returncode
 
-    def probe(self, name: str, env: dict[str, str] | None = None) -> int:
-        """The manifest's exec probe, run inside the container as the kubelet runs it."""
-        return self.exec(*self.container[name]["exec"]["command"], env=env)
-
     def stop(self) -> int:
         """SIGTERM to PID 1 (the image's ENTRYPOINT), SIGKILL after the grace period, as the
         kubelet does; the exit code."""
@@ -287,13 +283,13 @@ def test_s1_from_the_image_scheduler_and_two_workers_as_containers(
     wait_for(lambda: {w.name for w in workers} <= {
         (info.process or "").split(":")[0] for info in inspector.workers() if info.alive},
         timeout=60, interval=0.5, message="both worker containers' heartbeats")
-    # The workers' exec probes, inside their containers: live, ready, and not ready without
-    # Redis.
+    # The workers' HTTP probes, as the kubelet asks them: live and ready (not ready without
+    # Redis: tests/unit/test_worker_health.py).
     for worker in workers:
-        assert worker.probe("livenessProbe") == 0, worker.name
-        assert worker.probe("readinessProbe") == 0, worker.name
-    assert workers[0].probe("readinessProbe", env={
-        "WARMPOOL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}) != 0
+        base = worker.wait_log(r"health=(http://\S+)").group(1)
+        for name in ("livenessProbe", "readinessProbe"):
+            path = worker.container[name]["httpGet"]["path"]
+            assert http_status(f"{base}{path}") == 200, (worker.name, name)
     # The root filesystem is read-only for the containers' processes.
     assert scheduler.exec("python3", "-c", "open('/opt/venv/x', 'w')") != 0
 

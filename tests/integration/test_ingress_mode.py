@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.crd_sets import BOTH_CRD_SETS
 from tests.pool_world import assert_invariants, held_instance, session
 from warmpool.controller.sequential import run_until_quiet
 from warmpool.kube.api import Kube
@@ -28,6 +29,8 @@ PLACEHOLDER = {"host": HOST}
 FOREIGN = {"host": "other.example.org", "http": {"paths": [{
     "path": "/someone-else", "pathType": "Prefix",
     "backend": {"service": {"name": "foreign", "port": {"number": 80}}}}]}}
+
+pytestmark = BOTH_CRD_SETS
 
 
 def _ingress(kube: Kube, ns: str) -> dict[str, Any]:

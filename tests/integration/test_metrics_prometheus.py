@@ -257,6 +257,9 @@ def test_promql_answers_what_the_cluster_shows(stack: Stack, kube: Kube) -> None
              message="Prometheus to scrape the scheduler and the worker host")
     wait_for(lambda: ask("sum(warmpool_scheduler_leader)") == 1, timeout=30,
              message="one leading scheduler")
+    # Both targets say which build they run (one version: no rollout in progress).
+    assert ask('count(warmpool_build_info{job=~"warmpool-.*"} == 1)') == 2
+    assert ask("count(count by (version) (warmpool_build_info))") == 1
 
     # Two prewarmed, room for one more (a burst, a cold start): the fourth Session waits.
     create_appdef(kube, ns, min_instances=2, max_instances=3)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from tests.crd_sets import BOTH_CRD_SETS
 from tests.pool_world import converge, held_instance, instance_objects, session
 from tests.redis_server import isolated
 from warmpool.invariants import check
@@ -49,7 +50,10 @@ def workers(settings: QueueSettings, cluster) -> Iterator[WorkerPool]:
     # instance, and its check (an object's uid unchanged) assumes nothing makes instances
     # within a round, which a burst would (the chaos suite races bursts and scale-downs).
     pool = WorkerPool(settings, processes=3, threads=4, modules=("workers.handlers",),
-                      env={"KUBECONFIG": str(cluster.kubeconfig), "WARMPOOL_BURST": "off"})
+                      # The pool's HTTPRoute shape on both CRD sets (unset, upstream's
+                      # line would route by the shared Ingress, which these tests don't make).
+                      env={"KUBECONFIG": str(cluster.kubeconfig), "WARMPOOL_BURST": "off",
+                           "WARMPOOL_ROUTES": "httproute"})
     pool.start()
     yield pool
     pool.stop(timeout=15)
@@ -84,6 +88,7 @@ def _uids(kube: Kube, ns: str, k: int) -> dict[str, str]:
     return {n: o["metadata"]["uid"] for n, o in instance_objects(kube, ns, "java", k).items()}
 
 
+@BOTH_CRD_SETS
 def test_s3_claim_and_scale_down_of_the_same_instance_at_once(
     kube, namespace, workers, queue
 ) -> None:
@@ -141,6 +146,7 @@ def test_s3_claim_and_scale_down_of_the_same_instance_at_once(
     print(f"S3: {won} of {rounds * size} claims won the race against the scale-down")
 
 
+@BOTH_CRD_SETS
 def test_s6_workers_sigkilled_mid_claims_complete_or_roll_back(
     kube, namespace, workers, queue
 ) -> None:
@@ -161,6 +167,7 @@ def test_s6_workers_sigkilled_mid_claims_complete_or_roll_back(
     assert held == list(range(1, 9))
 
 
+@BOTH_CRD_SETS
 def test_s6_a_claim_left_half_done_by_a_dead_worker_is_completed(
     kube, namespace, workers, queue
 ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.crd_sets import BOTH_CRD_SETS
 from tests.pool_world import (
     assert_invariants,
     emails,
@@ -39,6 +40,7 @@ def _claim_all(kube, ns, count, appdef="java"):
     return {f"s{i}": held_instance(kube, ns, f"s{i}") for i in range(1, count + 1)}
 
 
+@BOTH_CRD_SETS
 @pytest.mark.parametrize("release", ["before-gc", "after-gc"])
 def test_s1_lowering_min_below_claimed_ids_keeps_them_and_release_deletes_them(
     kube, namespace, release
@@ -81,6 +83,7 @@ def test_s1_lowering_min_below_claimed_ids_keeps_them_and_release_deletes_them(
     assert_invariants(kube, ns)
 
 
+@BOTH_CRD_SETS
 def test_s2_spec_change_replaces_free_instances_and_claimed_ones_after_release(
     kube, namespace
 ) -> None:
@@ -107,6 +110,7 @@ def test_s2_spec_change_replaces_free_instances_and_claimed_ones_after_release(
     assert_invariants(kube, ns)
 
 
+@BOTH_CRD_SETS
 def test_scaling_keeps_free_instances_warm_and_relabels_them(kube, namespace) -> None:
     """Every spec change bumps the generation, minInstances included: only the label moves."""
     ns = namespace
@@ -126,6 +130,7 @@ def test_scaling_keeps_free_instances_warm_and_relabels_them(kube, namespace) ->
     assert_invariants(kube, ns)
 
 
+@BOTH_CRD_SETS
 def test_s4_release_then_claim_of_the_same_instance_admits_only_the_new_user(
     kube, namespace
 ) -> None:
@@ -143,6 +148,7 @@ def test_s4_release_then_claim_of_the_same_instance_admits_only_the_new_user(
     assert_invariants(kube, ns)
 
 
+@BOTH_CRD_SETS
 def test_waiting_sessions_are_served_oldest_first_when_an_instance_frees(kube, namespace) -> None:
     ns = namespace
     create_appdef(kube, ns, min_instances=1, max_instances=1)  # no room to burst
@@ -162,6 +168,7 @@ def test_waiting_sessions_are_served_oldest_first_when_an_instance_frees(kube, n
     assert_invariants(kube, ns)
 
 
+@BOTH_CRD_SETS
 @pytest.mark.parametrize("purpose", ["emails", "proxy"])
 def test_s5_configmap_of_claimed_instance_deleted_by_hand_is_recreated(
     kube, namespace, purpose
@@ -183,6 +190,7 @@ def test_s5_configmap_of_claimed_instance_deleted_by_hand_is_recreated(
     assert_invariants(kube, ns)
 
 
+@BOTH_CRD_SETS
 def test_adopts_the_java_operators_broken_state(kube, namespace) -> None:
     """The defect's aftermath: ConfigMaps deleted, AppDefinition reference stripped."""
     ns = namespace

@@ -2,9 +2,9 @@
 
 The pool is driven by ``run_until_quiet`` with an injected clock, standing before a window's
 lead, inside it and after the window's end: what the pool is at each of those instants is
-then a fact about the decisions, not about timing. The scheduler's part (queue the pool at
-the edge, write each schedule's status) runs in-process against the same API server, on a
-clock the test moves. Nothing here sleeps or measures wall time.
+then a fact about the decisions, not about timing. The pool's job's own part (its next edge
+as `requeue_after`, each schedule's status) runs against the same API server, on a clock the
+test moves. Nothing here sleeps or measures wall time.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from scheduler.app import Scheduler, SchedulerConfig
 from tests.pool_world import held_instance, instance_objects, snapshot
-from tests.producers import Recorder
 from tests.waiting import wait_for
+from warmpool.controller.reconcile import resync_pool
 from warmpool.controller.sequential import run_until_quiet
 from warmpool.invariants import check
+from warmpool.keys import PoolKey
 from warmpool.kube.api import Kube
+from warmpool.kube.reader import LiveReader
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings
 from warmpool.testing.world import USERS, create_appdef, create_session, delete_session
@@ -109,61 +110,63 @@ def test_an_invalid_schedule_changes_nothing(kube: Kube, namespace: str) -> None
 
 
 def schedule_status(kube: Kube, ns: str, name: str) -> dict[str, Any]:
+    """The status without its conditions (`conditions` reads those)."""
     obj = kube.get(v.SCHEDULE_API_VERSION, v.SCHEDULE_KIND, ns, name)
     assert obj is not None
-    return dict(obj.get("status") or {})
+    return {k: val for k, val in (obj.get("status") or {}).items()
+            if k not in ("conditions", "observedGeneration")}
 
 
-def test_the_scheduler_queues_the_pool_at_the_edge_and_keeps_each_status(
+def conditions(kube: Kube, ns: str, name: str) -> dict[str, tuple[str, str]]:
+    obj = kube.get(v.SCHEDULE_API_VERSION, v.SCHEDULE_KIND, ns, name)
+    assert obj is not None
+    status = obj.get("status") or {}
+    assert status.get("observedGeneration") == obj["metadata"].get("generation")
+    return {c["type"]: (c["status"], c["reason"]) for c in status.get("conditions", [])}
+
+
+def test_the_pools_job_waits_for_the_edge_and_keeps_each_status(
     kube: Kube, namespace: str,
 ) -> None:
+    """Issue #29: the pool's own job, not a thread of the leader, keeps its schedules' status
+    and returns the next edge as its `requeue_after` (the queue runs it again then)."""
     ns = namespace
     create_appdef(kube, ns, min_instances=2, max_instances=10)
     create_schedule(kube, ns, "lecture")
     create_schedule(kube, ns, "elsewhere", timeZone="Europe/Atlantis")
     create_schedule(kube, ns, "too-big", size=11)
     clock = [NOW]
-    rec = Recorder()
-    sched = Scheduler(lambda: Kube(kube.api_client), rec, SchedulerConfig(
-        namespaces=[ns], watch_timeout=(2, 3), clock=lambda: clock[0])).start()
-    try:
-        assert sched.wait_synced(30)
-        wait_for(lambda: schedule_status(kube, ns, "lecture") == {
-            "effectiveTarget": 2, "nextChange": "2026-03-02T10:00:10Z", "message": "ok"},
-            timeout=30, message=lambda: str(schedule_status(kube, ns, "lecture")))
-        wait_for(lambda: "'Europe/Atlantis' is not a known IANA time zone" in str(
-            schedule_status(kube, ns, "elsewhere").get("message")), timeout=30,
-            message=lambda: str(schedule_status(kube, ns, "elsewhere")))
-        assert schedule_status(kube, ns, "elsewhere")["effectiveTarget"] == 2
-        wait_for(lambda: "spec.windows[0].size (11) is above maxInstances (10)" in str(
-            schedule_status(kube, ns, "too-big").get("message")), timeout=30)
-        wait_for(lambda: sched.stats.resyncs >= 1 and "pool/" + ns + "/java" in rec.added,
-                 timeout=30, message="the startup resync")
-        mark = len(rec.added)
-        assert sched.stats.schedule_offers == 0
+    reader = LiveReader(kube, clock=lambda: clock[0])
+    key = PoolKey(ns, "java")
 
-        # The lead opens: the pool is queued (by the schedule, not by a resync), and every
-        # status shows the new target and the window's end as the next change.
-        clock[0] = LEAD_OPENS
-        sched._wake_schedules.set()
-        wait_for(lambda: f"pool/{ns}/java" in rec.added[mark:], timeout=30,
-                 message=lambda: str(rec.added[mark:]))
-        assert sched.stats.schedule_offers == 1
-        for name in ("lecture", "elsewhere", "too-big"):
-            wait_for(lambda name=name: schedule_status(kube, ns, name).get(
-                "effectiveTarget") == 10, timeout=30,
-                message=lambda name=name: str(schedule_status(kube, ns, name)))
-            assert schedule_status(kube, ns, name)["nextChange"] == "2026-03-02T10:02:00Z"
+    result = resync_pool(reader, kube, key, SETTINGS)
+    assert result.requeue_after == 10.0  # the lead opens at 10:00:10
+    assert schedule_status(kube, ns, "lecture") == {
+        "effectiveTarget": 2, "nextChange": "2026-03-02T10:00:10Z", "message": "ok"}
+    assert "'Europe/Atlantis' is not a known IANA time zone" in str(
+        schedule_status(kube, ns, "elsewhere").get("message"))
+    assert schedule_status(kube, ns, "elsewhere")["effectiveTarget"] == 2
+    assert "spec.windows[0].size (11) is above maxInstances (10)" in str(
+        schedule_status(kube, ns, "too-big").get("message"))
 
-        # The window ends: queued again, back to 2.
-        mark = len(rec.added)
-        clock[0] = END
-        sched._wake_schedules.set()
-        wait_for(lambda: f"pool/{ns}/java" in rec.added[mark:], timeout=30,
-                 message=lambda: str(rec.added[mark:]))
-        wait_for(lambda: schedule_status(kube, ns, "lecture").get("effectiveTarget") == 2,
-                 timeout=30)
-        # Next Monday's lead.
-        assert schedule_status(kube, ns, "lecture")["nextChange"] == "2026-03-09T10:00:10Z"
-    finally:
-        sched.stop()
+    # The lead opens: the run at the edge sees the new target (its follow-ups are the new
+    # instances) and waits for the window's end; every status says so.
+    clock[0] = LEAD_OPENS
+    result = resync_pool(reader, kube, key, SETTINGS)
+    assert result.requeue_after == (END - LEAD_OPENS).total_seconds()
+    assert {str(k) for k, _ in result.follow_ups} >= {f"instance/{ns}/java/{k}"
+                                                     for k in range(3, 11)}
+    for name in ("lecture", "elsewhere", "too-big"):
+        assert schedule_status(kube, ns, name)["effectiveTarget"] == 10
+        assert schedule_status(kube, ns, name)["nextChange"] == "2026-03-02T10:02:00Z"
+    assert conditions(kube, ns, "lecture") == {"Valid": ("True", "Valid"),
+                                               "Active": ("True", "WindowOpen")}
+    assert conditions(kube, ns, "elsewhere")["Valid"] == ("False", "InvalidSpec")
+
+    # The window ends: back to 2; next Monday's lead is the next edge.
+    clock[0] = END
+    result = resync_pool(reader, kube, key, SETTINGS)
+    assert schedule_status(kube, ns, "lecture")["effectiveTarget"] == 2
+    assert schedule_status(kube, ns, "lecture")["nextChange"] == "2026-03-09T10:00:10Z"
+    assert result.requeue_after == (datetime(2026, 3, 9, 10, 0, 10, tzinfo=UTC)
+                                    - END).total_seconds()

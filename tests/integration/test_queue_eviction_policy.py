@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from warmpool.cli.config import check_servers
+from warmpool.config import check_servers
 from warmpool.queue.embedded import EmbeddedRedis, embedded_redis
 from warmpool.queue.eviction import eviction_policy, warn_if_evicting
 from warmpool.queue.redis_conn import connect

@@ -7,9 +7,8 @@ the instance's holder -- from the server: A has read, decided and sent, and wait
 
 1. A's link to Redis is severed: it can renew nothing, its leases (Session and instance)
    lapse in Redis and in its own clock;
-2. worker processes B (started while A waited: idle, since the key is A's) recover the key
-   once A's lease is gone and claim the instance themselves, under fresh leases with higher
-   fences;
+2. worker processes B (started once A is cut off) recover the key once A's lease is gone and
+   claim the instance themselves, under fresh leases with higher fences;
 3. A's held write is let go: the API server refuses it (409: the Service's resourceVersion
    moved with B's write), and nothing A wrote late is left on the objects;
 4. the link heals: A carries on as the same process, and the pool converges with every
@@ -118,13 +117,12 @@ def test_a_worker_cut_off_from_redis_mid_claim_loses_its_lease_and_its_late_writ
             assert fence_of(a_lease) == late_fence  # the held write carries A's fence
             assert late.json()["metadata"]["ownerReferences"][-1]["name"] == "s1"
 
-            # Other workers, idle: the key is A's while A renews its lease.
-            b.start()
-            assert pid_of(lease_of(redis_client, settings, skey)) == a_pid
-
-            # The partition: A reaches Redis no more; its leases lapse, B takes the key and
-            # serves the Session under fresh leases.
+            # The partition, at once: A's held call gives up within its lease TTL (the jobs'
+            # API calls are bounded by it), so A is cut off while the call still waits. A
+            # reaches Redis no more; its leases lapse, B takes the key and serves the Session
+            # under fresh leases.
             assert link.sever() >= 1
+            b.start()
             wait_for(lambda: pid_of(lease_of(redis_client, settings, skey)) != a_pid
                      and pid_of(lease_of(redis_client, settings, ikey)) != a_pid,
                      timeout=30, interval=0.05, message="A's leases to lapse in Redis")

@@ -10,16 +10,12 @@ job it held across the failover and runs every key exactly once.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-import yaml
 
 from metrics.collectors import ClusterCollector
 from tests.cli_run import assert_one_line_error, clean_env, run, run_json
@@ -40,6 +36,7 @@ from warmpool.queue.jobs import JobContext, Jobs
 from warmpool.queue.redis_conn import connect
 from warmpool.queue.settings import QueueSettings
 from workers import probe, runtime
+from workers.health import redis_ping
 from workers.runtime import start_worker
 
 pytestmark = pytest.mark.redis
@@ -115,36 +112,23 @@ def test_same_clients_carry_on_after_the_primary_is_killed(cluster: SentinelClus
     assert up.samples[0].value == 1
     # the CLI, a fresh process, finds the new primary through the Sentinels by itself
     doc = run_json(clean_env(WARMPOOL_REDIS_URL=cluster.url, WARMPOOL_QUEUE_PREFIX=settings.prefix,
-                             WARMPOOL_QUEUE_NAMESPACE=settings.namespace), "queue")
+                             WARMPOOL_QUEUE_NAMESPACE=settings.namespace), "queue", "list")
     assert doc["redis"] == cluster.url
     assert doc["queues"][0]["in_flight"] == 0
     broker.close()
     client.close()
 
 
-def _sentinel_readiness_probe() -> str:
-    """The Python program of deploy/components/redis-sentinel's worker readiness probe."""
-    component = yaml.safe_load(
-        (ROOT / "deploy/components/redis-sentinel/kustomization.yaml").read_text())
-    (patch,) = component["patches"]
-    (c,) = yaml.safe_load(patch["patch"])["spec"]["template"]["spec"]["containers"]
-    command: list[str] = c["readinessProbe"]["exec"]["command"]
-    assert command[:2] == ["python3", "-c"]
-    return command[2]
-
-
-def test_the_deploy_readiness_probe_passes_on_a_sentinel_url(cluster: SentinelCluster) -> None:
-    env = {**os.environ, "WARMPOOL_REDIS_URL": cluster.url}
-    proc = subprocess.run([sys.executable, "-c", _sentinel_readiness_probe()], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=5)
-    assert proc.returncode == 0, proc.stderr
+def test_the_workers_readiness_ping_passes_on_a_sentinel_url(cluster: SentinelCluster) -> None:
+    """What the worker supervisor's /readyz asks (workers/health.py), on a Sentinel URL."""
+    assert redis_ping(cluster.url)()
 
 
 def test_the_cli_names_a_service_no_sentinel_monitors(cluster: SentinelCluster) -> None:
     """Sentinels that answer but know no such service: one line saying so, exit 4."""
     url = cluster.url.replace(f"/{cluster.service}/", "/not-monitored/").replace(
         "redis+sentinel://", "redis+sentinel://:pw@")
-    proc = run(clean_env(WARMPOOL_REDIS_URL=url), "queue", code=4)
+    proc = run(clean_env(WARMPOOL_REDIS_URL=url), "queue", "list", code=4)
     assert_one_line_error(proc, "no Sentinel of", "names a primary", "not-monitored")
     assert ":pw@" not in proc.stderr
 

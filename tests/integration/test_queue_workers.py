@@ -16,9 +16,10 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import pytest
 import redis
@@ -230,9 +231,12 @@ def recovery_settings(redis_url: str, redis_client: redis.Redis) -> Iterator[Que
     delete_prefix(redis_client, settings.prefix.split(":", 1)[0] + ":")
 
 
-def holder_of_a_key(pool: WorkerPool, client: redis.Redis, settings: QueueSettings) -> int | None:
-    """The index of a worker process that holds a key right now, if any."""
+def holder_of_a_key(pool: WorkerPool, client: redis.Redis, settings: QueueSettings,
+                    among: Collection[str] | None = None) -> int | None:
+    """The index of a worker process that holds a key (of `among`, if given) right now."""
     for state in Inspector(client, settings).running():
+        if among is not None and state.key not in among:
+            continue
         pid = int(state.holder.split(":")[1]) if state.holder else None
         if pid in pool.pids:
             return pool.index_of(pid)
@@ -486,3 +490,94 @@ def test_after_redis_lost_the_fence_counter_a_lift_puts_the_next_lease_above_wha
     assert q.scripts.lift_fence(7) == 500
     taken = q.scripts.acquire(key(1), "me", 10_000)
     assert isinstance(taken, tuple) and taken[1] == 501
+
+
+
+def last_defers(client: redis.Redis, settings: QueueSettings) -> dict[str, float]:
+    """Per key, the time its last `ctx.defer` was called (the probe's `deferred` list)."""
+    last: dict[str, float] = {}
+    for raw in client.lrange(probe.probe_key(settings, "deferred"), 0, -1):
+        k, at = json.loads(raw)
+        last[k] = max(last.get(k, 0.0), at)
+    return last
+
+
+def owed_runs(client: redis.Redis, settings: QueueSettings, last_add: dict[str, float],
+              keys: list[str]) -> list[str]:
+    """The keys with no completed run that started after their last add and last defer."""
+    starts: dict[str, float] = {}
+    for k, _, start, _, _ in read_log(client, settings):
+        starts[k] = max(starts.get(k, 0.0), start)
+    defers = last_defers(client, settings)
+    return [k for k in keys
+            if starts.get(k, 0.0) <= max(last_add.get(k, 0.0), defers.get(k, 0.0))]
+
+
+@pytest.mark.slow
+def test_stalled_holders_lose_no_added_or_deferred_key(
+    pools: list[WorkerPool], redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Worker processes are SIGSTOPped, preferably while running an "instance" key, for 0.5 to
+    2.5 lease TTLs and resumed (seeded choices), while keys are added and defer themselves,
+    and each "claim" key holds an instance key's lease as a secondary lease while it runs.
+    Claims are added all the time, instances seldom, so a stalled instance run is often the
+    last one owed for its key. The stalled holders' leases lapse mid-run; their keys are
+    recovered, or taken by a claim first (the recovery pass runs every 2 s here, to widen
+    that window); the holders come back to defer and finish late. Every key must end with a
+    completed run that started after its last add and after its last defer: the README's
+    contract. That is waited for, not
+    sampled at one quiet moment: a resumed holder can still defer after the queue looked
+    idle, and its deferred run is owed too."""
+    settings = fast_recovery(redis_url).replace(recovery_period=2.0)
+    redis_client.set(probe.probe_key(settings, "sleep"), 0.05)
+    claims = [f"session/qt/s{i}" for i in range(1, 7)]
+    instances = [key(i) for i in range(1, 7)]
+    keys = claims + instances
+    redis_client.hset(probe.probe_key(settings, "secondary"), mapping=dict(zip(claims, instances,
+                                                                               strict=True)))
+    pool = make_pool(pools, settings, processes=3, threads=3).start()
+    q = KeyedQueue(redis_client, settings)
+    rng = random.Random(26)
+    log = probe.probe_key(settings, "log")
+    last_add: dict[str, float] = {}
+    stopped: set[int] = set()
+    resumes: list[threading.Timer] = []
+
+    def resume(i: int) -> None:
+        pool.kill(i, signal.SIGCONT)
+        stopped.discard(i)
+
+    try:
+        for n in range(150):
+            batch = rng.sample(claims, 2) + ([rng.choice(instances)] if n % 6 == 0 else [])
+            for k in batch:
+                if rng.random() < 0.3:
+                    redis_client.hincrby(probe.probe_key(settings, "defer"), k, rng.randint(1, 3))
+                last_add[k] = time.time()
+                q.add(k)
+            if n % 8 == 5 and len(stopped) < 2:
+                victim = holder_of_a_key(pool, redis_client, settings, instances)
+                if victim is None or victim in stopped:
+                    victim = rng.choice([i for i in range(3) if i not in stopped])
+                pool.kill(victim, signal.SIGSTOP)
+                stopped.add(victim)
+                timer = threading.Timer(rng.uniform(0.5, 2.5) * settings.lease_ttl,
+                                        resume, (victim,))
+                timer.start()
+                resumes.append(timer)
+            seen = redis_client.llen(log)  # a run completes before the next batch: progress
+            wait_for(lambda s=seen: redis_client.llen(log) > s, timeout=60, interval=0.01)
+        for timer in resumes:
+            timer.join()
+        wait_for(lambda: not owed_runs(redis_client, settings, last_add, keys), timeout=120,
+                 interval=0.1, message=lambda: "a run after the last add or defer of " + ", ".join(
+                     str(Inspector(redis_client, settings).key(k))
+                     for k in owed_runs(redis_client, settings, last_add, keys)))
+        wait_quiescent(redis_client, settings, timeout=120)
+    finally:
+        for timer in resumes:
+            timer.cancel()
+        for i in range(3):
+            pool.kill(i, signal.SIGCONT)
+    assert len(resumes) >= 3 and last_defers(redis_client, settings), \
+        "the stalls and defers this test is about happened"

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.crd_sets import BOTH_CRD_SETS
 from tests.pool_world import (
     assert_invariants,
     held_instance,
@@ -38,6 +39,8 @@ from warmpool.testing.world import (
     delete_session,
     patch_appdef_spec,
 )
+
+pytestmark = BOTH_CRD_SETS
 
 
 def _route_of(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:

@@ -19,8 +19,10 @@ import pytest
 from kubernetes.client import ApiClient
 
 from scheduler.app import Scheduler, SchedulerConfig
+from tests.ide_monitor import Request, monitor_handler
 from tests.producers import Recorder
 from tests.waiting import wait_for
+from warmpool.controller.result import Outcome
 from warmpool.controller.timeouts import (
     LiveSource,
     MonitorTarget,
@@ -29,9 +31,12 @@ from warmpool.controller.timeouts import (
     Resolution,
     TimeoutRunner,
     TimeoutSettings,
+    session_timeout,
 )
+from warmpool.keys import TimeoutKey
 from warmpool.kube.api import Kube
 from warmpool.kube.clock import FixedClock
+from warmpool.kube.reader import LiveReader
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import PoolSettings, build
 from warmpool.pool.model import (
@@ -233,41 +238,11 @@ class Monitor:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def handler(self) -> type[http.server.BaseHTTPRequestHandler]:
-        monitor = self
+        def record(request: Request) -> None:
+            with self.lock:
+                self.requests.append(request)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _record(self) -> str:
-                auth = self.headers.get("Authorization", "")
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode() if length else ""
-                with monitor.lock:
-                    monitor.requests.append((self.command, self.path, auth,
-                                             self.headers.get("Content-Type", ""), body))
-                return auth.removeprefix("Bearer ")
-
-            def do_GET(self) -> None:
-                secret = self._record()
-                value = monitor.last_activity.get(secret)
-                if self.path != "/monitor/activity/lastActivity" or value is None:
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                data = str(value).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_POST(self) -> None:
-                self._record()
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        return Handler
+        return monitor_handler(self.last_activity.get, record)
 
     def posts(self, secret: str) -> list[tuple[str, str, str]]:
         with self.lock:
@@ -424,32 +399,35 @@ def test_the_default_resolver_targets_only_the_pools_service_of_the_held_instanc
     assert resolution.target is None and resolution.foreign == ("b-lone",)
 
 
-# --- wiring: the scheduler's leader runs the pass ---------------------------------------------
+# --- wiring: a Session's deadlines are its own key's job (issue #29) ------------------------
 
 
-def test_the_scheduler_runs_the_pass_periodically(
-    kube_api: ApiClient, kube: Kube, namespace: str
+def test_the_timeout_job_waits_for_the_deadline_then_ends_the_session(
+    kube: Kube, namespace: str
 ) -> None:
     make_appdef(kube, namespace, "short", timeout=1)
     obj = make_session(kube, namespace, "s", "short")
-    config = SchedulerConfig(namespaces=[namespace], watch_timeout=(5, 10),
-                             timeouts=TimeoutSettings(interval=0.2))
-    app = Scheduler(lambda: Kube(kube_api), Recorder(), config)
-    assert app.timeouts is not None
-    app.timeouts.clock = FixedClock(created_at(obj) + 3 * MIN)
+    clock = FixedClock(created_at(obj) + 1 * MIN)
+    runner = TimeoutRunner(kube, [], TimeoutSettings(), clock=clock)
+    key = TimeoutKey(namespace, "s")
+    early = session_timeout(runner, LiveReader(kube), key)
+    # Due at creation + 2 min: the key runs again then (the queue holds the delay).
+    assert early.outcome is Outcome.SCHEDULED and early.requeue_after == pytest.approx(1 * MIN)
+    assert session_or_none(kube, namespace, "s") is not None
+    clock.at = created_at(obj) + 2 * MIN
+    due = session_timeout(runner, LiveReader(kube), key)
+    assert due.outcome is Outcome.ENDED and due.requeue_after is None
+    assert_deleted_after_normal_event(kube, namespace, obj, REASON_TIMED_OUT)
+
+
+def test_the_scheduler_runs_no_timer(kube_api: ApiClient, namespace: str) -> None:
+    app = Scheduler(lambda: Kube(kube_api), Recorder(), SchedulerConfig(namespaces=[namespace]))
     app.start()
     try:
-        assert_deleted_after_normal_event(kube, namespace, obj, REASON_TIMED_OUT)
-        wait_for(lambda: app.stats.timeout_deletions == 1, timeout=10)
-        assert app.stats.timeout_errors == 0
+        assert app.wait_synced(30)
+        assert not hasattr(app, "timeouts")
+        names = {t.name for t in app._threads}
+        assert not names & {"timeouts", "schedules"}, names
+        assert json.dumps(app.stats.__dict__)  # the status page still serialises
     finally:
         app.stop()
-    assert not any(t.name == "timeouts" and t.is_alive() for t in app._threads)
-
-
-def test_timeouts_off_starts_no_pass(kube_api: ApiClient, namespace: str) -> None:
-    config = SchedulerConfig(namespaces=[namespace],
-                             timeouts=TimeoutSettings(enabled=False))
-    app = Scheduler(lambda: Kube(kube_api), Recorder(), config)
-    assert app.timeouts is None
-    assert json.dumps(app.stats.__dict__)  # the status page still serialises

@@ -1,11 +1,12 @@
-"""Session timeouts on the cluster's clock, with a leader whose own clock is 2 h off and a
+"""Session timeouts on the cluster's clock, with hosts whose own clocks are 2 h off and a
 monitor that never answers (issue #29, the first "Must show").
 
 The whole system: a scheduler process and a worker process against the local control plane
-and a real Redis, through the fault-injecting API proxy. The scheduler's wall clock is 2 h fast
-or 2 h slow (`tests.clock_skew`: every `time.time()` of that process is shifted, as on a host
-whose clock is wrong). Each Session's IDE monitor is one real TCP listener that accepts every
-connection and never replies; the scheduler reaches it through the cluster IP of the pool's
+and a real Redis, through the fault-injecting API proxy. Every process's wall clock is 2 h
+fast or 2 h slow (`tests.clock_skew`: every `time.time()` is shifted, as on a host whose clock
+is wrong); the timeouts run as the worker's `timeout/` jobs (issue #29). Each Session's IDE
+monitor is one real TCP listener that accepts every
+connection and never replies; the worker reaches it through the cluster IP of the pool's
 external Service of the instance the Session holds (`tests.service_ips` stands in for
 kube-proxy, which the local cluster has not, and logs the address dialled).
 
@@ -14,8 +15,9 @@ the proxy adds an offset to the `Date` header of every API response (`clock_offs
 place the controller reads the server's time from, while `creationTimestamp` stays the real
 server's. So minutes of the cluster's time pass in a second, through the production path.
 
-What is asserted, each time after two whole timeout passes that began after the clock moved
-(the scheduler's `/status` counts passes: a positive event, never a sleep):
+What is asserted, each time after two whole runs of each Session's timeout job that began
+after the workers' reading of the clock was renewed (the run log: a positive event, never a
+sleep):
 
 1. "Just before": the cluster's time is 30 s before the hard limit (`spec.timeout` = 30 min)
    and 29 min after the Sessions became HANDLED, far beyond `timeoutAfter` (1 min), so Java's
@@ -28,16 +30,21 @@ What is asserted, each time after two whole timeout passes that began after the 
    pass; a leader 2 h slow would have kept them 2 h more. The Session of the 600-minute
    AppDefinition is kept.
 
-The bound stated (docs/lifecycle.md): a Session is deleted by the first pass that starts after
-its deadline by the cluster's clock, i.e. at most one interval plus one pass late, plus the
-`Date` header's resolution (under 1 s plus a request's round trip); never before it.
+The bound stated (docs/lifecycle.md): a Session is deleted by the first run of its timeout
+job after its deadline by the cluster's clock: its hard deadline is the key's own
+`requeue_after`, a tracked Session's job runs every `WARMPOOL_TIMEOUT_INTERVAL`; late by the
+`Date` header's resolution (under 1 s plus a request's round trip) and the age of the
+worker's reading of the clock after a step (`CLOCK_MAX_AGE`); never before it.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,12 +54,18 @@ import pytest
 from tests.pool_world import held_instance
 from tests.redis_server import resolve_redis_url
 from tests.waiting import wait_for
-from warmpool.cluster.local import ClusterInfo
+from warmpool.cluster.local import ClusterInfo, free_port
 from warmpool.harness import System
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
-from warmpool.pool.timeouts import REASON_MONITOR_UNKNOWN, REASON_TIMED_OUT, epoch_seconds
+from warmpool.pool.timeouts import (
+    REASON_INACTIVE,
+    REASON_MONITOR_UNKNOWN,
+    REASON_TIMED_OUT,
+    epoch_seconds,
+)
 from warmpool.testing.world import USERS, create_appdef, create_session
+from workers.handlers import CLOCK_MAX_AGE
 
 pytestmark = pytest.mark.redis
 
@@ -60,8 +73,8 @@ ROOT = Path(__file__).resolve().parents[2]
 HOURS_2 = 2 * 3600.0
 TIMEOUT_MIN = 30  # spec.timeout of the "short" AppDefinition
 LONG_MIN = 600  # of the "long" one
-INTERVAL = 0.5  # s between timeout passes
-MONITOR_TIMEOUT = 0.5  # s the scheduler waits for a monitor
+INTERVAL = 0.5  # s between a tracked Session's looks (WARMPOOL_TIMEOUT_INTERVAL)
+MONITOR_TIMEOUT = 0.5  # s a worker waits for a monitor
 
 
 class SilentMonitor:
@@ -130,16 +143,21 @@ def hook_dir(tmp_path: Path) -> Path:
     return site
 
 
-def passes(system: System) -> int:
-    return int(system.schedulers[0].status()["stats"]["timeout_passes"])
+def two_whole_runs(system: System, keys: list[str], skew: float) -> None:
+    """Return once each key's timeout job has run twice, start to end, beginning after the
+    workers' reading of the cluster's clock was renewed since the call (`CLOCK_MAX_AGE`): its
+    second such run decided on the cluster's clock as it is now. (The run log's times are
+    the workers' `time.time()`, `skew` off.)"""
+    after = time.time() + skew + CLOCK_MAX_AGE
 
+    def runs(key: str) -> int:
+        log = system.runs
+        starts = [t for t, k in log.starts() if k == key]
+        ends = sum(1 for _, k in log.ends() if k == key)
+        return sum(1 for t in starts[:ends] if t >= after)
 
-def two_whole_passes(system: System) -> None:
-    """Return once two timeout passes have begun and ended since the call: the second one
-    began after it, so it read the cluster's clock as it is now."""
-    start = passes(system)
-    wait_for(lambda: passes(system) >= start + 2, timeout=60, interval=0.1,
-             message=lambda: f"two timeout passes after {start}: {passes(system)}")
+    wait_for(lambda: all(runs(k) >= 2 for k in keys), timeout=60, interval=0.1,
+             message=lambda: f"two runs of each of {keys}: {[runs(k) for k in keys]}")
 
 
 def events(kube: Kube, ns: str, uid: str) -> list[tuple[str, str, str]]:
@@ -179,10 +197,12 @@ def test_no_session_deleted_before_its_time_nor_kept_past_it(
         "WARMPOOL_URL_PROBE": "off",
     }
     tracker = {"port": monitor.port, "activityTracker": {"timeoutAfter": 1, "notifyAfter": 0}}
+    # Every process's host clock is off: the scheduler's and the workers' (which run the
+    # timeouts as keyed jobs, issue #29).
+    # The workers as one `warmpool worker` command: a fresh interpreter, which loads the
+    # `sitecustomize` (spawned worker processes would not).
     with System(cluster, namespaces=[ns], workers=1, threads=4, proxy=True, env=env,
-                # Only the leader's clock is off: the workers keep the host's.
-                worker_env={"WARMPOOL_TEST_CLOCK_SKEW": "0"},
-                redis=resolve_redis_url(), log_dir=tmp_path) as system:
+                worker_command=True, redis=resolve_redis_url(), log_dir=tmp_path) as system:
         assert system.proxy is not None
         create_appdef(kube, ns, "short", min_instances=2, max_instances=3, timeout=TIMEOUT_MIN,
                       monitor=tracker)
@@ -203,7 +223,8 @@ def test_no_session_deleted_before_its_time_nor_kept_past_it(
         # 1. Just before the hard limit, 29 minutes of silence after HANDLED.
         offset_before = due - 30 - server_now(kube, ns)
         system.proxy.set(clock_offset=offset_before)
-        two_whole_passes(system)
+        keys = [f"timeout/{ns}/{name}" for name in sessions]
+        two_whole_runs(system, keys, skew)
         for name, obj in sessions.items():
             assert alive(kube, ns, obj), f"Session {name} deleted before its time"
             warnings = [e for e in events(kube, ns, obj["metadata"]["uid"])
@@ -222,7 +243,10 @@ def test_no_session_deleted_before_its_time_nor_kept_past_it(
 
         # 2. One second past it: the two short Sessions go, by the first whole pass.
         system.proxy.set(clock_offset=offset_before + 31)
-        two_whole_passes(system)
+        two_whole_runs(system, keys[2:], skew)  # "keep"; the short ones may be gone before twice
+        for name in ("a", "b"):
+            wait_for(lambda name=name: not alive(kube, ns, sessions[name]), timeout=30,
+                     message=f"Session {name} deleted past its time")
         for name in ("a", "b"):
             obj = sessions[name]
             assert not alive(kube, ns, obj), f"Session {name} kept past its time"
@@ -230,6 +254,84 @@ def test_no_session_deleted_before_its_time_nor_kept_past_it(
                 e[:2] for e in events(kube, ns, obj["metadata"]["uid"])]
         assert alive(kube, ns, sessions["keep"]), "the 600-minute Session was deleted"
         assert system.dead() == []
+
+
+def test_a_real_monitor_behind_the_holders_service_keeps_the_active_and_ends_the_idle(
+    cluster: ClusterInfo, kube: Kube, namespace: str, tmp_path: Path,
+) -> None:
+    """Issue #29's third "Must show": the activity tracker against a real HTTP monitor in a
+    process of its own (`tests.ide_monitor`, as in an instance's pod), reached by the worker
+    through the cluster IP of the holder's external Service (no resolver of the test's). Two
+    Sessions of one tracked AppDefinition (timeoutAfter 30 min); the cluster's clock moved 31
+    minutes on. The IDE of one says it was used a minute ago: its lastActivity is raised to
+    that and it stays. The IDE of the other says nothing newer: it gets the timeout message,
+    then is deleted with a Normal event."""
+    ns = namespace
+    port = free_port()
+    state, log, dial_log = tmp_path / "state.json", tmp_path / "requests", tmp_path / "dialled"
+    state.write_text("{}")
+    log.touch()
+    pod = subprocess.Popen([sys.executable, "-m", "tests.ide_monitor", str(port), str(state),
+                            str(log)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert pod.stdout is not None and pod.stdout.readline().strip() == "ready"
+        env = {
+            "PYTHONPATH": f"{hook_dir(tmp_path)}:{ROOT}",
+            "WARMPOOL_TEST_SERVICE_PORTS": str(port),
+            "WARMPOOL_TEST_DIAL_LOG": str(dial_log),
+            "WARMPOOL_ACTIVITY_TRACKER": "on",
+            "WARMPOOL_TIMEOUT_INTERVAL": str(INTERVAL),
+            "WARMPOOL_MONITOR_TIMEOUT": "2",
+            "WARMPOOL_URL_PROBE": "off",
+        }
+        tracker = {"port": port, "activityTracker": {"timeoutAfter": 30, "notifyAfter": 25}}
+        with System(cluster, namespaces=[ns], workers=1, threads=4, proxy=True, env=env,
+                    worker_command=True, redis=resolve_redis_url(), log_dir=tmp_path) as system:
+            assert system.proxy is not None
+            create_appdef(kube, ns, "tracked", min_instances=2, max_instances=3,
+                          timeout=LONG_MIN, monitor=tracker)
+            sessions = {}
+            for i, name in enumerate(("used", "idle"), start=1):
+                create_session(kube, ns, name, USERS[i], "tracked")
+                sessions[name] = kube.merge_patch(
+                    v.SESSION_API_VERSION, v.SESSION_KIND, ns, name,
+                    {"spec": {"sessionSecret": f"token-{name}"}})
+
+            def status(name: str) -> dict[str, Any]:
+                obj = kube.get(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name) or {}
+                return dict(obj.get("status") or {})
+
+            wait_for(lambda: all(status(n).get("operatorStatus") == "HANDLED"
+                                 for n in sessions), timeout=90, message="both HANDLED")
+            handled_at = {n: int(status(n)["lastActivity"]) for n in sessions}
+            moved = server_now(kube, ns) + 31 * 60
+            used_at = int((moved - 60) * 1000)  # a minute before the moved clock's now
+            state.write_text(json.dumps({"token-used": used_at,
+                                         "token-idle": handled_at["idle"]}))
+            system.proxy.set(clock_offset=31 * 60)
+
+            wait_for(lambda: not alive(kube, ns, sessions["idle"]), timeout=60,
+                     message="the idle Session deleted")
+            assert ("Normal", REASON_INACTIVE) in [
+                e[:2] for e in events(kube, ns, sessions["idle"]["metadata"]["uid"])]
+            wait_for(lambda: status("used").get("lastActivity") == used_at, timeout=30,
+                     message=lambda: f"lastActivity of the used Session raised to {used_at}: "
+                     f"{status('used').get('lastActivity')}")
+            two_whole_runs(system, [f"timeout/{ns}/used"], 0.0)
+            assert alive(kube, ns, sessions["used"]), "the Session in use was deleted"
+            assert system.dead() == []
+        requests = [json.loads(line) for line in log.read_text().splitlines()]
+        posts = {(r["token"], r["path"]) for r in requests if r["method"] == "POST"}
+        assert ("token-idle", "/monitor/message") in posts, requests
+        assert not any(token == "token-used" for token, _ in posts), requests
+        # Reached only at each holder's own external Service, with its own token.
+        ips = {svc_ip(kube, ns, "tracked", held_instance(kube, ns, "used"))}
+        dialled = {line.split()[0] for line in dial_log.read_text().splitlines()}
+        assert ips <= dialled and len(dialled) == 2, (dialled, ips)
+        assert {r["token"] for r in requests} == {"token-used", "token-idle"}
+    finally:
+        pod.kill()
+        pod.wait()
 
 
 def server_now(kube: Kube, ns: str) -> float:

@@ -34,14 +34,15 @@ def appdef(min_instances: int = 2, max_instances: int = 10, generation: int = 1,
 
 def session(name: str = "s1", user: str = "jane@example.com", instance: int | None = None,
             created: str = "2026-01-01T00:00:01Z", deleting: bool = False,
-            status: str | None = None, appdef_name: str = "java") -> Session:
+            status: str | None = None, appdef_name: str = "java", url: str = "") -> Session:
     ann = {"theia-cloud.io/instance-id": str(instance),
            "theia-cloud.io/session-start-strategy": "eager"} if instance else {}
     return parse_session(session_body(
         "ns", name, session_spec(name, user, appdef_name, workspace=None),
         metadata={"uid": f"uid-{name}", "creationTimestamp": created, "annotations": ann,
                   **({"deletionTimestamp": "2026-01-01T00:00:09Z"} if deleting else {})},
-        status={"operatorStatus": status} if status else {}))
+        status={**({"operatorStatus": status} if status else {}),
+                **({"url": url} if url else {})}))
 
 
 def observed(body: dict[str, Any]) -> dict[str, Any]:

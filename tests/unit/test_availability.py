@@ -1,15 +1,17 @@
 """The session URL probe (session-lifecycle.md §2): its schedule, rule and settings, and the
-runner driven by a manual clock and a scripted fetch (no network, no sleeps)."""
+keyed job run as the queue runs it, on a manual clock and a scripted fetch (no network, no
+sleeps)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-from tests.waiting import wait_for
-from warmpool.controller.availability import ProbeRunner
+from warmpool.controller.availability import ProbeKeys, ProbeState, probe_url
+from warmpool.controller.result import Outcome, Result
+from warmpool.keys import ProbeKey
+from warmpool.pool import vocabulary as v
 from warmpool.pool.availability import (
     DEFAULT_SCHEDULE,
     GIVE_UP_ERROR,
@@ -19,6 +21,9 @@ from warmpool.pool.availability import (
     Schedule,
     session_url,
 )
+from warmpool.pool.builders import PoolSettings
+from warmpool.pool.model import AppDefinition, Session, parse_appdefinition, parse_session
+from warmpool.testing.world import appdef_body, appdef_spec, session_body, session_spec
 
 # -- the schedule
 
@@ -173,51 +178,16 @@ def test_settings_refuse_a_bad_timeout() -> None:
         ProbeSettings(timeout=0)
 
 
-# -- the runner, on a manual clock
-
-
-def soon(predicate: Callable[[], object], message: str = "") -> object:
-    """The runner's threads act within milliseconds here: poll often."""
-    return wait_for(predicate, timeout=5, interval=0.002, message=message)
-
-
-class ManualClock:
-    """Time stands still until the test moves it. `deadline` is when the runner's timer
-    asked to be woken (None: it waits for a submit), so a test moves time to the next due
-    attempt exactly, and can read the delays the runner chose."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.deadline: float | None = None
-        self._conds: set[threading.Condition] = set()
-
-    def now(self) -> float:
-        return self.t
-
-    def wait(self, cond: threading.Condition, timeout: float | None) -> None:
-        self._conds.add(cond)
-        self.deadline = None if timeout is None else self.t + timeout
-        cond.wait()
-
-    def advance_to_deadline(self) -> float:
-        """Move to the timer's deadline (once it has one) and wake it; returns the step."""
-        deadline = soon(lambda: self.deadline, "a due attempt")
-        step = deadline - self.t
-        self.t, self.deadline = deadline, None
-        for cond in self._conds:
-            with cond:
-                cond.notify_all()
-        return step
+# -- the keyed job (issue #29), on a manual clock and a scripted fetch
 
 
 class Script:
-    """A fetch that answers each URL's attempts from a list (then None), and the writes."""
+    """A fetch that answers each attempt from a list (then None), and the writes."""
 
-    def __init__(self, answers: list[int | None], holds: bool = True) -> None:
+    def __init__(self, answers: list[int | None]) -> None:
         self.answers = answers
         self.calls: list[str] = []
         self.writes: list[tuple[str, str]] = []
-        self.holds = holds
         self.fail_writes = 0
 
     def fetch(self, url: str) -> int | None:
@@ -234,116 +204,140 @@ class Script:
     def give_up(self, target: ProbeTarget) -> None:
         self.writes.append(("give_up", target.uid))
 
-    def still_holds(self, target: ProbeTarget) -> bool:
-        return self.holds
+
+class States:
+    """`ProbeStates` in memory, on a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.t_ms = 0
+        self.kept: dict[tuple[str, str], ProbeState] = {}
+
+    def now_ms(self) -> int:
+        return self.t_ms
+
+    def get(self, namespace: str, uid: str) -> ProbeState | None:
+        return self.kept.get((namespace, uid))
+
+    def put(self, namespace: str, uid: str, state: ProbeState, ttl: float) -> None:
+        self.kept[(namespace, uid)] = state
+
+    def drop(self, namespace: str, uid: str) -> None:
+        self.kept.pop((namespace, uid), None)
 
 
-TARGET = ProbeTarget(namespace="ns1", session="s1", uid="uid-1", instance=3,
-                     url="instance.example.org/java-app-3/", app_definition="java")
+def _appdef() -> AppDefinition:
+    body = appdef_body("ns1", "java", appdef_spec("java"))
+    body["metadata"].update(uid="uid-java", generation=1)
+    parsed = parse_appdefinition(body)
+    assert isinstance(parsed, AppDefinition), parsed
+    return parsed
 
 
-@pytest.fixture
-def run() -> Iterator[Callable[..., tuple[ProbeRunner, ManualClock]]]:
-    made: list[ProbeRunner] = []
-
-    def make(script: Script, schedule: str = "2x0.5,2x1,1x30") -> tuple[ProbeRunner, ManualClock]:
-        clock = ManualClock()
-        runner = ProbeRunner(ProbeSettings(schedule=Schedule.parse(schedule)),
-                             still_holds=script.still_holds, write_url=script.write_url,
-                             give_up=script.give_up, fetch=script.fetch, clock=clock, workers=2)
-        made.append(runner)
-        return runner, clock
-
-    yield make
-    for runner in made:
-        runner.stop(timeout=5)
+APPDEF = _appdef()
 
 
-def drive(runner: ProbeRunner, clock: ManualClock, script: Script) -> list[float]:
-    """Run `TARGET`'s probe to its end, attempt by attempt; the delays the timer waited."""
-    steps: list[float] = []
-    while runner.probing(TARGET.namespace, TARGET.uid):
-        before = len(script.calls)
-        steps.append(clock.advance_to_deadline())
-        soon(lambda b=before: len(script.calls) > b, "the attempt's GET")
-        # The attempt's outcome: the probe over, or its next attempt scheduled.
-        soon(lambda: runner.in_flight() == 0, "the attempt's outcome")
-    return steps
+class Holder:
+    """The job's reader: Session s1 (uid-1) holding instance 3 of `java`, until `lets_go`."""
+
+    def __init__(self) -> None:
+        self.holds = True
+        self.url = ""
+
+    def session(self, namespace: str, name: str, *, fresh: bool = False) -> Session | None:
+        body = session_body("ns1", "s1", session_spec("s1", "jane@example.com", "java"))
+        body["metadata"].update(uid="uid-1", annotations={v.ANNOTATION_INSTANCE_ID: "3"})
+        body["status"] = {"operatorStatus": "HANDLED", "url": self.url}
+        return parse_session(body) if name == "s1" else None
+
+    def holdings(self, namespace: str, uid: str) -> list[tuple[str, int]]:
+        return [("java", 3)] if self.holds and uid == "uid-1" else []
+
+    def appdef(self, namespace: str, name: str, **kw: object) -> AppDefinition | None:
+        return APPDEF if name == "java" else None
 
 
-def test_a_200_writes_the_url_once_on_the_schedules_delays(run) -> None:
+KEY = ProbeKey("ns1", "s1")
+SETTINGS = PoolSettings()
+
+
+def run_once(reader: Holder, script: Script, states: States, schedule: str,
+             fetch: Callable[[str], int | None] | None = None) -> Result:
+    return probe_url(reader, KEY, SETTINGS,  # type: ignore[arg-type]
+                     ProbeSettings(schedule=Schedule.parse(schedule)), states=states,
+                     writes=script, fetch=fetch or script.fetch)
+
+
+def drive(script: Script, schedule: str = "2x0.5,2x1,1x30", reader: Holder | None = None,
+          fetch: Callable[[str], int | None] | None = None) -> list[float]:
+    """Run the probe key to its end as the queue would, each run at its `requeue_after`;
+    the delays it asked for."""
+    reader, states, delays = reader or Holder(), States(), []
+    while True:
+        result = run_once(reader, script, states, schedule, fetch)
+        if result.requeue_after is None:
+            return delays
+        delays.append(result.requeue_after)
+        states.t_ms += int(result.requeue_after * 1000)
+
+
+def test_a_200_writes_the_url_once_on_the_schedules_delays() -> None:
     script = Script([None, 503, 200])
-    runner, clock = run(script)
-    assert runner.submit(TARGET)
-    assert drive(runner, clock, script) == [0.5, 0.5, 1.0]
-    assert script.calls == [TARGET.url] * 3
+    assert drive(script) == [0.5, 0.5, 1.0]
+    assert script.calls == [SETTINGS.session_url(APPDEF, 3)] * 3
     assert script.writes == [("url", "uid-1")]
-    assert len(runner) == 0
 
 
-def test_a_second_submit_of_a_running_probe_is_a_no_op(run) -> None:
-    script = Script([404, 404, 200])
-    runner, clock = run(script)
-    assert runner.submit(TARGET)
-    assert not runner.submit(TARGET)
-    assert not runner.submit(ProbeTarget("ns1", "s1", "uid-1", 3, "other.example.org/x/"))
-    assert len(runner) == 1
-    drive(runner, clock, script)
-    assert script.calls == [TARGET.url] * 3 and script.writes == [("url", "uid-1")]
-    assert runner.submit(TARGET)  # once over, the same Session may be probed again
+def test_a_run_before_its_attempt_is_due_only_waits_the_rest() -> None:
+    """An instance's reconcile queues the key again: that run sends no GET."""
+    script, states, reader = Script([503, 200]), States(), Holder()
+    assert run_once(reader, script, states, "3x1").requeue_after == 1.0
+    states.t_ms = 400
+    early = run_once(reader, script, states, "3x1")
+    assert early.outcome is Outcome.SCHEDULED and early.requeue_after == 0.6
+    assert script.calls == []
 
 
-def test_an_armed_flag_makes_the_next_status_ready(run) -> None:
+def test_an_armed_flag_makes_the_next_status_ready() -> None:
     script = Script([302, None, 503])
-    runner, clock = run(script)
-    runner.submit(TARGET)
-    drive(runner, clock, script)
+    drive(script)
     assert len(script.calls) == 3 and script.writes == [("url", "uid-1")]
 
 
-def test_a_schedule_that_never_answers_gives_up_after_its_last_attempt(run) -> None:
+def test_a_schedule_that_never_answers_gives_up_after_its_last_attempt() -> None:
     script = Script([503] * 10)
-    runner, clock = run(script)
-    runner.submit(TARGET)
-    assert drive(runner, clock, script) == [0.5, 0.5, 1.0, 1.0, 30.0]
+    assert drive(script) == [0.5, 0.5, 1.0, 1.0, 30.0]
     assert len(script.calls) == 5
     assert script.writes == [("give_up", "uid-1")]
 
 
-def test_a_session_that_no_longer_holds_its_instance_is_neither_probed_nor_written(
-    run,
-) -> None:
+def test_a_session_that_no_longer_holds_its_instance_is_neither_probed_nor_written() -> None:
     for answers in ([200], [503] * 5):
-        script = Script(answers, holds=False)
-        runner, clock = run(script)
-        runner.submit(TARGET)
-        clock.advance_to_deadline()
-        soon(lambda runner=runner: len(runner) == 0, "the probe to end")
+        script, reader = Script(answers), Holder()
+        reader.holds = False
+        assert drive(script, reader=reader) == []
         assert script.calls == [] and script.writes == []
 
 
-def test_a_probe_ends_at_the_first_attempt_after_its_session_lets_go(run) -> None:
-    script = Script([503] * 5)
-    runner, clock = run(script)
-    runner.submit(TARGET)
-    clock.advance_to_deadline()
-    soon(lambda: len(script.calls) == 1 and runner.in_flight() == 0, "the first GET")
-    script.holds = False  # released: the next attempt sends no GET and ends the probe
-    clock.advance_to_deadline()
-    soon(lambda: len(runner) == 0, "the probe to end")
+def test_a_probe_ends_at_the_first_run_after_its_session_lets_go() -> None:
+    script, states, reader = Script([503] * 5), States(), Holder()
+    states.t_ms += int(run_once(reader, script, states, "3x1").requeue_after * 1000)  # type: ignore[operator]
+    assert run_once(reader, script, states, "3x1").requeue_after == 1.0
+    assert len(script.calls) == 1
+    reader.holds = False  # released: the next run sends no GET and ends the probe
+    states.t_ms += 1000
+    ended = run_once(reader, script, states, "3x1")
+    assert ended.outcome is Outcome.SKIPPED and ended.requeue_after is None
     assert len(script.calls) == 1 and script.writes == []
 
 
-def test_a_failed_write_is_tried_again_after_the_next_get(run) -> None:
+def test_a_failed_write_is_tried_again_after_the_next_get() -> None:
     script = Script([200, 200, 200])
     script.fail_writes = 1
-    runner, clock = run(script)
-    runner.submit(TARGET)
-    drive(runner, clock, script)
+    drive(script)
     assert len(script.calls) == 2 and script.writes == [("url", "uid-1")]
 
 
-def test_a_fetch_that_raises_counts_as_no_status(run) -> None:
+def test_a_fetch_that_raises_counts_as_no_status() -> None:
     script = Script([None, 200])
 
     def fetch(url: str) -> int | None:
@@ -352,44 +346,15 @@ def test_a_fetch_that_raises_counts_as_no_status(run) -> None:
             raise ConnectionError("boom")
         return status
 
-    clock = ManualClock()
-    runner = ProbeRunner(ProbeSettings(schedule=Schedule.parse("3x1")),
-                         still_holds=script.still_holds, write_url=script.write_url,
-                         give_up=script.give_up, fetch=fetch, clock=clock)
-    try:
-        runner.submit(TARGET)
-        drive(runner, clock, script)
-        assert len(script.calls) == 2 and script.writes == [("url", "uid-1")]
-    finally:
-        runner.stop(timeout=5)
+    drive(script, "3x1", fetch=fetch)
+    assert len(script.calls) == 2 and script.writes == [("url", "uid-1")]
 
 
-def test_probes_of_several_sessions_interleave_on_one_timer(run) -> None:
-    script = Script([])  # no status, ever: both run to their last attempt
-    runner, clock = run(script, "3x1")
-    other = ProbeTarget("ns1", "s2", "uid-2", 4, "instance.example.org/java-app-4/")
-    runner.submit(TARGET)
-    clock.advance_to_deadline()
-    soon(lambda: len(script.calls) == 1 and runner.in_flight() == 0)
-    runner.submit(other)  # due at t=2, as TARGET's second attempt
-    for calls in (3, 5, 6):  # both at t=2 and t=3, the other alone at t=4
-        clock.advance_to_deadline()
-        soon(lambda n=calls: len(script.calls) == n)
-        soon(lambda: runner.in_flight() == 0)
-    assert len(runner) == 0
-    assert sorted(script.writes) == [("give_up", "uid-1"), ("give_up", "uid-2")]
-    assert clock.t == 4.0  # TARGET at 1, 2, 3; the other at 2, 3, 4
-
-
-def test_cancel_and_stop_end_probes_without_a_write(run) -> None:
-    script = Script([200])
-    runner, _ = run(script)
-    runner.submit(TARGET)
-    assert runner.cancel("ns1", "uid-1") and not runner.cancel("ns1", "uid-1")
-    runner.submit(ProbeTarget("ns1", "s2", "uid-2", 4, "x.example.org/a-4/"))
-    runner.stop(timeout=5)
-    assert len(runner) == 0 and not runner.submit(TARGET)
-    assert script.calls == [] and script.writes == []
+def test_an_instances_plan_names_the_probe_key_as_a_follow_up() -> None:
+    probes = ProbeKeys()
+    target = ProbeTarget("ns1", "s1", "uid-1", 3, "instance.example.org/java-app-3/")
+    assert probes.submit(target) and probes.submit(target)
+    assert probes.follow_ups() == [(KEY, None)]
 
 
 def test_the_give_up_error_is_the_services_own() -> None:

@@ -4,7 +4,15 @@ spare id above the target; at maxInstances it waits, saying so."""
 from __future__ import annotations
 
 from tests.unit.pool_fixtures import appdef, instance, session
-from warmpool.pool.claim import ClaimBurst, ClaimTry, ClaimWait, capacity, decide_claim, pool_facts
+from warmpool.pool.claim import (
+    ClaimBurst,
+    ClaimTry,
+    ClaimWait,
+    WaitReason,
+    capacity,
+    decide_claim,
+    pool_facts,
+)
 from warmpool.pool.parts import Part
 
 
@@ -17,6 +25,7 @@ def test_the_oldest_take_the_free_ones_and_the_rest_make_spare_ids_in_age_order(
     assert decisions[2:5] == [ClaimBurst(3), ClaimBurst(4), ClaimBurst(5)]
     last = decisions[5]
     assert isinstance(last, ClaimWait) and "all 5 instances" in last.message
+    assert last.reason is WaitReason.MAX_INSTANCES
     assert "maxInstances" in last.message
     assert capacity(a, pool_facts(pool), burst=True) == 5
     assert capacity(a, pool_facts(pool), burst=False) == 2
@@ -38,6 +47,7 @@ def test_without_burst_the_session_waits_at_min_instances() -> None:
     pool = {1: instance(a, 1, holder=holder)}
     decision = decide_claim(s, a, pool, [holder, s])
     assert isinstance(decision, ClaimWait) and "prewarmed" in decision.message
+    assert decision.reason is WaitReason.MIN_INSTANCES
 
 
 def test_instances_being_made_or_released_within_the_target_are_waited_for() -> None:
@@ -48,6 +58,7 @@ def test_instances_being_made_or_released_within_the_target_are_waited_for() -> 
     starting = {1: instance(a, 1, missing=(Part.DEPLOYMENT,))}  # 2 not even started
     decision = decide_claim(early, a, starting, [early], burst=True)
     assert isinstance(decision, ClaimWait) and "prewarmed" in decision.message
+    assert decision.reason is WaitReason.MIN_INSTANCES
     # Two holders: the third Session past them makes an instance.
     h1, h2 = session("h1", instance=1, status="HANDLED"), session("h2", instance=2,
                                                                    status="HANDLED")

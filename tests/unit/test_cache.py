@@ -168,7 +168,7 @@ def test_freshness_waits_for_the_version_or_the_deletion_that_caused_a_job(make_
     assert not c.fresh(NS, {f"{v.SESSION_KIND}/gone-before": "25"})
     assert not c.fresh(NS, {f"{v.SESSION_KIND}/other": "25"})  # held: its own version counts
     # Kinds the cache does not keep are nothing to wait for.
-    assert c.fresh(NS, {"Pod/p": "100"})
+    assert c.fresh(NS, {"ReplicaSet/r": "100"})
 
 
 def test_an_offered_write_is_read_back_until_the_watch_brings_it(make_cache) -> None:
@@ -260,3 +260,68 @@ def test_a_session_watch_is_past_a_version_only_once_it_brought_it(make_cache) -
     wait_for(lambda: c.watched_past(v.SESSION_KIND, NS, "9"), timeout=5)
     for odd in ("", "²", "9" * 21, "-1", "1e3"):
         assert not c.watched_past(v.SESSION_KIND, NS, odd)
+
+
+def test_a_resync_trigger_is_seen_once_the_kinds_watch_is_past_its_version(make_cache) -> None:
+    """`"<Kind>/*"` (a resync's, the scheduler's newest version of that kind): fresh only
+    once this cache's watch of the kind has brought that version, whatever it holds."""
+    kube = Scripted({v.SESSION_KIND: [session("a", 5)]})
+    c = make_cache(kube)
+    assert c.fresh(NS, {"Session/*": "1"})
+    assert not c.fresh(NS, {"Session/*": "9"})
+    assert not c.fresh(NS, {"Session/*": "9", "*": "1"})
+    kube.push(v.SESSION_KIND, "ADDED", session("b", 9))
+    wait_for(lambda: c.fresh(NS, {"Session/*": "9"}), timeout=5)
+    assert c.fresh(NS, {"NotAKind/*": "99"})  # a kind this cache does not keep: nothing to see
+    assert not c.fresh(NS, {"Session/*": "²"})
+
+
+def _pod(a, k: int, rv: int, *, ready: bool, name: str = "", waiting: str = "",
+         deleting: bool = False) -> dict[str, Any]:
+    from warmpool.pool import builders
+
+    deployment = builders.object_name(a, Part.DEPLOYMENT, k)
+    meta: dict[str, Any] = {
+        "labels": {v.LABEL_APP: f"java-17-{k}", "pod-template-hash": "h",
+                   v.LABEL_GENERATION: "1"},
+        "ownerReferences": [{"kind": "ReplicaSet", "name": f"{deployment}-h", "uid": "rs",
+                             "controller": True}]}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    state = {"waiting": {"reason": waiting}} if waiting else {"running": {}}
+    return obj("Pod", name or f"{deployment}-h-x", rv, meta=meta, status={
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [{"name": "c", "state": state}]})
+
+
+def test_pods_are_indexed_by_their_deployment_and_claims_read_which_free_ones_are_warm(
+        make_cache) -> None:
+    """Issue #28: the pool's pods, stripped, indexed by the Deployment their chain names; a
+    reset (the pod deleted, its replacement starting) makes the instance cold at once."""
+    a = appdef(min_instances=3)
+    initial: dict[str, list[dict[str, Any]]] = {}
+    for k in (1, 2, 3):
+        for part, o in instance(a, k).existing():
+            o = {**o, "kind": part.kind, "metadata": {**o["metadata"], "namespace": NS}}
+            initial.setdefault(part.kind, []).append(o)
+    initial["Pod"] = [_pod(a, 1, 50, ready=True), _pod(a, 2, 51, ready=True),
+                      _pod(a, 3, 52, ready=False, waiting="ImagePullBackOff")]
+    kube = Scripted(initial)
+    c = make_cache(kube)
+    reader = CachedReader(c, None)  # type: ignore[arg-type]
+
+    facts = reader.pool_facts(NS, a.name, a, [])
+    assert (facts.warm, facts.failing) == ({1, 2}, {3})
+    health = reader.pool_health(NS, a)
+    assert health is not None and (health.warm, health.starting, health.failing) == (2, 0, 1)
+    assert set(c.get("Pod", NS, initial["Pod"][0]["metadata"]["name"])["status"]) == {"ready"}
+
+    # Instance 1 released: its pod deleted, the ReplicaSet's new one starting.
+    old = _pod(a, 1, 60, ready=True, deleting=True)
+    kube.push("Pod", "MODIFIED", old)
+    kube.push("Pod", "ADDED", _pod(a, 1, 61, ready=False, name="new-pod"))
+    wait_for(lambda: reader.pool_facts(NS, a.name, a, []).warm == {2}, timeout=5)
+    assert reader.warmth(NS, a, 1)[0] == "starting"
+    kube.push("Pod", "DELETED", old)
+    kube.push("Pod", "MODIFIED", _pod(a, 1, 63, ready=True, name="new-pod"))
+    wait_for(lambda: reader.pool_facts(NS, a.name, a, []).warm == {1, 2}, timeout=5)

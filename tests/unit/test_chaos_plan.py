@@ -8,7 +8,13 @@ import random
 import pytest
 
 from tests.chaos.config import ChaosConfig
-from tests.chaos.faults import SENTINEL_KINDS, SINGLE_REDIS_KINDS, fault_kinds, plan_faults
+from tests.chaos.faults import (
+    NETWORK_KINDS,
+    SENTINEL_KINDS,
+    SINGLE_REDIS_KINDS,
+    fault_kinds,
+    plan_faults,
+)
 from tests.chaos.test_chaos import CI_KINDS
 
 
@@ -43,3 +49,13 @@ def test_kinds_restrict_the_plan_and_must_fit_the_redis() -> None:
         fault_kinds(ChaosConfig(seed=1, sentinels=3, kinds=("redis_flush",)))
     with pytest.raises(ValueError, match="unknown"):
         fault_kinds(ChaosConfig(seed=1, kinds=("typo",)))
+
+
+def test_the_network_faults_are_planned_only_on_hosts() -> None:
+    one_network = planned(ChaosConfig(seed=1, ops=400, ops_per_fault=4))
+    assert not one_network & NETWORK_KINDS
+    hosts = ChaosConfig(seed=1, ops=400, ops_per_fault=4, hosts=True)
+    assert planned(hosts) >= NETWORK_KINDS
+    assert hosts.command().endswith(" --hosts")
+    with pytest.raises(ValueError, match="need hosts"):
+        fault_kinds(ChaosConfig(seed=1, kinds=("host_partition",)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -293,3 +294,17 @@ def test_only_a_claim_about_to_write_under_a_limit_asks_the_server() -> None:
         assert not needs_user_recheck(decision, 1)
     for unlimited in (None, -1, 0):  # 0 refuses everyone without asking anything
         assert not needs_user_recheck(ClaimTry((1,)), unlimited)
+
+
+def test_a_session_the_java_operator_started_lazily_is_never_claimed_nor_waited_for() -> None:
+    """On a cluster migrated from the Java operator (docs/operating.md), a Session its lazy
+    fallback started runs on a Deployment of its own: no pool instance for it, and it takes
+    no place in the queue of waiting Sessions."""
+    a = appdef(min_instances=1)
+    lazy = session("lazy", status="HANDLED", created="2026-01-01T00:00:01Z")
+    lazy = dataclasses.replace(lazy, annotations={
+        "theia-cloud.io/session-start-strategy": "lazy-fallback"})
+    young = session("young", user="bob@example.com", created="2026-01-01T00:00:02Z")
+    instances = pool(a)
+    assert isinstance(decide_claim(lazy, a, instances, [lazy, young]), ClaimSkip)
+    assert decide_claim(young, a, instances, [lazy, young]) == ClaimTry((1,))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from warmpool.cli import config
-from warmpool.cli.errors import EXIT_UNREACHABLE, EXIT_USAGE, BadValue, Unreachable
+from warmpool import config
+from warmpool.errors import EXIT_UNREACHABLE, EXIT_USAGE, BadValue, Unreachable
 
 
 def kubeconfig(path: Path, namespace: str | None = None) -> Path:
@@ -80,6 +80,26 @@ def test_namespace_flag_env_context_default(tmp_path, sa_dir) -> None:
     with pytest.raises(BadValue, match="from \\$WARMPOOL_NAMESPACE") as exc:
         config.resolve_namespace(None, with_ns, {"WARMPOOL_NAMESPACE": "Bad_Name"})
     assert exc.value.exit_code == EXIT_USAGE
+
+
+def test_context_flag_chooses_the_kubeconfig_context_and_its_namespace(tmp_path, sa_dir) -> None:
+    path = kubeconfig(tmp_path / "two.yaml", "team")
+    doc = yaml.safe_load(path.read_text())
+    doc["contexts"].append({"name": "staging", "context": {"cluster": "c", "user": "u",
+                                                            "namespace": "stage"}})
+    path.write_text(yaml.safe_dump(doc))
+    target = config.KubeTarget(False, str(path), "$KUBECONFIG")
+    assert config.resolve_namespace(None, target, {}) == "team"  # the current context's
+    assert config.resolve_namespace(None, target, {}, context="staging") == "stage"
+    assert config.resolve_namespace("mine", target, {}, context="staging") == "mine"
+    with pytest.raises(BadValue) as exc:
+        config.resolve_namespace(None, target, {}, context="prod")
+    assert exc.value.exit_code == EXIT_USAGE
+    assert "--context prod: no such context" in exc.value.message
+    assert "its contexts: x, staging" in exc.value.message
+    with pytest.raises(BadValue, match="pass --kubeconfig"):
+        config.context_namespace(config.KubeTarget(True, None, "in-cluster"), sa_dir,
+                                 context="staging")
 
 
 def test_in_cluster_namespace_is_the_service_accounts(sa_dir) -> None:

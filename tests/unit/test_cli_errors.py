@@ -3,26 +3,33 @@ the traceback."""
 
 from __future__ import annotations
 
+import re
+
 import click
 import pytest
 import redis
 import urllib3
 from click.testing import CliRunner
+from kubernetes.client.rest import ApiException
 from kubernetes.config import ConfigException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-from warmpool.cli.errors import (
+from warmpool import errors
+from warmpool.cli.main import _register, cli
+from warmpool.cluster.local import ClusterError
+from warmpool.errors import (
+    EXIT_CODES_HELP,
+    EXIT_CREDENTIALS,
     EXIT_FAILED,
     EXIT_NOT_FOUND,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
+    EXIT_WRONG_SERVER,
     CliError,
     FriendlyGroup,
     NotFound,
     translate,
 )
-from warmpool.cli.main import _register, cli
-from warmpool.cluster.local import ClusterError
 from warmpool.kube.api import Conflict, KubeError
 
 
@@ -35,8 +42,15 @@ from warmpool.kube.api import Conflict, KubeError
     (ConfigException("no context"), EXIT_UNREACHABLE, "KUBECONFIG"),
     (ResourceNotFoundError("No matches found for {'kind': 'AppDefinition'}"), EXIT_UNREACHABLE,
      "CRDs"),
-    (KubeError(403, "forbidden"), EXIT_UNREACHABLE, "RBAC"),
-    (KubeError(401, "unauthorized"), EXIT_UNREACHABLE, "credentials"),
+    (KubeError(403, "forbidden"), EXIT_CREDENTIALS, "RBAC"),
+    (KubeError(401, "unauthorized"), EXIT_CREDENTIALS, "credentials"),
+    (ApiException(status=401, reason="Unauthorized"), EXIT_CREDENTIALS, "401 Unauthorized"),
+    (ApiException(status=503, reason="Service Unavailable"), EXIT_UNREACHABLE, "503"),
+    (redis.AuthenticationError("invalid username-password pair"), EXIT_CREDENTIALS,
+     "PASSWORD"),
+    (redis.exceptions.NoPermissionError("NOPERM"), EXIT_CREDENTIALS, "NOPERM"),
+    (redis.exceptions.InvalidResponse("Protocol Error: b'H'"), EXIT_WRONG_SERVER,
+     "does not speak Redis"),
     (KubeError(404, "gone"), EXIT_NOT_FOUND, "gone"),
     (KubeError(503, "unavailable"), EXIT_UNREACHABLE, "unavailable"),
     (KubeError(None, "no status"), EXIT_UNREACHABLE, "no status"),
@@ -130,6 +144,31 @@ def test_debug_adds_the_traceback_and_keeps_the_exit_code() -> None:
     assert code == EXIT_USAGE and "Traceback" not in stderr  # a usage error has no story
 
 
+def test_a_bare_group_prints_its_help_and_exits_0() -> None:
+    """click 8.2 made a bare group a usage error; translated to one line, the help came out
+    cut short as `error: Usage: ...`. A bare group prints its help, whole, on stdout."""
+    for args in ([], ["nested"]):
+        code, stdout, stderr = invoke(*args)
+        assert code == 0 and stderr == "", stderr
+        assert stdout.startswith("Usage: root") and "Commands:" in stdout
+
+
+def test_every_exit_code_is_documented_once_in_help_and_readme() -> None:
+    """One code per class of failure, each named in `warmpool --help` and in README's
+    Commands section, so a script can tell them apart."""
+    from tests.cli_run import ROOT
+
+    codes = {getattr(errors, n) for n in errors.__all__ if n.startswith("EXIT_")
+             and n != "EXIT_CODES_HELP"}
+    assert codes == set(range(1, 7))
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    for code in [0, *sorted(codes)]:
+        assert f" {code} " in EXIT_CODES_HELP or EXIT_CODES_HELP.startswith(
+            f"Exit codes: {code} "), code
+        assert f"| {code} |" in section, code
+
+
 def test_explicit_exits_pass_through() -> None:
     assert invoke("exits")[0] == 5
 
@@ -142,3 +181,9 @@ def test_the_warmpool_root_group_is_the_friendly_one() -> None:
     assert result.stderr.strip().splitlines() == [
         "error: No such command 'no-such-command'. (see 'cli --help')"]
     assert "Exit codes" in CliRunner().invoke(cli, ["--help"]).stdout
+    version = CliRunner().invoke(cli, ["--version"])
+    assert version.exit_code == 0 and re.fullmatch(r"warmpool \d+\.\d+\S*\n", version.stdout)
+    for group in (["dead-letters"], ["queue"], ["cluster"], []):
+        bare = CliRunner().invoke(cli, group)
+        assert bare.exit_code == 0 and bare.stderr == "", (group, bare.stderr)
+        assert bare.stdout.startswith(f"Usage: {' '.join(['cli', *group])} ")

@@ -1,9 +1,14 @@
-"""Output rules: no e-mail address, 80 columns at most, markup-proof cells, readable ages;
-and the queue views' reading of Redis (fakeredis, real Lua)."""
+"""Output rules: no e-mail address, cells kept whole at any width, -o json|yaml|wide, readable
+ages; and the queue views' reading of Redis (fakeredis, real Lua)."""
 
 from __future__ import annotations
 
+import json
+
+import click
 import pytest
+import yaml
+from click.testing import CliRunner
 
 from warmpool.cli import output
 from warmpool.cli.queue import key_view, locks_view, overview_view, workers_view
@@ -33,24 +38,69 @@ def test_ages() -> None:
         "-", "0.2s", "9.9s", "42s", "3m04s", "2h05m", "2d07h"]
 
 
-def test_tables_fit_80_columns_fold_long_cells_and_keep_brackets(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+KEY = "instance/" + "n" * 60 + "/java-application-definition/12"
+
+
+def _table() -> output.Table:
+    t = output.Table("key", "message", output.Column("holder", wide=True))
+    t.add_row(KEY, "must match ^[a-z0-9A-Z-_]+$\nand  more", "host:42:1:abc.1")
+    t.add_row("pool/ns/a", "", None)
+    return t
+
+
+@click.command()
+@output.output_options
+def shows(out: output.Output) -> None:
+    if not out.document({"key": KEY, "error": "x" * 300}):
+        out.table(_table())
+
+
+@pytest.mark.parametrize("columns", ["20", "80", "300"])
+def test_a_cell_is_never_wrapped_folded_or_cut_whatever_the_width(
+    monkeypatch: pytest.MonkeyPatch, columns: str
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "200")
-    t = output.table("key", "message")
-    t.add_row("instance/" + "n" * 60 + "/java/1", "must match ^[a-z0-9A-Z-_]+$ " * 5)
-    output.console().print(t)
-    out = capsys.readouterr().out
-    lines = out.splitlines()
-    assert lines and max(len(line) for line in lines) <= 80
+    """`warmpool locks` printed keys folded at 80 columns: the printed key could not be
+    pasted into `warmpool queue show`. Whatever the terminal's width, and off a terminal,
+    each row is one line and each cell is whole: the first field of a row is the key."""
+    monkeypatch.setenv("COLUMNS", columns)
+    result = CliRunner().invoke(shows, [])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["KEY", "MESSAGE"]
+    assert [line.split()[0] for line in lines[1:]] == [KEY, "pool/ns/a"]
+    # one row per line, newlines and runs of blanks inside a cell made one blank
+    assert "must match ^[a-z0-9A-Z-_]+$ and more" in lines[1]
+    assert lines[2].split() == ["pool/ns/a", "-"]  # an empty cell keeps its column
+    # columns line up (the header's MESSAGE above each message), no trailing blanks
+    at = lines[0].index("MESSAGE")
+    assert lines[1][at:].startswith("must") and lines[2][at:] == "-"
     assert all(line == line.rstrip() for line in lines)
-    assert "^[a-z0-9A-Z-_]+$" in out
 
 
-def test_a_narrower_terminal_is_respected(monkeypatch, capsys) -> None:
-    monkeypatch.setenv("COLUMNS", "50")
-    output.console().print("word " * 30)
-    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 50
+def test_wide_adds_its_columns() -> None:
+    assert "HOLDER" not in _table().lines()[0]
+    wide = _table().lines(wide=True)
+    assert wide[0].split() == ["KEY", "MESSAGE", "HOLDER"]
+    assert wide[1].split()[-1] == "host:42:1:abc.1" and wide[2].split()[-1] == "-"
+    with pytest.raises(ValueError, match="2 cells for 3 columns"):
+        _table().add_row("a", "b")
+
+
+def test_json_and_yaml_print_the_same_document_unfolded() -> None:
+    as_json = json.loads(CliRunner().invoke(shows, ["-o", "json"]).stdout)
+    as_yaml = CliRunner().invoke(shows, ["-o", "yaml"]).stdout
+    assert yaml.safe_load(as_yaml) == as_json == {"key": KEY, "error": "x" * 300}
+    assert f"key: {KEY}\n" in as_yaml  # one line each, however long
+    assert json.loads(CliRunner().invoke(shows, ["--json"]).stdout) == as_json  # the alias
+
+
+def test_output_flags_are_checked() -> None:
+    for args, fragment in ((["-o", "xml"], "'xml' is not one of"),
+                           (["--json", "-o", "yaml"], "--json asks for -o json")):
+        result = CliRunner().invoke(shows, args)
+        assert result.exit_code == 2 and fragment in result.stderr, result.stderr
+    assert CliRunner().invoke(shows, ["--json", "-o", "json"]).exit_code == 0
+    assert "Same as -o json" in CliRunner().invoke(shows, ["--help"]).stdout
 
 
 def test_views_read_only_their_own_prefix_even_with_glob_characters(client) -> None:

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from warmpool.cli import config
-from warmpool.cli.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, BadValue
+from warmpool import config
 from warmpool.cli.main import _register, cli
 from warmpool.cli.scale import check_flags, new_max
+from warmpool.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, BadValue
 from warmpool.kube.api import Conflict
 
 #: What else a valid AppDefinition needs (the scale command checks the result as the

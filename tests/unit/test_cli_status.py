@@ -75,7 +75,9 @@ def test_counts_holders_waiting_and_session_errors_without_addresses() -> None:
     assert java["valid"] and java["problem"] is None
     assert (java["minInstances"], java["maxInstances"], java["generation"]) == (3, 10, 1)
     assert java["counts"] == {"claimed": 2, "free": 1, "outdated": 0, "starting": 0,
-                              "releasing": 0, "removing": 0, "waiting": 1}
+                              "releasing": 0, "removing": 0, "waiting": 1,
+                              # pods not read: free instances are not split
+                              "free_warm": 0, "free_starting": 0, "free_failing": 0}
     assert [(i["id"], i["state"], i["session"], i["objects"]) for i in java["instances"]] == [
         (1, "claimed", "s1", 5), (2, "claimed", "s2", 5), (3, "free", None, 5)]
     assert java["waiting"] == ["s3"]
@@ -245,3 +247,148 @@ def test_a_scheduled_pool_shows_its_target_next_change_and_invalid_schedules() -
     assert (java["target"], java["nextChange"]) == (3, "2026-03-03T11:40:00Z")
     (plain,) = pool_status("ns", appdefs, sessions, pool, [])["appdefinitions"]
     assert (plain["target"], plain["nextChange"], plain["schedules"]) == (3, None, [])
+
+
+def _pod(a: AppDefinition, k: int, ready: bool, waiting: str = "") -> dict[str, Any]:
+    deployment = builders.object_name(a, Part.DEPLOYMENT, k)
+    state = {"waiting": {"reason": waiting}} if waiting else {"running": {}}
+    return {"kind": "Pod", "metadata": {
+        "name": f"{deployment}-h-{k}", "namespace": "ns",
+        "labels": {"app": f"java-17-{k}", "pod-template-hash": "h", v.LABEL_GENERATION: "1"},
+        "ownerReferences": [{"kind": "ReplicaSet", "name": f"{deployment}-h", "uid": "rs",
+                             "controller": True}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                   "containerStatuses": [{"name": "c", "state": state}]}}
+
+
+def test_free_instances_split_into_warm_starting_and_failing_with_the_pools_condition(
+) -> None:
+    """Issue #28: a free instance's pod, and the condition of a pool whose pods fail."""
+    ad = appdef_obj(min_i=3)
+    a = parsed(ad)
+    ad["status"] = {"conditions": [{"type": "WarmPoolPodsFailing", "status": "True",
+                                    "message": "3 instances cannot start their pod"}]}
+    pool = objects(a, 1) + objects(a, 2) + objects(a, 3)
+    pods = [_pod(a, 1, True), _pod(a, 2, False), _pod(a, 3, False, "ImagePullBackOff")]
+    (java,) = pool_status("ns", [ad], [], pool, [], pod_items=pods)["appdefinitions"]
+    assert [(i["id"], i["pod"]) for i in java["instances"]] == [
+        (1, "warm"), (2, "starting"), (3, "failing")]
+    c = java["counts"]
+    assert (c["free"], c["free_warm"], c["free_starting"], c["free_failing"]) == (3, 1, 1, 1)
+    assert java["podsFailing"] == "3 instances cannot start their pod"
+
+
+def _selects(selector: str | None, obj: dict[str, Any]) -> bool:
+    """A label selector of `key` and `key=value` terms, as the API server applies it."""
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, (selector or "").split(",")):
+        key, eq, value = term.partition("=")
+        if key not in labels or (eq and labels[key] != value):
+            return False
+    return True
+
+
+class _LineKube:
+    """What `namespace_status` reads of a cluster of Theia Cloud's `line` whose namespace
+    holds `items` (kind -> objects; none by default); `listed` records the kinds it listed."""
+
+    def __init__(self, line: Any, httproute_served: bool = True,
+                 items: dict[str, list[dict[str, Any]]] | None = None) -> None:
+        self._line = line
+        self._httproutes = httproute_served
+        self._items = items or {}
+        self.listed: list[str] = []
+
+    def line(self) -> Any:
+        return self._line
+
+    def serves(self, api_version: str, kind: str) -> bool:
+        return kind != v.ROUTE_KIND or self._httproutes
+
+    def list(self, api_version: str, kind: str, ns: str, *, label_selector: str | None = None,
+             **_: Any) -> tuple[list[dict[str, Any]], str]:
+        self.listed.append(kind)
+        return [o for o in self._items.get(kind, []) if _selects(label_selector, o)], "1"
+
+
+def test_status_checks_session_routes_only_where_the_install_routes_by_them(
+        monkeypatch: Any) -> None:
+    """Without WARMPOOL_ROUTES (a status read from an operator's shell, not the roles'
+    ConfigMap) the routing is the install's, as the roles settle it: upstream's line routes
+    through its shared Ingress, so its holders' HTTPRoutes are not looked for (the walk of
+    docs/operating.md saw every live Session's route called "missing" there)."""
+    from warmpool.cli.status import namespace_status
+    from warmpool.pool.lines import OWN, TheiaLine
+
+    monkeypatch.delenv("WARMPOOL_ROUTES", raising=False)
+    upstream = TheiaLine(appdefinition="v1beta10", session="v1beta8")
+    for line, routed in ((upstream, False), (OWN, True)):
+        kube = _LineKube(line)
+        namespace_status(kube, "ns", None, errors_limit=5)  # type: ignore[arg-type]
+        assert (v.ROUTE_KIND in kube.listed) is routed, line
+    monkeypatch.setenv("WARMPOOL_ROUTES", "httproute")  # a value that is set is kept
+    kube = _LineKube(upstream)
+    namespace_status(kube, "ns", None, errors_limit=5)  # type: ignore[arg-type]
+    assert v.ROUTE_KIND in kube.listed
+
+
+def test_status_sees_the_pods_java_made_on_upstreams_line() -> None:
+    """Upstream's operator labels neither its pool objects nor their pods with the generation;
+    docs/operating.md labels the objects (not the pods: a label on the template restarts
+    them). The status found pods by the generation label, so it showed every pod Java made
+    `starting` while it ran (seen in the walk of docs/operating.md)."""
+    from warmpool.cli.status import namespace_status
+    from warmpool.pool.lines import TheiaLine
+
+    ad = appdef_obj(min_i=1)
+    a = parsed(ad)
+    java_pod = _pod(a, 1, True)
+    del java_pod["metadata"]["labels"][v.LABEL_GENERATION]
+    pool = objects(a, 1)
+    items: dict[str, list[dict[str, Any]]] = {v.APPDEF_KIND: [ad], "Pod": [java_pod]}
+    for obj in pool:
+        items.setdefault(obj["kind"], []).append(obj)
+    kube = _LineKube(TheiaLine(appdefinition="v1beta10", session="v1beta8"), items=items)
+    doc = namespace_status(kube, "ns", None, errors_limit=5)  # type: ignore[arg-type]
+    assert [(i["id"], i["pod"]) for i in doc["appdefinitions"][0]["instances"]] == [(1, "warm")]
+
+
+def test_with_upstreams_shared_ingress_each_holder_shows_its_rule() -> None:
+    """Upstream's routing is a rule per holder on the shared Ingress: the status judges that
+    rule as it judges a holder's HTTPRoute (the walk of docs/operating.md showed `-` for
+    every holder there, so a newcomer could not check the routes kept by the migration)."""
+    from warmpool.pool import ingress
+
+    settings = builders.PoolSettings(routes="ingress")
+    ad = appdef_obj(min_i=4)
+    ad["spec"]["ingressname"] = "shared"
+    a = parsed(ad)
+    sessions = [session_obj(f"s{k}", user=f"u{k}@example.com", instance=k, status="HANDLED")
+                for k in (1, 2, 3)]
+    held = [parse_session(o) for o in sessions]
+    pool = [o for k in (1, 2, 3) for o in objects(a, k, held[k - 1])] + objects(a, 4)
+    rule_2 = ingress.desired_rule(a, 2, settings)
+    rule_2["http"]["paths"][0]["backend"]["service"]["name"] = "someone-else"
+    shared = {"metadata": {"name": "shared"}, "spec": {"rules": [
+        {"host": settings.instances_host}, ingress.desired_rule(a, 1, settings), rule_2]}}
+
+    def routes_of(items: list[dict[str, Any]]) -> dict[int, Any]:
+        doc = pool_status("ns", [ad], sessions, pool, [], ingress_items=items,
+                          settings=settings)
+        return {i["id"]: i["route"] for i in doc["appdefinitions"][0]["instances"]}
+
+    assert routes_of([shared]) == {1: "ok", 2: "elsewhere", 3: "missing", 4: None}
+    assert routes_of([]) == {1: "missing", 2: "missing", 3: "missing", 4: None}
+
+
+def test_status_reads_the_ingresses_only_where_the_install_routes_by_them(
+        monkeypatch: Any) -> None:
+    from warmpool.cli.status import namespace_status
+    from warmpool.pool.lines import OWN, TheiaLine
+
+    monkeypatch.delenv("WARMPOOL_ROUTES", raising=False)
+    for line, read in ((TheiaLine(appdefinition="v1beta10", session="v1beta8"), True),
+                       (OWN, False)):
+        kube = _LineKube(line)
+        namespace_status(kube, "ns", None, errors_limit=5)  # type: ignore[arg-type]
+        assert ("Ingress" in kube.listed) is read, line

@@ -6,12 +6,13 @@ import copy
 import tomllib
 
 from tests.unit.pool_fixtures import SETTINGS, appdef, instance, observed, session, with_objects
-from warmpool.pool import builders
+from warmpool.pool import builders, naming
 from warmpool.pool.actions import (
     AnnotateSession,
     Create,
     Delete,
     Patch,
+    ProbeUrl,
     RefreshPods,
     Report,
     ResetPods,
@@ -205,7 +206,7 @@ def test_a_resumed_release_guards_its_pod_reset_with_the_external_service() -> N
     assert isinstance(first, Patch) and first.part is Part.EXTERNAL_SERVICE
     assert first.resource_version == ext["metadata"]["resourceVersion"]
     assert kinds.index(Patch) < kinds.index(ResetPods)
-    last = p.actions[-1]  # the marker still goes last
+    last = [x for x in p.actions if not isinstance(x, Report)][-1]  # the marker still goes last
     assert isinstance(last, Patch) and last.part is Part.EXTERNAL_SERVICE and last.patch
 
 
@@ -228,12 +229,34 @@ def test_release_clears_allow_list_first_resets_pod_and_unlabels_external_servic
     reset = kinds.index(ResetPods)
     parts = [getattr(x, "part", None) for x in p.actions]
     assert parts.index(Part.DEPLOYMENT) < reset < parts.index(Part.EXTERNAL_SERVICE)
-    assert p.actions[-1].part is Part.EXTERNAL_SERVICE
+    writes = [x for x in p.actions if not isinstance(x, Report)]
+    assert writes[-1].part is Part.EXTERNAL_SERVICE
     for x in of(p.actions, Patch):
         owners = x.patch["metadata"]["ownerReferences"]
         assert [r["uid"] for r in owners] == [a.uid]  # Session gone, AppDefinition kept
-    ext = p.actions[-1].patch["metadata"]["labels"]
+    ext = writes[-1].patch["metadata"]["labels"]
     assert ext["theia-cloud.io/session"] is None and ext["theia-cloud.io/user"] is None
+    # After the writes: one Normal event on the Session released, naming the instance only.
+    released = p.actions[-1]
+    assert isinstance(released, Report) and released.reason == "Released"
+    assert not released.warning and released.regarding["uid"] == gone.uid
+    assert released.regarding["kind"] == "Session" and "@" not in released.message
+
+
+def test_a_completed_claim_reports_claimed_once_on_the_session_after_its_status() -> None:
+    a = appdef(min_instances=2)
+    s = session(instance=1)
+    p = plan(instance(a, 1, holder=s), a, [s])
+    claimed = [x for x in of(p.actions, Report) if x.reason == "Claimed"]
+    assert len(claimed) == 1 and not claimed[0].warning
+    assert claimed[0].regarding == s.owner_reference()
+    assert "instance 1 of java" in claimed[0].message and "@" not in claimed[0].message
+    assert p.actions.index(claimed[0]) > max(
+        i for i, x in enumerate(p.actions) if isinstance(x, SetSessionStatus))
+    # Once HANDLED, the next run reports nothing: one event per claim.
+    handled = session(instance=1, status="HANDLED")
+    again = plan(instance(a, 1, holder=handled), a, [handled])
+    assert not [x for x in of(again.actions, Report) if x.reason == "Claimed"]
 
 
 def test_no_write_to_the_deployment_follows_the_reset_of_its_pods() -> None:
@@ -333,9 +356,30 @@ def test_a_holder_whose_user_changed_is_released_and_the_new_user_never_gets_the
         assert ResetPods in kinds  # the previous user's state goes with its pod
         assert not [x for x in of(p.actions, Patch) if x.patch.get("data", {}).get(
             "authenticated-emails-list")]
-        last = p.actions[-1]
+        last = [x for x in p.actions if not isinstance(x, Report)][-1]
         assert isinstance(last, Patch) and last.part is Part.EXTERNAL_SERVICE
         assert last.patch["metadata"]["annotations"] == {"warmpool.io/claimed-for": None}
+
+
+def test_a_hand_edited_claimed_for_digest_releases_nothing_while_the_allow_list_agrees() -> None:
+    """The long tier with hosts (seed 31): the digest in claimed-for edited by hand, the
+    Session's user and its allow-list unchanged. The annotation is what changed, not the
+    user: the holder keeps its instance (nothing deleted above minInstances) and the plan
+    writes the annotation back. Without an allow-list to agree, it is a user change."""
+    a = appdef(min_instances=0)
+    s = session(instance=1, status="HANDLED")
+    view = instance(a, 1, holder=s)
+    ext = copy.deepcopy(view.get(Part.EXTERNAL_SERVICE))
+    ext["metadata"]["annotations"]["warmpool.io/claimed-for"] = f"{s.uid}/0123456789abcdef"
+    p = plan(with_objects(view, EXTERNAL_SERVICE=ext), a, [s])
+    assert p.holder == s and not of(p.actions, Delete)
+    (fix,) = [x for x in of(p.actions, Patch) if x.part is Part.EXTERNAL_SERVICE]
+    assert fix.patch["metadata"]["annotations"]["warmpool.io/claimed-for"] == \
+        naming.claimed_for(s.uid, s.user)
+    email = copy.deepcopy(view.get(Part.EMAIL_CONFIGMAP))
+    email["data"] = {"authenticated-emails-list": ""}
+    p = plan(with_objects(view, EXTERNAL_SERVICE=ext, EMAIL_CONFIGMAP=email), a, [s])
+    assert p.holder is None
 
 
 def test_a_claim_made_without_the_claimed_for_annotation_is_adopted() -> None:
@@ -447,7 +491,7 @@ def test_an_instance_id_annotation_that_is_no_id_is_reported_and_replaced() -> N
     odd = dataclasses.replace(s, annotations={"theia-cloud.io/instance-id": "²"})
     assert odd.instance_id is None  # names no instance: not obeyed
     actions = plan(instance(a, 1, holder=odd), a, [odd]).actions
-    (report,) = [x for x in actions if isinstance(x, Report)]
+    (report,) = [x for x in actions if isinstance(x, Report) and x.warning]
     assert report.reason == "AnnotationIgnored" and "'²' is not an instance id" in report.message
     assert report.regarding["kind"] == "Session"
     (annotate,) = [x for x in actions if isinstance(x, AnnotateSession)]
@@ -474,3 +518,77 @@ def test_a_claim_whose_status_write_failed_before_its_appdefinition_went_is_hand
     p = decide_instance(instance(a, 1, holder=handled, missing=(Part.DEPLOYMENT,)), "java", None,
                         [handled], proxy_template=None, settings=SETTINGS)
     assert not [x for x in p.actions if isinstance(x, SetSessionStatus)]
+
+
+def test_a_java_double_claim_keeps_the_older_session_and_frees_the_younger() -> None:
+    """The Java operator's double claim (docs/operating.md): both Sessions annotated with the
+    instance, both referenced, the allow-list the younger one's (the last writer). The older
+    keeps it, alone, with its own allow-list; the younger loses every reference."""
+    a = appdef()
+    older = session("bob", user="bob@example.com", instance=1, status="HANDLED",
+                    created="2026-01-01T00:00:01Z")
+    younger = session("carol", user="carol@example.com", instance=1, status="HANDLED",
+                      created="2026-01-01T00:00:02Z")
+    view = instance(a, 1, holder=older)
+    objects = {}
+    for part, obj in view.existing():
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["ownerReferences"].append(younger.owner_reference())
+        if part is Part.EMAIL_CONFIGMAP:
+            obj["data"] = {"authenticated-emails-list": younger.user}
+        objects[part.name] = obj
+    p = plan(with_objects(view, **objects), a, [older, younger])
+    assert p.holder == older
+    assert any("also by carol" in r.message for r in of(p.actions, Report))
+    for patch in of(p.actions, Patch):
+        refs = patch.patch.get("metadata", {}).get("ownerReferences")
+        if refs is not None:
+            assert younger.uid not in [r["uid"] for r in refs]
+    email = next(x for x in of(p.actions, Patch) if x.part is Part.EMAIL_CONFIGMAP)
+    assert email.patch["data"] == {"authenticated-emails-list": older.user}
+    assert of(p.actions, RefreshPods)
+
+
+def test_a_holder_handled_with_another_instances_url_gets_this_ones() -> None:
+    """The younger Session of a Java double claim stays HANDLED with the URL of the instance
+    the older one keeps; served on instance 3, its status must name instance 3's URL."""
+    a = appdef(min_instances=3)
+    url_of = SETTINGS.session_url
+    s = session("carol", instance=3, status="HANDLED", url=url_of(a, 2))
+    p = plan(instance(a, 3, holder=s), a, [s])
+    (status,) = of(p.actions, SetSessionStatus)
+    assert status.status["url"] == url_of(a, 3)
+    assert status.status["operatorStatus"] == "HANDLED"
+    assert "Instance 3" in status.status["operatorMessage"]
+    converged = session("carol", instance=3, status="HANDLED", url=url_of(a, 3))
+    assert plan(instance(a, 3, holder=converged), a, [converged]).actions == []
+
+
+def test_with_the_probe_a_stale_url_is_blanked_and_probed_again() -> None:
+    a = appdef(min_instances=3)
+    settings = builders.PoolSettings(routes="none", url_probe=True)
+    s = session("carol", instance=3, status="HANDLED", url=settings.session_url(a, 2))
+    p = decide_instance(instance(a, 3, holder=s), "java", a, [s], proxy_template=None,
+                        settings=settings)
+    (status,) = of(p.actions, SetSessionStatus)
+    assert status.status["url"] == ""
+    (probe,) = of(p.actions, ProbeUrl)
+    assert probe.target.url == settings.session_url(a, 3)
+
+
+def test_a_release_after_the_garbage_collector_dropped_the_reference_still_names_the_session(
+) -> None:
+    """The garbage collector removes a deleted Session's owner reference, often before the
+    release runs: the Session is then read from the Service's labels and claimed-for."""
+    a = appdef(min_instances=2)
+    gone = session(instance=1, deleting=True)
+    held = instance(a, 1, holder=gone)
+    ext = copy.deepcopy(held.get(Part.EXTERNAL_SERVICE))
+    ext["metadata"]["ownerReferences"] = [r for r in ext["metadata"]["ownerReferences"]
+                                          if r["kind"] != "Session"]
+    p = plan(with_objects(held, EXTERNAL_SERVICE=ext), a, [])
+    (released,) = [x for x in of(p.actions, Report) if x.reason == "Released"]
+    assert released.regarding["uid"] == gone.uid and released.regarding["name"] == gone.name
+    # Nothing left of the claim on the Service: nothing to report.
+    free = instance(a, 1)
+    assert not [x for x in of(plan(free, a, []).actions, Report) if x.reason == "Released"]

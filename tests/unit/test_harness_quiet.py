@@ -98,3 +98,49 @@ def test_the_timeout_says_what_was_pending(client: redis.Redis) -> None:
     since = mark(client, SETTINGS)
     with pytest.raises(NotQuiet, match=r"keys with no run .*\['session/ns/s1'\]"):
         wait_quiet(client, SETTINGS, since, ["session/ns/s1"], timeout=0.0)
+
+
+def test_a_timer_far_ahead_is_not_pending_work_a_retry_soon_is(client: redis.Redis) -> None:
+    """Issue #29: a schedule's next edge, a Session's deadline, a probe's next attempt are
+    delayed keys due later; the queue is quiet with them. A retry due within the horizon is
+    work still owed."""
+    since = mark(client, SETTINGS)
+    started(client, "pool/ns/java")
+    ended(client, "pool/ns/java")
+    now_ms = int(client.time()[0]) * 1000
+    client.zadd(LAYOUT.delayed, {"pool/ns/java": now_ms + 3_600_000})
+    assert not quiet(client, SETTINGS, since)
+    client.zadd(LAYOUT.delayed, {"instance/ns/java/1": now_ms + 500})
+    assert quiet(client, SETTINGS, since).queue is not None
+
+
+def test_a_timer_kinds_key_due_soon_is_not_pending_work(client: redis.Redis) -> None:
+    """A URL probe of an instance that never answers re-delays its key every few seconds
+    for minutes, and a Session's deadline job looks again when due: keys of those kinds do
+    not keep the queue from quiet however soon they are due; any other soon-due key does."""
+    since = mark(client, SETTINGS)
+    started(client, "pool/ns/java")
+    ended(client, "pool/ns/java")
+    now_ms = int(client.time()[0]) * 1000
+    client.zadd(LAYOUT.delayed, {"probe/ns/s1": now_ms + 500, "timeout/ns/s1": now_ms + 800})
+    assert not quiet(client, SETTINGS, since)
+    client.zadd(LAYOUT.delayed, {"session/ns/s1": now_ms + 900})
+    assert quiet(client, SETTINGS, since).queue is not None
+
+
+def test_timer_kinds_keys_waiting_or_running_are_not_pending_work(client: redis.Redis) -> None:
+    """A namespace with a few dozen Sessions whose URL never answers always has probes
+    waiting and running, each attempt up to its timeout: not work a change caused. A key of
+    any other kind beside them is."""
+    since = mark(client, SETTINGS)
+    started(client, "pool/ns/java")
+    ended(client, "pool/ns/java")
+    client.sadd(LAYOUT.dirty, "probe/ns/s1", "timeout/ns/s2")
+    started(client, "probe/ns/s3")
+    assert not quiet(client, SETTINGS, since, ["pool/ns/java"])
+    client.sadd(LAYOUT.dirty, "session/ns/s4")
+    assert quiet(client, SETTINGS, since, ["pool/ns/java"]).queue is not None
+    client.srem(LAYOUT.dirty, "session/ns/s4")
+    started(client, "instance/ns/java/1")
+    with pytest.raises(NotQuiet, match=r"running \[.*'instance/ns/java/1'"):
+        wait_quiet(client, SETTINGS, since, ["pool/ns/java"], timeout=0.0)

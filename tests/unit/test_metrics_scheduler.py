@@ -74,8 +74,8 @@ def test_scheduler_endpoint() -> None:
         with kube.lock:
             kube.events["Session"].append({"type": "ADDED", "object": {
                 "metadata": meta("s1"), "spec": {"appDefinition": "java"}}})
-        wait_for(lambda: client.scard(settings.prefix + "dirty") == 2, timeout=10,
-                 message="the Session's key")
+        wait_for(lambda: client.scard(settings.prefix + "dirty") == 3, timeout=10,
+                 message="the Session's keys: its claim's and its timeout's")
         producer.add("pool/ns1/java")  # already waiting: deduplicated
 
         got = scrape(server.url)

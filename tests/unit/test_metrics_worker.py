@@ -14,10 +14,11 @@ from prometheus_client import REGISTRY
 from metrics import worker as wm
 from metrics.labels import kind_of, reason_label
 from metrics.poolstate import PoolState
-from warmpool.controller.result import Outcome, Result, Start
+from warmpool.controller.result import Outcome, Record, Result, Start
 from warmpool.keys import InstanceKey, PoolKey, SessionKey
 from warmpool.kube.api import Conflict
 from warmpool.kube.executor import FenceRegression
+from warmpool.pool.claim import WaitReason
 from warmpool.pool.decide import Plan, State
 from warmpool.queue.jobs import JobContext, Jobs
 
@@ -163,7 +164,7 @@ def test_job_results(started_job: StartJob, exc: Exception | None, outcome: Outc
     def go() -> None:
         with wm.JobMetrics(ctx) as m:
             if outcome is not None:
-                m.record(Result(outcome, attempts=attempts))
+                m.record(Result(outcome, record=Record(attempts=attempts)))
             if exc is not None:
                 raise exc
 
@@ -257,10 +258,13 @@ def test_claims_waiting_latency_and_refusals(jobs: Jobs, started_job: StartJob) 
     key = "session/ns1/alice-session"
     waiting_key = jobs.settings.prefix + "pool:waiting"
     waited = val("warmpool_claims_waited_total", appdefinition="java", limit="maxInstances")
-    at_max = "Waiting for a free instance of java: all 5 instances it may have (maxInstances)"
+    # The label is the wait's reason (an enum), never read from the message: a message
+    # naming another limit does not change it.
     for _ in range(2):  # a Session that waits on is counted once, when it begins
         ctx = started_job(key)
-        wm.claim_done(ctx, Result(Outcome.WAITING, appdef="java", message=at_max))
+        wm.claim_done(ctx, Result(Outcome.WAITING, message="(prewarmed instances)",
+                                  record=Record(appdef="java",
+                                                wait=WaitReason.MAX_INSTANCES)))
         jobs.finish(ctx)
     assert jobs.client.hget(waiting_key, key).decode().startswith("java|")
     assert val("warmpool_claims_waited_total", appdefinition="java",
@@ -271,9 +275,9 @@ def test_claims_waiting_latency_and_refusals(jobs: Jobs, started_job: StartJob) 
         total = val("warmpool_claim_duration_seconds_sum", appdefinition="java", start=start)
         ctx = started_job(key)
         now = datetime(2024, 5, 1, 12, 0, 42, tzinfo=UTC)
-        wm.claim_done(ctx, Result(Outcome.CLAIMED, instance=InstanceKey("ns1", "java", 3),
-                                  session_created="2024-05-01T12:00:00Z", appdef="java",
-                                  start=Start(start)), now=now)
+        wm.claim_done(ctx, Result(Outcome.CLAIMED, record=Record(
+            instance=InstanceKey("ns1", "java", 3), session_created="2024-05-01T12:00:00Z",
+            appdef="java", start=Start(start))), now=now)
         jobs.finish(ctx)
         assert jobs.client.hget(waiting_key, key) is None
         assert val("warmpool_claim_duration_seconds_count", appdefinition="java",
@@ -283,7 +287,8 @@ def test_claims_waiting_latency_and_refusals(jobs: Jobs, started_job: StartJob) 
 
     refused = val("warmpool_refused_inputs_total", kind="session")
     ctx = started_job("session/ns1/bad")
-    wm.claim_done(ctx, Result(Outcome.REFUSED, message="not an e-mail address", appdef="java"))
+    wm.claim_done(ctx, Result(Outcome.REFUSED, message="not an e-mail address",
+                              record=Record(appdef="java")))
     assert val("warmpool_refused_inputs_total", kind="session") == refused + 1
 
 

@@ -3,6 +3,8 @@ maintenance run with our heartbeat timeout -- driven by hand on fakeredis."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import redis
 from dramatiq.broker import MessageProxy
@@ -16,14 +18,19 @@ from warmpool.queue.jobs import current_job
 from warmpool.queue.maintenance import Maintenance
 from warmpool.queue.middleware import KeyedMiddleware, is_acked
 from warmpool.queue.settings import QueueSettings
+from workers import runtime
 from workers.runtime import build_worker_broker
 
 KEY = "instance/ns/app/1"
 
 
 @pytest.fixture
-def broker(client: redis.Redis) -> RedisBroker:
-    return build_worker_broker(QueueSettings(redis_url="redis://unused"), client=client)
+def broker(client: redis.Redis) -> Iterator[RedisBroker]:
+    # No handlers registered while the broker is built: a test module that imported
+    # workers.handlers (the CLI's in-process tests) would otherwise have its hook start a
+    # Kubernetes cache here.
+    with runtime.using({}):
+        yield build_worker_broker(QueueSettings(redis_url="redis://unused"), client=client)
 
 
 @pytest.fixture

@@ -651,3 +651,55 @@ def test_interleaved_keys_converge(jobs: Jobs) -> None:
     assert jobs.client.scard(jobs.queue.layout.dirty) == 0
     for key, added in last_add.items():
         assert last_start[key] > added, key
+
+
+# --- a lost holder's run is owed whoever takes its key next -------------------------------
+
+
+def test_secondary_taker_of_a_lost_holders_key_keeps_the_rerun_owed(jobs: Jobs) -> None:
+    """A holder stalls (SIGSTOP, CPU starvation) past its lease TTL; before the recovery pass
+    gets to the key, another job takes it as a secondary lease (a claim holding a rival
+    Session, an instance) and releases it. The stalled run never completed, so the key still
+    owes a run: the taker's release must queue it, not drop the crashed run's deadline."""
+    jobs.queue.add("a")
+    stalled = deliver(jobs)
+    assert isinstance(stalled, JobContext)
+    expire_lease(jobs, "a")  # the lease lapsed; recovery has not run yet
+    taker = jobs.acquire("a")
+    assert taker is not None
+    jobs.release(taker)
+    Maintenance(jobs).recover_crashed()
+    assert jobs.finish(stalled).outcome == "lost"  # the stalled holder comes back late
+    assert run_all(jobs) == {"a": 1}
+
+
+def test_start_that_takes_a_lost_holders_key_runs_untriggered(jobs: Jobs) -> None:
+    """A delivery takes a key whose holder was lost before the recovery pass did: this run is
+    the one the lost run owed, so it reconciles fully (what the lost run wrote is unknown)."""
+    jobs.queue.add("a", {"Session/a": "5"})
+    stalled = deliver(jobs)
+    assert isinstance(stalled, JobContext) and not stalled.untriggered
+    expire_lease(jobs, "a")
+    jobs.queue.add("a", {"Session/a": "6"})
+    again = deliver(jobs)
+    assert isinstance(again, JobContext) and again.untriggered
+    assert Maintenance(jobs).recover_crashed() == 0  # nothing left to recover: `again` owns it
+    assert jobs.finish(stalled).outcome == "lost"
+    assert jobs.finish(again).outcome == "success"
+    assert run_all(jobs) == {}
+
+
+def test_defer_of_a_readded_key_is_not_skipped_as_own(jobs: Jobs) -> None:
+    """A run writes (its own write's watch event re-adds the key while it runs, with that
+    version as the trigger), then defers (a lease it needs is busy). The defer finds the key
+    waiting already and folds into that run: which must then run, as the delayed run would
+    have (`*`), not be skipped because every trigger is the key's own last write."""
+    jobs.queue.add("a", {"Session/a": "5"})
+    ctx = deliver(jobs)
+    assert isinstance(ctx, JobContext)
+    ctx.note_write("Session/a", "6")
+    assert jobs.queue.add("a", {"Session/a": "6"}) == AddResult.RERUN  # the write's event
+    assert ctx.defer(0.05) == AddResult.DEDUPLICATED
+    assert jobs.finish(ctx).rerun
+    again = deliver(jobs)
+    assert isinstance(again, JobContext) and again.untriggered

@@ -8,7 +8,7 @@ import pytest
 import redis
 from redis.sentinel import SentinelConnectionPool
 
-from warmpool.cli import config
+from warmpool import config
 from warmpool.queue import redis_conn
 from warmpool.queue.redis_conn import (
     FailoverRetry,

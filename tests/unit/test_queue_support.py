@@ -174,10 +174,12 @@ def test_worker_broker_declares_keyed_actors() -> None:
     from dramatiq.middleware import Retries
 
     from warmpool.queue.broker import keyed_middleware
+    from workers import runtime
     from workers.runtime import build_worker_broker
 
     client: redis.Redis = fakeredis.FakeRedis()
-    broker = build_worker_broker(QueueSettings(redis_url="redis://x"), client=client)
+    with runtime.using({}):  # no handler's hook (the worker cache) when another test loaded one
+        broker = build_worker_broker(QueueSettings(redis_url="redis://x"), client=client)
     for name in ("reconcile_instance", "claim_session", "resync_pool"):
         actor = broker.get_actor(name)
         assert actor.options["keyed"] is True

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from scheduler.mapping import instance_id, keys_for
-from warmpool.keys import SessionKey
+from warmpool.keys import SessionKey, TimeoutKey
 from warmpool.kube.reader import CachedReader, LiveReader
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import AppDefinition, Invalid
@@ -89,7 +89,8 @@ def test_the_readers_apply_the_configured_ceiling(make_cache) -> None:
 def test_the_scheduler_maps_a_malformed_instance_id_without_raising(raw: str) -> None:
     obj = session_obj("s1", raw)
     assert instance_id(obj) is None
-    assert keys_for(v.SESSION_KIND, "ADDED", obj, None) == [SessionKey(NS, "s1")]
+    assert keys_for(v.SESSION_KIND, "ADDED", obj, None) == [SessionKey(NS, "s1"),
+                                                            TimeoutKey(NS, "s1")]
 
 
 def test_the_worker_cache_indexes_a_session_with_a_malformed_instance_id(make_cache) -> None:

@@ -283,3 +283,32 @@ def test_a_watch_open_long_past_its_timeout_is_stuck(run_reflector) -> None:
     wait_for(r.stuck, timeout=5)
     release.set()
     wait_for(lambda: not r.stuck(), timeout=5)
+
+
+def test_a_watch_cut_after_it_brought_events_retries_at_the_first_backoff_step(
+    run_reflector,
+) -> None:
+    """A link that cuts every watch a moment after it delivered: each cut is retried after
+    the backoff's first step, not after a delay doubled by the earlier cuts (which would
+    leave the cache deaf for up to the 30 s cap once the link is healthy again); and no
+    relist, since the watches worked."""
+    kube = ScriptedKube()
+    kube.lists.append(([cm("a", 5)], "10"))
+    for rv in range(11, 16):
+        kube.watches.append([ev("MODIFIED", cm("a", rv, str(rv))), ConnectionResetError("cut")])
+    rec = Recorder()
+    r = run_reflector(kube, rec)
+    wait_for(lambda: len(rec.events) == 5, timeout=5)
+    wait_for(lambda: r.stats.errors == 5, timeout=5)
+    assert r.backoff._delay == r.backoff.initial
+    assert kube.list_calls == 1
+
+
+def test_watches_failing_at_once_back_off_exponentially(run_reflector) -> None:
+    kube = ScriptedKube()
+    kube.lists.append(([cm("a", 5)], "10"))
+    kube.watches.extend([[RuntimeError("500")]] * 2)
+    rec = Recorder()
+    r = run_reflector(kube, rec)
+    wait_for(lambda: r.stats.errors == 2, timeout=5)
+    assert r.backoff._delay > r.backoff.initial

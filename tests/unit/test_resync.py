@@ -14,7 +14,8 @@ KEY = PoolKey("ns", "java")
 
 
 class NoOtherHoldings:
-    def referencing(self, namespace: str, appdef_name: str, s: object) -> frozenset[int]:
+    def referencing(self, namespace: str, appdef_name: str, s: object, *,
+                    fresh: bool = False) -> frozenset[int]:
         return frozenset()
 
 

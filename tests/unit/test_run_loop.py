@@ -1,6 +1,7 @@
 """The worker's one run loop (`workers.handlers.run`): whatever job made a `Result`, the loop
 records its guarded writes under the keys they were made under, puts the key back when it
-asks (after the key's backoff, or after exactly `requeue_after`), and adds the follow-ups.
+asks (a `DEFERRED` outcome after the key's backoff; a timer after exactly `requeue_after`),
+and adds the follow-ups, now or (`later`) after their delay.
 The jobs here are stand-ins returning chosen results; the queue is the real keyed queue on
 fakeredis (tests/unit/conftest.py)."""
 
@@ -12,7 +13,8 @@ from types import ModuleType
 import pytest
 
 from warmpool.controller.result import Outcome, Result
-from warmpool.keys import InstanceKey, SessionKey
+from warmpool.keys import InstanceKey, SessionKey, TimeoutKey
+from warmpool.pool.builders import PoolSettings
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.jobs import JobContext, Jobs
 
@@ -102,3 +104,67 @@ def test_follow_ups_are_added_with_their_triggers(
     assert {"session/ns1/carol", "instance/ns1/java/3"} <= pending
     triggers = jobs.client.hgetall(jobs.queue.layout.triggers("session/ns1/carol"))
     assert triggers == {b"Service/java-1": b"40"}  # carol's job waits for the cache to see it
+
+
+def test_a_timer_runs_again_after_exactly_its_time_and_does_not_back_off(
+    monkeypatch: pytest.MonkeyPatch, handlers: ModuleType, started_job: StartJob,
+    defers: list[float],
+) -> None:
+    """`requeue_after` without an error outcome is a timer (a schedule's edge, a deadline, a
+    probe's next attempt): exactly that delay, and the key's backoff is forgotten."""
+    key = "pool/ns1/java"
+    job_returning(monkeypatch, handlers, "pool", Result.deferred("busy"),
+                  Result(Outcome.RESYNCED, requeue_after=600.0), Result.deferred("busy"))
+    for _ in range(3):
+        ctx = started_job(key)
+        handlers.run(ctx)
+        ctx.jobs.finish(ctx)
+    assert defers == [0.005, 600.0, 0.005]
+
+
+def test_later_keys_are_added_after_their_delay_and_only_ever_earlier(
+    monkeypatch: pytest.MonkeyPatch, handlers: ModuleType, jobs: Jobs, started_job: StartJob,
+    defers: list[float],
+) -> None:
+    """A pool's job names its Sessions' timeout keys at their deadlines on every run: a key
+    that already waits for an earlier time keeps it."""
+    jobs.queue.add_after("timeout/ns1/dave", 30.0)
+    job_returning(monkeypatch, handlers, "pool", Result(Outcome.RESYNCED, later=[
+        (TimeoutKey("ns1", "dave"), 120.0), (TimeoutKey("ns1", "erin"), 60.0)]))
+    handlers.run(started_job("pool/ns1/java"))
+    delayed = dict(Inspector(jobs.client, jobs.settings).delayed())
+    assert {k: round(seconds) for k, seconds in delayed.items()} == {
+        "timeout/ns1/dave": 30, "timeout/ns1/erin": 60}
+
+
+def test_a_cache_still_behind_after_the_wait_gives_the_servers_reader(
+    monkeypatch: pytest.MonkeyPatch, handlers: ModuleType, started_job: StartJob,
+) -> None:
+    """A synced cache that has not seen the key's triggers within FRESHNESS_WAIT: the job
+    decides from the API server (every write is guarded, so that is as safe, and current)
+    instead of going round again, possibly on the same lagging worker."""
+    from warmpool.kube.reader import CachedReader, LiveReader
+
+    class Lagging:
+        waited: list[float] = []
+
+        def wait_fresh(self, namespace: str, triggers: object, timeout: float) -> bool:
+            self.waited.append(timeout)
+            return False
+
+    lagging = Lagging()
+    cached = CachedReader.__new__(CachedReader)
+    cached.cache = lagging  # type: ignore[assignment]
+    monkeypatch.setattr(handlers, "reader_for", lambda namespace: cached)
+    monkeypatch.setattr(handlers, "kube", lambda: object())
+    # The settings as the environment gives them (no cluster to settle the routing against).
+    monkeypatch.setattr(handlers, "pool_settings", lambda: PoolSettings.from_env({}))
+    monkeypatch.setattr(handlers, "server_clock", lambda: object())
+    ctx = started_job("instance/ns1/java/1")
+    reader = handlers._ready_reader(ctx, "ns1")
+    assert isinstance(reader, LiveReader)
+    assert lagging.waited == [handlers.FRESHNESS_WAIT]
+    lagging.wait_fresh = lambda *a: True  # type: ignore[method-assign]
+    assert handlers._ready_reader(ctx, "ns1") is cached
+    monkeypatch.setattr(handlers, "reader_for", lambda namespace: None)  # not listed yet
+    assert handlers._ready_reader(ctx, "ns1") is None

@@ -246,18 +246,55 @@ def test_a_repeated_local_time_is_its_first_occurrence_and_the_long_day_is_longe
 # --- status ----------------------------------------------------------------------------------
 
 
+def _fields(status: dict[str, Any]) -> dict[str, Any]:
+    """The status without its conditions (tested on their own below)."""
+    return {k: val for k, val in status.items()
+            if k not in ("conditions", "observedGeneration")}
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
 def test_status_of_valid_and_invalid_schedules() -> None:
     a = appdef(min_instances=2)
     good = schedule_obj(window(leadTime="20m"))
     bad = schedule_obj(window(size=9, end="11:00"), name="bad")
     objs = [good, bad]
-    assert schedule_status(good, a, objs, at(10)) == {
+    assert _fields(schedule_status(good, a, objs, at(10))) == {
         "effectiveTarget": 2, "nextChange": "2026-03-02T11:40:00Z", "message": "ok"}
     got = schedule_status(bad, a, objs, at(12))
     assert got["effectiveTarget"] == 8 and got["nextChange"] == "2026-03-02T14:00:00Z"
     assert got["message"].startswith("spec.windows[0].end (11:00) must be after its start")
     missing = schedule_status(good, None, objs, at(10))
-    assert missing == {"effectiveTarget": None, "nextChange": None,
-                       "message": "AppDefinition 'java' does not exist in this namespace"}
+    assert _fields(missing) == {
+        "effectiveTarget": None, "nextChange": None,
+        "message": "AppDefinition 'java' does not exist in this namespace"}
     assert "is invalid" in schedule_status(good, Invalid("spec.port ..."), objs, at(10))[
         "message"]
+
+
+def test_status_conditions_say_valid_and_active_with_the_generation_read() -> None:
+    a = appdef(min_instances=2)
+    good = schedule_obj(window(leadTime="20m"))
+    good["metadata"]["generation"] = 3
+    before = schedule_status(good, a, [good], at(9))
+    assert before["observedGeneration"] == 3
+    assert _conditions(before) == {"Valid": ("True", "Valid"),
+                                   "Active": ("False", "NoWindowOpen")}
+    assert all(c["observedGeneration"] == 3 for c in before["conditions"])
+    assert all(c["lastTransitionTime"] == "2026-03-02T09:00:00Z" for c in before["conditions"])
+    # Read back with that status: in the window, Active turns (and only its time moves).
+    good["status"] = before
+    during = schedule_status(good, a, [good], at(12, 30))
+    assert _conditions(during)["Active"] == ("True", "WindowOpen")
+    times = {c["type"]: c["lastTransitionTime"] for c in during["conditions"]}
+    assert times == {"Valid": "2026-03-02T09:00:00Z", "Active": "2026-03-02T12:30:00Z"}
+
+    bad = schedule_obj(window(size=9, end="11:00"), name="bad")
+    assert _conditions(schedule_status(bad, a, [bad], at(12))) == {
+        "Valid": ("False", "InvalidSpec"), "Active": ("False", "NotValid")}
+    assert _conditions(schedule_status(good, None, [good], at(10)))["Valid"] == (
+        "False", "AppDefinitionNotFound")
+    assert _conditions(schedule_status(good, Invalid("spec.port ..."), [good], at(10)))[
+        "Valid"] == ("False", "AppDefinitionInvalid")

@@ -85,7 +85,7 @@ class FlakyProducer:
         if self.failures > 0:
             self.failures -= 1
             raise ConnectionError("redis down")
-        self.added.extend(keys)
+        self.added.extend(k if isinstance(k, str) else k[0] for k in keys)
 
 
 @pytest.fixture
@@ -110,6 +110,29 @@ def test_startup_resync_names_every_known_appdefinition(make) -> None:
     wait_for(lambda: rec.added, timeout=5)
     assert rec.added == ["pool/ns1/java", "pool/ns1/orphaned", "pool/ns1/python"]
     assert s.ready() and s.healthy() and s.stats.last_resync_reason == "startup"
+
+
+def test_a_resync_key_waits_for_a_cache_as_new_as_the_schedulers_view(make) -> None:
+    """A resync's keys carry, per kind, the newest version this scheduler holds in their
+    namespace ("<Kind>/*"), with the queue's "run in full" mark: a worker whose watches are
+    behind runs them only once it has caught up (ClusterCache.fresh), so a Session the
+    scheduler knows is never concluded away on a lagging cache."""
+    producer = FlakyProducer(failures=0)
+    s, _ = make(producer)
+    s.start()
+    wait_for(lambda: producer.added, timeout=5)
+    with s._lock:
+        s._pending.clear()
+    sent: list[Any] = []
+    s.producer = type("P", (), {"add_many": lambda _self, keys: sent.extend(keys)})()
+    s.resync("test")
+    wait_for(lambda: len(sent) == 3, timeout=5)
+    for item in sent:
+        assert isinstance(item, tuple)
+        _, triggers = item
+        assert triggers == {"AppDefinition/*": "1", "Session/*": "1", "Service/*": "1",
+                            "*": "1"}
+    assert s.seen_versions("elsewhere") == {}
 
 
 def test_events_are_mapped_and_added(make) -> None:
@@ -199,8 +222,9 @@ def test_status_reports_watches(make) -> None:
 
 
 def test_a_resync_merged_with_a_triggered_add_still_asks_for_a_full_run() -> None:
-    """A key pending with an event's version and then added by a resync is sent both ways,
-    so the queue records the untriggered add and never skips that run as own writes."""
+    """A key pending with an event's version and then added by a resync is sent once, with
+    the queue's "run in full" trigger beside the version, so the queue never skips that run
+    as own writes."""
     from scheduler.app import UNTRIGGERED, _items
     from scheduler.mapping import merge_triggers
     from warmpool.keys import InstanceKey
@@ -210,6 +234,6 @@ def test_a_resync_merged_with_a_triggered_add_still_asks_for_a_full_run() -> Non
     merge_triggers(triggers, {"Service/ws-1": "5"})
     merge_triggers(triggers, {UNTRIGGERED: ""})
     merge_triggers(triggers, {"Service/ws-1": "7"})
-    assert list(_items([(key, triggers)])) == [(str(key), {"Service/ws-1": "7"}), str(key)]
+    assert list(_items([(key, triggers)])) == [(str(key), {"Service/ws-1": "7", "*": "1"})]
     assert list(_items([(key, {"Service/ws-1": "7"})])) == [(str(key), {"Service/ws-1": "7"})]
     assert list(_items([(key, {UNTRIGGERED: ""})])) == [str(key)]

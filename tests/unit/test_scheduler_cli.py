@@ -7,6 +7,7 @@ import signal
 import threading
 import urllib.request
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -60,6 +61,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeScheduler]]:
     monkeypatch.setattr(cli, "check_servers",
                         lambda *args, **kw: FakeScheduler.checked.append((args, kw)))
     monkeypatch.setattr(cli, "schedules_served", lambda kubeconfig: True)
+    monkeypatch.setattr(cli, "settled_routes", lambda kubeconfig, pool: pool)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     yield FakeScheduler
     for s, h in handlers.items():
@@ -89,15 +91,17 @@ def test_namespaces_from_the_environment_and_lease_defaults(fake) -> None:
     assert s.epoch.key == s.producer.layout.epoch
     assert "health=http://127.0.0.1:" in result.output
     assert "namespaces=team-a,team-b" in result.output
-    # Checked before starting: the watched namespaces and the Lease's, Redis, the kinds the
-    # settings need (routes on by default: the HTTPRoute CRD).
+    # Checked before starting: the watched namespaces and the Lease's, Redis, Theia Cloud's
+    # kinds, then what the settled routing needs (here kept at httproute: the HTTPRoute CRD).
     from warmpool.kube import kinds
     from warmpool.pool.builders import PoolSettings
 
     assert fake.checked == [(("redis://127.0.0.1:1/0",), {
         "kube": True, "kubeconfig": "/nonexistent",
         "namespaces": ["team-a", "team-b", "team-a"],
-        "kinds": kinds.required(PoolSettings())})]
+        "kinds": kinds.theia()}),
+        ((None,), {"kube": True, "kubeconfig": "/nonexistent",
+                   "kinds": kinds.required(PoolSettings())})]
     assert ("gateway.networking.k8s.io/v1", "HTTPRoute") in {
         k[:2] for k in kinds.required(PoolSettings())}
     assert ("gateway.networking.k8s.io/v1", "HTTPRoute") not in {
@@ -160,19 +164,18 @@ def test_health_endpoints_are_served(fake, monkeypatch: pytest.MonkeyPatch) -> N
     assert seen == {"/healthz": 200, "/readyz": 200, "/status": 200}
 
 
-def test_timeouts_from_the_environment(fake) -> None:
-    assert invoke([]).exit_code == 0
-    t = fake.made[-1].config.timeouts
-    assert t.enabled and t.interval == 60 and not t.activity_tracker
-    assert invoke([], env={"WARMPOOL_ACTIVITY_TRACKER": "on", "WARMPOOL_TIMEOUT_INTERVAL": "30",
-                           "WARMPOOL_TIMEOUTS": "on"}).exit_code == 0
-    t = fake.made[-1].config.timeouts
-    assert t.activity_tracker and t.interval == 30
+def test_the_scheduler_runs_no_timers(fake) -> None:
+    """Issue #29: timeouts and schedules are the workers' keyed jobs; the scheduler's config
+    has no timer to set, and a timeout setting is not its to read."""
+    assert invoke([], env={"WARMPOOL_ACTIVITY_TRACKER": "sometimes"}).exit_code == 0
+    config = fake.made[-1].config
+    assert not hasattr(config, "timeouts") and not hasattr(config, "schedule_margin")
 
 
-def test_a_bad_timeout_setting_exits_naming_the_variable(fake) -> None:
-    result = CliRunner().invoke(cli.scheduler, ["--health-port", "0"], env={
-        "WARMPOOL_REDIS_URL": "redis://127.0.0.1:1/0", "WARMPOOL_ACTIVITY_TRACKER": "sometimes"})
-    assert result.exit_code == 2 and fake.made == []  # a usage error, as a bad option's
-    assert "WARMPOOL_ACTIVITY_TRACKER must be on or off, got 'sometimes'" in result.output
-    assert "Traceback" not in result.output
+def test_the_worker_refuses_a_bad_timeout_setting_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, handlers: ModuleType,
+) -> None:
+    monkeypatch.setenv("WARMPOOL_ACTIVITY_TRACKER", "sometimes")
+    with pytest.raises(ValueError, match="WARMPOOL_ACTIVITY_TRACKER must be on or off, "
+                                         "got 'sometimes'"):
+        handlers.check_settings()

@@ -355,3 +355,43 @@ def test_a_candidate_retries_right_when_a_dead_holders_lease_runs_out() -> None:
     # Its first write, the take-over: 3 s after b first saw the record, plus the 0.05 s it
     # adds; not at one of its retries (every 1 to 1.2 s), up to a retry period later.
     assert writes[0] - t0 == pytest.approx(3.05), writes[0] - t0
+
+
+def test_a_renewal_that_ends_after_the_deadline_is_a_new_term() -> None:
+    """One renewal so slow that `is_leader()` turned false while it was in flight (the
+    scheduler dropped what it offered then as a standby's), then succeeds: the elector ends
+    that term and starts a new one (`on_started`: the scheduler resyncs), instead of carrying
+    on as if nothing had been missed. Before the fix it just went on leading."""
+    store, clock = LeaseStore(), Clock()
+    log: list[str] = []
+    e = LeaderElector(
+        store, LeaderConfig(namespace="ns", identity="a", lease_duration=3,  # type: ignore
+                            renew_deadline=1.0, retry_period=0.3),
+        on_started=lambda: log.append("+"), on_stopped=lambda: log.append("-"), clock=clock)
+    stop = threading.Event()
+    t = threading.Thread(target=e.run, args=(stop,))
+    t.start()
+    try:
+        wait_for(e.is_leader, timeout=5)
+        assert log == ["+"]
+        slow: list[bool] = []
+
+        def slow_once() -> None:
+            if not slow:
+                slow.append(e.is_leader())  # leader when the renewal starts
+                clock.advance(1.2)  # the write takes longer than the renew deadline
+                slow.append(e.is_leader())  # and no longer leader while it is in flight
+
+        store.before_write = slow_once
+        advance_until(clock, lambda: len(slow) == 2, step=0.05)
+        assert slow == [True, False]
+        # That renewal started too long ago to count; the next one makes it lead again, as
+        # a new term.
+        advance_until(clock, lambda: len(log) >= 3, step=0.05)
+        assert log == ["+", "-", "+"]
+        assert e.is_leader()
+        advance_until(clock, lambda: clock.t > 1010, step=0.1)  # and later renewals are not
+        assert log == ["+", "-", "+"]
+    finally:
+        stop.set()
+        t.join(5)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from scheduler.mapping import appdef_names, changed, keys_for, summarize
-from warmpool.keys import InstanceKey, PoolKey, SessionKey
+from warmpool.keys import InstanceKey, PoolKey, SessionKey, TimeoutKey
 from warmpool.pool import vocabulary as v
 from warmpool.testing.world import appdef_body, session_body
 
@@ -115,13 +115,22 @@ def test_appdef_deletion_timestamp_gives_pool_key() -> None:
 # --- Session ------------------------------------------------------------------------------
 
 
-def test_session_added_gives_its_claim_key() -> None:
-    assert keys_for("Session", "ADDED", session()) == [SessionKey(NS, "s1")]
+def test_session_added_gives_its_claim_key_and_its_timeout_key() -> None:
+    assert keys_for("Session", "ADDED", session()) == [SessionKey(NS, "s1"),
+                                                       TimeoutKey(NS, "s1")]
 
 
 def test_session_added_already_annotated_also_gives_its_instance() -> None:
     assert keys_for("Session", "ADDED", session(instance="4")) == [
-        SessionKey(NS, "s1"), InstanceKey(NS, "java", 4)]
+        SessionKey(NS, "s1"), TimeoutKey(NS, "s1"), InstanceKey(NS, "java", 4)]
+
+
+def test_only_an_added_session_gives_its_timeout_key() -> None:
+    """Its deadlines are its timeout job's own timer after that; its status writes (HANDLED,
+    lastActivity) map to nothing."""
+    old = session()
+    assert TimeoutKey(NS, "s1") not in keys_for("Session", "MODIFIED", bumped(old, x="1"),
+                                                summarize("Session", old))
 
 
 def test_session_deleted_with_instance_gives_its_own_key_then_the_instance_key() -> None:

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from warmpool.controller.result import Outcome
 from warmpool.controller.timeouts import (
+    AGAIN_AFTER,
     ENABLED_SETTING,
     INTERVAL_SETTING,
     MONITOR_TIMEOUT_SETTING,
@@ -22,7 +24,10 @@ from warmpool.controller.timeouts import (
     Resolution,
     TimeoutRunner,
     TimeoutSettings,
+    session_timeout,
+    session_timers,
 )
+from warmpool.keys import TimeoutKey
 from warmpool.kube.api import Conflict
 from warmpool.kube.clock import FixedClock
 from warmpool.pool import naming
@@ -48,6 +53,7 @@ from warmpool.pool.timeouts import (
     hard_deadline,
     hard_limit,
     inactivity_deadline,
+    next_look,
     read_last_activity,
     session_deadline,
     timeout_message,
@@ -501,3 +507,88 @@ def test_other_services_owned_by_the_session_are_foreign_and_never_targets() -> 
     unheld = parse_session(session_obj("s1", uid="uid-s1"))
     r = resolve([thief, pool_service()], unheld)
     assert r.target is None and "names no instance" in r.why and r.foreign == ("a-thief",)
+
+
+# --- a Session's timer as a keyed job (issue #29) -----------------------------------------------
+
+
+def test_next_look_is_the_hard_deadline_or_the_poll_while_a_tracker_may_watch() -> None:
+    s = parse_session(session_obj())
+    # spec.timeout 5: due at creation + 6 min (whole minutes above the limit).
+    assert next_look(s, lifetime(timeout=5), T0, poll=None) == T0 + 6 * MIN
+    assert next_look(s, lifetime(), T0, poll=None) is None  # no limit: nothing ends it
+    # A tracker (on): asked every poll, the hard deadline still a bound.
+    assert next_look(s, lifetime(timeout=5, **TRACKED), T0, poll=60) == T0 + 60
+    assert next_look(s, lifetime(timeout=5, **TRACKED), T0 + 5.5 * MIN,
+                     poll=60) == T0 + 6 * MIN
+    # Not HANDLED yet: it may become tracked (a status write queues nothing), so polled.
+    waiting = parse_session(session_obj(status="HANDLING"))
+    assert next_look(waiting, lifetime(**TRACKED), T0, poll=60) == T0 + 60
+    # The tracker off (poll None), or a Session being deleted: no poll.
+    assert next_look(s, lifetime(**TRACKED), T0, poll=None) is None
+    assert next_look(parse_session(session_obj(deleting=True)), lifetime(timeout=5, **TRACKED),
+                     T0, poll=60) is None
+
+
+class ObjectReader:
+    """`Reader.object` and `now` over fixed objects (what `session_timeout` reads)."""
+
+    def __init__(self, *objects: dict[str, Any], now: float = T0) -> None:
+        self.objects = {(o.get("kind") or (v.APPDEF_KIND if "image" in o["spec"] else
+                                            v.SESSION_KIND), o["metadata"]["name"]): o
+                        for o in objects}
+        self.at = now
+
+    def object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get((kind, name))
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.at, UTC)
+
+
+def test_the_timeout_job_waits_for_the_deadline_then_ends_the_session() -> None:
+    kube = FakeKube([], [])
+    clock = FixedClock(T0 + 1 * MIN)
+    runner = TimeoutRunner(kube, [], TimeoutSettings(), clock=clock)  # type: ignore[arg-type]
+    reader = ObjectReader(appdef_obj(timeout=5), session_obj("s1"))
+    key = TimeoutKey("ns", "s1")
+    early = session_timeout(runner, reader, key)  # type: ignore[arg-type]
+    assert early.outcome is Outcome.SCHEDULED and early.requeue_after == 5 * MIN
+    assert kube.calls == []
+    clock.at = T0 + 6 * MIN  # the queue runs it at its requeue_after
+    due = session_timeout(runner, reader, key)  # type: ignore[arg-type]
+    assert due.outcome is Outcome.ENDED and due.requeue_after is None
+    assert kube.calls == [("event", "s1", "uid-s1", REASON_TIMED_OUT, False),
+                          ("delete", "s1", "uid-s1")]
+
+
+def test_the_timeout_job_of_a_session_without_limits_sets_no_timer() -> None:
+    runner = TimeoutRunner(FakeKube([], []), [], TimeoutSettings(),  # type: ignore[arg-type]
+                           clock=FixedClock(T0))
+    result = session_timeout(runner, ObjectReader(appdef_obj(), session_obj("s1")),  # type: ignore[arg-type]
+                             TimeoutKey("ns", "s1"))
+    assert result.outcome is Outcome.SCHEDULED and result.requeue_after is None
+    gone = session_timeout(runner, ObjectReader(appdef_obj()),  # type: ignore[arg-type]
+                           TimeoutKey("ns", "s1"))
+    assert gone.outcome is Outcome.SKIPPED and gone.requeue_after is None
+
+
+def test_a_refused_deletion_is_decided_again_shortly() -> None:
+    kube = FakeKube([], [])
+    kube.conflict_on = {"s1"}  # re-created (or changed) since the read
+    runner = TimeoutRunner(kube, [], TimeoutSettings(),  # type: ignore[arg-type]
+                           clock=FixedClock(T0 + 7 * MIN))
+    result = session_timeout(runner, ObjectReader(appdef_obj(timeout=5), session_obj("s1")),  # type: ignore[arg-type]
+                             TimeoutKey("ns", "s1"))
+    assert result.outcome is Outcome.SCHEDULED and result.requeue_after == AGAIN_AFTER
+
+
+def test_the_pool_job_names_each_sessions_timeout_key_at_its_deadline() -> None:
+    reader = ObjectReader(appdef_obj(timeout=5), now=T0 + 2 * MIN)
+    sessions = [parse_session(session_obj("a")),
+                parse_session(session_obj("b", created="2026-03-01T10:01:00Z"))]
+    timers = session_timers(reader, "ns", "java", sessions,  # type: ignore[arg-type]
+                            TimeoutSettings())
+    assert timers == [(TimeoutKey("ns", "a"), 4 * MIN), (TimeoutKey("ns", "b"), 5 * MIN)]
+    assert session_timers(reader, "ns", "java", sessions,  # type: ignore[arg-type]
+                          TimeoutSettings(enabled=False)) == []

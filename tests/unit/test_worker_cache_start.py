@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from warmpool.queue.jobs import JobContext
+from warmpool.queue.settings import QueueSettings
 from workers import runtime
 
 
@@ -38,7 +39,7 @@ def test_the_cache_is_filled_before_jobs_when_the_pool_handlers_run(
     monkeypatch.setattr(handlers, "cache", lambda: fake)
     fn = _wrapped(handlers.run) if wrap else handlers.run
     with runtime.using({"instance": fn, "session": handlers.run}):
-        handlers._start_cache(None, None)  # type: ignore[arg-type]
+        handlers._start_cache(None, QueueSettings(lease_ttl=4.0))  # type: ignore[arg-type]
     assert fake.waited == [handlers.SYNC_WAIT]
 
 
@@ -52,5 +53,17 @@ def test_a_worker_with_other_handlers_starts_no_cache(
         return None
 
     with runtime.using({"instance": other}):
-        handlers._start_cache(None, None)  # type: ignore[arg-type]
+        handlers._start_cache(None, QueueSettings(lease_ttl=4.0))  # type: ignore[arg-type]
     assert fake.waited == []
+
+
+def test_the_jobs_api_calls_give_up_within_the_lease_ttl(
+    monkeypatch: pytest.MonkeyPatch, handlers: ModuleType
+) -> None:
+    """A stalled API link fails a job's call within one lease TTL (then the key runs again,
+    here or on another host), not after the default 60 s read timeout."""
+    monkeypatch.setattr(handlers, "cache", lambda: FakeCache())
+    monkeypatch.setattr(handlers, "_request_timeout", handlers.REQUEST_TIMEOUT)
+    with runtime.using({"instance": handlers.run}):
+        handlers._start_cache(None, QueueSettings(lease_ttl=4.0))  # type: ignore[arg-type]
+    assert handlers._request_timeout == (4.0, 4.0)
