@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, str] = {
     "convergence": "bench.convergence",
     "pipeline": "bench.queue_bench",
     "claim": "bench.claim_latency",
+    "warm": "bench.warm",
     "coalescing": "bench.coalescing",
     "crash": "bench.crash",
     "memory": "bench.memory",

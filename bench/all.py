@@ -2,6 +2,7 @@
 
   python -m bench all [--instances N] [--small n] [--out docs/benchmarks.md]
       [--profile DIR] [--only convergence,claim,...] [--crash-cap 300]
+      [--slow-rate 8] [--sweep 8,12,16,20]
 
 Each row carries its goal and the baseline measured in this same run, and beside its result
 the result of the same (benchmark, case) in the table this run replaces (read from --out
@@ -24,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO
+from bench.claim_latency import DEFAULT_SWEEP, parse_rates
 from bench.cluster import quiet_warnings
 from bench.machine import LoadSampler, loadavg, machine
 from bench.report import Row, print_rows, say, verdict
 
-ORDER = ("pipeline", "convergence", "claim", "coalescing", "crash", "memory", "lecture")
+ORDER = ("pipeline", "convergence", "claim", "warm", "coalescing", "crash", "memory",
+         "lecture")
 
 #: Why the default pool is 800, not the issue's 1,000: the budget is ~10 min per convergence
 #: configuration, and an earlier run of this command on this machine (interrupted later by a
@@ -63,7 +66,27 @@ METHOD = {
              "built and again on the quiet scaled-down pool, each window from the Session's "
              "create to HANDLED and on until the queue is idle 1 s, its release (Session "
              "deleted) counted apart; the churn rows' notes divide the whole churn window's "
-             "traffic by the Sessions served.",
+             "traffic by the Sessions served. Rate sweep (rows `3 claim rate sweep`): the "
+             "same churn during the same scale-down at each --sweep rate, the pool grown "
+             "back to N (converged, queue idle) before each; the --rate and --slow-rate "
+             "churns are reused for their rates, not run again. CPU per served Session from "
+             "/proc over each churn window, by process role (`bench.machine.CpuMeter`; the "
+             "bench's own process, its proxy and watches, apart); LISTs etcd answered from "
+             "the API server's own counters (`warmpool.cluster.apimetrics`).",
+    "warm": "`bench.warm`: a control plane of its own whose fake kubelet keeps each pod "
+            "Pending 5 s before Ready, 2 x 8 workers and a scheduler (strict minInstances). "
+            "Warm: Sessions at a steady rate on a small pool, each deleted 2 s after HANDLED "
+            "(releases reset pods, which then take 5 s to be Ready again); the bench's own "
+            "watches of the pool's external Services, Deployments and pods say, at every "
+            "moment, which free instances are warm (a current pod of the Deployment Ready, "
+            "the Deployment at the AppDefinition's generation); a claim had a warm instance "
+            "available when more stayed free and warm from its Session's create until its "
+            "HANDLED was seen than older Sessions were still waiting (first in the claim "
+            "order); it got one when its HANDLED message has no cold-start note "
+            "(`warmpool.pool.decide.COLD_START_NOTE`: the controller's own word). At once: "
+            "40 Sessions created together on a pool of 10 warm instances with bursting on "
+            "(the default: instances made above minInstances for the rest), latency as in "
+            "`claim`.",
     "coalescing": "`bench.coalescing`: real watch events (annotation patches on the email "
                   "ConfigMaps), mapped to keys by the real scheduler; runs counted by the "
                   "workers' `workers.runlog` wrapper.",
@@ -182,7 +205,7 @@ def _pipeline_rows(extra: list[str], quick: bool = False) -> list[Row]:
     ]
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench all", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instances", type=int, default=800,
@@ -195,153 +218,210 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--crash-cap", type=float, default=300.0)
     parser.add_argument("--slow-rate", type=float, default=8.0,
                         help="claim latency: the churn again at this rate (0: skip)")
+    parser.add_argument("--sweep", type=parse_rates, default=list(DEFAULT_SWEEP),
+                        help="claim latency: the churn during the scale-down at each of "
+                             "these Sessions/s (\"\": none); --rate's and --slow-rate's "
+                             "runs are reused")
+    parser.add_argument("--warm-instances", type=int, default=30,
+                        help="claims on a warm pod: the pool's size")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="per convergence step (s)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes everywhere: checks the harness, measures nothing")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@dataclass
+class _Run:
+    """One `python -m bench all`: what it was asked, where it started, and what its
+    benchmarks have given so far (rows, extra output, profiles, durations)."""
+
+    args: argparse.Namespace
+    previous: Previous
+    chosen: list[str]
+    started: datetime
+    info: dict[str, str]
+    t0: float
+    load_start: str
+    rows: list[Row] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    profile: list[str] = field(default_factory=list)
+    durations: dict[str, float] = field(default_factory=dict)
+
+
+def _guarded(run: _Run, name: str, fn: Callable[[_Run], list[Row]]) -> None:
+    """Run one benchmark; a failure becomes a row saying so, and the others still run."""
+    say(f"=== {name} ===")
+    t = time.monotonic()
+    try:
+        got = fn(run)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        traceback.print_exc()
+        got = [Row(name, "failed", f"{type(exc).__name__}: {exc}", "", "", "MISSED",
+                   "the benchmark raised; see its log")]
+    run.durations[name] = time.monotonic() - t
+    print_rows(got)
+    run.rows.extend(got)
+
+
+def _convergence(run: _Run) -> list[Row]:
+    from bench import convergence as c
+
+    args = run.args
+    got, results = c.run(args.instances, args.small, timeout=args.timeout,
+                         profile_dir=args.profile)
+    if args.instances < 1000:
+        for r in got:
+            r.note += f"; {args.instances}, not 1,000: see sizes above the table"
+    for result in results:
+        if result.profile:
+            run.profile.extend([f"convergence {result.name}, worker processes + scheduler "
+                                f"(py-spy --gil, {args.profile}):", *result.profile])
+    return got
+
+
+def _claim(run: _Run) -> list[Row]:
+    from bench import claim_latency
+
+    args = run.args
+    quick: dict[str, Any] = {"window": 10.0, "grace": 5.0, "claims": 3} if args.quick else {}
+    got, out = claim_latency.run(args.instances, args.small, profile_dir=args.profile,
+                                 slow_rate=args.slow_rate, sweep=args.sweep, **quick)
+    if args.instances < 1000:
+        for r in got[:1]:
+            r.note += f"; {args.instances}, not 1,000: see sizes above the table"
+    if out.profile:
+        run.profile.extend(["", "claim latency churn, worker processes + scheduler "
+                                f"(py-spy --gil, {args.profile}):", *out.profile])
+    return got
+
+
+def _warm(run: _Run) -> list[Row]:
+    from bench import warm
+
+    if run.args.quick:
+        return warm.run(instances=6, rate=1.0, window=15.0, grace=10.0, together=8,
+                        together_pool=3)[0]
+    return warm.run(instances=run.args.warm_instances)[0]
+
+
+def _coalescing(run: _Run) -> list[Row]:
+    from bench import coalescing as co
+
+    return (co.run(20, 1000, 100.0) if run.args.quick else co.run())[0]
+
+
+def _crash(run: _Run) -> list[Row]:
+    from bench import crash as cr
+
+    return cr.run(run.args.crash_cap)[0]
+
+
+def _memory(run: _Run) -> list[Row]:
+    from bench import memory as me
+
+    return (me.run(1000, 10) if run.args.quick else me.run())[0]
+
+
+def _lecture(run: _Run) -> list[Row]:
+    from bench import lecture as le
+
+    return (le.run(20, 5.0, 2, 30, 25, grace=20.0) if run.args.quick else le.run())[0]
+
+
+RUNNERS: dict[str, Callable[[_Run], list[Row]]] = {
+    "pipeline": lambda run: _pipeline_rows(run.extra, run.args.quick),
+    "convergence": _convergence, "claim": _claim, "warm": _warm, "coalescing": _coalescing,
+    "crash": _crash,
+    "memory": _memory, "lecture": _lecture,
+}
+
+
+def _document(run: _Run, load: LoadSampler, done: bool) -> list[str]:
+    """docs/benchmarks.md as it stands: the results so far (`done`: all of them)."""
+    args, info, previous = run.args, run.info, run.previous
+    elapsed = time.monotonic() - run.t0
+    load_now = loadavg()
+    commit_now = machine()["commit"]
+    commit = info["commit"] if commit_now == info["commit"] else (
+        f"{info['commit']} at the start, {commit_now} at the end (the work tree changed "
+        "during the run; processes started later ran the newer code)")
+    doc = [
+        "# Benchmarks",
+        "",
+        "Produced by one command, `python -m bench all` (`bench/all.py`); every number "
+        "below comes from that one run. Nothing here is a test: no test asserts a time.",
+        "",
+        f"- date: {run.started.strftime('%Y-%m-%d %H:%M UTC')} (took {elapsed / 60:.0f} min)",
+        f"- commit: {commit}",
+        f"- machine: {info['nproc']} CPUs ({info['cpu']}), {info['memory']} memory, "
+        f"Linux {info['kernel']}, Python {info['python']}",
+        f"- load average (1/5/15 min): {run.load_start} at the start, {load_now} at the end; "
+        f"1-min samples over the run: {load.summary()}. The machine was shared with "
+        "other work, so absolute times vary; the baselines were measured in the same run.",
+        f"- sizes: convergence and claim latency with {args.instances} → {args.small} "
+        "instances" + (f" ({SIZING})" if args.instances < 1000 and not args.quick else ""),
+        f"- previous run's result column: {previous.describe()}",
+        "",
+        *table(run.rows, previous),
+        "",
+        "Verdict: `met` or `MISSED` against the goal; empty where a row is information "
+        "(the baseline itself, or configurations without a goal).",
+        "",
+        "## How each was measured",
+        "",
+        *[f"- **{name}** ({run.durations.get(name, 0) / 60:.1f} min): {METHOD[name]}"
+          for name in run.chosen if name in run.durations],
+        "",
+        "Workarounds in the harness (bench/cluster.py), until the code they work around "
+        "has them: the latency proxy's handler gets TCP_NODELAY (without it every proxied "
+        "request waited ~40 ms for a delayed ACK, so +10 ms measured as +55 ms).",
+    ]
+    if run.profile:
+        doc += ["", "## Profile", "", "```", *run.profile, "```"]
+    if run.extra:
+        doc += ["", "## Pipeline benchmark output", "", "```", *run.extra, "```"]
+    if args.quick:
+        doc.insert(2, "**QUICK RUN (`--quick`): tiny sizes, a check of the harness; these "
+                      "numbers measure nothing.**\n")
+    if not done:
+        doc.insert(2, f"**PARTIAL: written after {', '.join(run.durations)}; the run goes on "
+                      f"(or was stopped).**\n")
+    return doc
+
+
+def _write(run: _Run, load: LoadSampler, done: bool) -> Path:
+    """Write the document: to --out once `done`, before that beside it (.partial.md)."""
+    doc = _document(run, load, done)
+    out = run.args.out if done else run.args.out.with_suffix(".partial.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(doc) + "\n")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
     if args.quick:
         args.instances, args.small, args.crash_cap = 30, 10, 20.0
     quiet_warnings()
-    previous = read_previous(args.out)  # before anything is written there
-    chosen = [b for b in ORDER if b in args.only.split(",")]
-    started = datetime.now(UTC)
-    info = machine()  # the commit under test: the one checked out when the run starts
-    t0 = time.monotonic()
-    load_start = loadavg()
-    rows: list[Row] = []
-    extra: list[str] = []
-    profile: list[str] = []
-    durations: dict[str, float] = {}
-
-    def guarded(name: str, fn: Callable[[], list[Row]]) -> None:
-        say(f"=== {name} ===")
-        t = time.monotonic()
-        try:
-            got = fn()
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                raise
-            traceback.print_exc()
-            got = [Row(name, "failed", f"{type(exc).__name__}: {exc}", "", "", "MISSED",
-                       "the benchmark raised; see its log")]
-        durations[name] = time.monotonic() - t
-        print_rows(got)
-        rows.extend(got)
-
-    def convergence() -> list[Row]:
-        from bench import convergence as c
-
-        got, results = c.run(args.instances, args.small, timeout=args.timeout,
-                             profile_dir=args.profile)
-        if args.instances < 1000:
-            for r in got:
-                r.note += f"; {args.instances}, not 1,000: see sizes above the table"
-        for result in results:
-            if result.profile:
-                profile.extend([f"convergence {result.name}, worker processes + scheduler "
-                                f"(py-spy --gil, {args.profile}):", *result.profile])
-        return got
-
-    def claim() -> list[Row]:
-        from bench import claim_latency
-
-        quick: dict[str, Any] = {"window": 10.0, "grace": 5.0, "claims": 3} if args.quick else {}
-        got, out = claim_latency.run(args.instances, args.small, profile_dir=args.profile,
-                                     slow_rate=args.slow_rate, **quick)
-        if args.instances < 1000:
-            for r in got[:1]:
-                r.note += f"; {args.instances}, not 1,000: see sizes above the table"
-        if out.profile:
-            profile.extend(["", "claim latency churn, worker processes + scheduler "
-                                f"(py-spy --gil, {args.profile}):", *out.profile])
-        return got
-
-    def coalescing() -> list[Row]:
-        from bench import coalescing as co
-
-        return (co.run(20, 1000, 100.0) if args.quick else co.run())[0]
-
-    def crash() -> list[Row]:
-        from bench import crash as cr
-
-        return cr.run(args.crash_cap)[0]
-
-    def memory() -> list[Row]:
-        from bench import memory as me
-
-        return (me.run(1000, 10) if args.quick else me.run())[0]
-
-    def lecture() -> list[Row]:
-        from bench import lecture as le
-
-        return (le.run(20, 5.0, 2, 30, 25, grace=20.0) if args.quick else le.run())[0]
-
-    runners: dict[str, Callable[[], list[Row]]] = {
-        "pipeline": lambda: _pipeline_rows(extra, args.quick), "convergence": convergence,
-        "claim": claim, "coalescing": coalescing, "crash": crash, "memory": memory,
-        "lecture": lecture,
-    }
-    def write(load: LoadSampler, done: bool) -> Path:
-        elapsed = time.monotonic() - t0
-        load_now = loadavg()
-        commit_now = machine()["commit"]
-        commit = info["commit"] if commit_now == info["commit"] else (
-            f"{info['commit']} at the start, {commit_now} at the end (the work tree changed "
-            "during the run; processes started later ran the newer code)")
-        doc = [
-            "# Benchmarks",
-            "",
-            "Produced by one command, `python -m bench all` (`bench/all.py`); every number "
-            "below comes from that one run. Nothing here is a test: no test asserts a time.",
-            "",
-            f"- date: {started.strftime('%Y-%m-%d %H:%M UTC')} (took {elapsed / 60:.0f} min)",
-            f"- commit: {commit}",
-            f"- machine: {info['nproc']} CPUs ({info['cpu']}), {info['memory']} memory, "
-            f"Linux {info['kernel']}, Python {info['python']}",
-            f"- load average (1/5/15 min): {load_start} at the start, {load_now} at the end; "
-            f"1-min samples over the run: {load.summary()}. The machine was shared with "
-            "other work, so absolute times vary; the baselines were measured in the same run.",
-            f"- sizes: convergence and claim latency with {args.instances} → {args.small} "
-            "instances" + (f" ({SIZING})" if args.instances < 1000 and not args.quick else ""),
-            f"- previous run's result column: {previous.describe()}",
-            "",
-            *table(rows, previous),
-            "",
-            "Verdict: `met` or `MISSED` against the goal; empty where a row is information "
-            "(the baseline itself, or configurations without a goal).",
-            "",
-            "## How each was measured",
-            "",
-            *[f"- **{name}** ({durations.get(name, 0) / 60:.1f} min): {METHOD[name]}"
-              for name in chosen if name in durations],
-            "",
-            "Workarounds in the harness (bench/cluster.py), until the code they work around "
-            "has them: the latency proxy's handler gets TCP_NODELAY (without it every proxied "
-            "request waited ~40 ms for a delayed ACK, so +10 ms measured as +55 ms).",
-        ]
-        if profile:
-            doc += ["", "## Profile", "", "```", *profile, "```"]
-        if extra:
-            doc += ["", "## Pipeline benchmark output", "", "```", *extra, "```"]
-        if args.quick:
-            doc.insert(2, "**QUICK RUN (`--quick`): tiny sizes, a check of the harness; these "
-                          "numbers measure nothing.**\n")
-        if not done:
-            doc.insert(2, f"**PARTIAL: written after {', '.join(durations)}; the run goes on "
-                          f"(or was stopped).**\n")
-        out = args.out if done else args.out.with_suffix(".partial.md")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("\n".join(doc) + "\n")
-        return out
-
+    run = _Run(
+        args,
+        previous=read_previous(args.out),  # before anything is written there
+        chosen=[b for b in ORDER if b in args.only.split(",")],
+        started=datetime.now(UTC),
+        info=machine(),  # the commit under test: the one checked out when the run starts
+        t0=time.monotonic(),
+        load_start=loadavg(),
+    )
     with LoadSampler(period=10.0) as load:
-        for name in chosen:
-            guarded(name, runners[name])
-            write(load, done=False)
-        out = write(load, done=True)
+        for name in run.chosen:
+            _guarded(run, name, RUNNERS[name])
+            _write(run, load, done=False)
+        out = _write(run, load, done=True)
     args.out.with_suffix(".partial.md").unlink(missing_ok=True)
-    elapsed = time.monotonic() - t0
+    elapsed = time.monotonic() - run.t0
     load_end = loadavg()
-    say(f"wrote {out} ({elapsed / 60:.0f} min; load {load_start} -> {load_end})")
+    say(f"wrote {out} ({elapsed / 60:.0f} min; load {run.load_start} -> {load_end})")
     return 0

@@ -191,35 +191,43 @@ def run(instances: int = 100, events: int = 10_000, rate: float = 200.0,
             with lock:
                 running_seen = [v for i, v in delivered.items() if i >= events]
             res.running_events = len(running_seen)
-            by_key: dict[str, list[float]] = defaultdict(list)
-            for key, t in running_seen:
-                by_key[key].append(t)
-            for key, ts in by_key.items():
-                runs = sorted(starts.get(key, []))
-                ts.sort()
-                for t in ts:
-                    # The first start of the key at or after the event, allowing the same
-                    # skew between the bench's watch and the system's as for needless runs:
-                    # the scheduler's watch may deliver a change a little before the bench's
-                    # does, and the run it causes then starts "before" the event.
-                    j = bisect.bisect_left(runs, t - SKEW)
-                    if j < len(runs):
-                        res.latencies.append(max(0.0, runs[j] - t))
-                    else:
-                        res.unmatched += 1
-                prev = float("-inf")
-                for r in runs:  # needless: no event of the key since its previous start
-                    if bisect.bisect_right(ts, r) == bisect.bisect_right(ts, prev):
-                        res.running_needless_strict += 1
-                        if (bisect.bisect_right(ts, r + SKEW)
-                                == bisect.bisect_right(ts, prev + SKEW)):
-                            res.running_needless += 1
-                    prev = r
+            _match_runs(res, starts, running_seen)
         finally:
             stack.close()
             counter.stop()
     res.load = load.summary()
     return rows_for(res), res
+
+
+def _match_runs(res: CoalesceResult, starts: dict[str, list[float]],
+                seen: list[tuple[str, float]]) -> None:
+    """Into `res`, for the running case: each delivered event's latency to the first start of
+    its key after it (or unmatched), and the needless runs (no event of the key since its
+    previous start), from the starts of each key and the (key, delivery time) of each event."""
+    by_key: dict[str, list[float]] = defaultdict(list)
+    for key, t in seen:
+        by_key[key].append(t)
+    for key, ts in by_key.items():
+        runs = sorted(starts.get(key, []))
+        ts.sort()
+        for t in ts:
+            # The first start of the key at or after the event, allowing the same
+            # skew between the bench's watch and the system's as for needless runs:
+            # the scheduler's watch may deliver a change a little before the bench's
+            # does, and the run it causes then starts "before" the event.
+            j = bisect.bisect_left(runs, t - SKEW)
+            if j < len(runs):
+                res.latencies.append(max(0.0, runs[j] - t))
+            else:
+                res.unmatched += 1
+        prev = float("-inf")
+        for r in runs:  # needless: no event of the key since its previous start
+            if bisect.bisect_right(ts, r) == bisect.bisect_right(ts, prev):
+                res.running_needless_strict += 1
+                if (bisect.bisect_right(ts, r + SKEW)
+                        == bisect.bisect_right(ts, prev + SKEW)):
+                    res.running_needless += 1
+            prev = r
 
 
 def rows_for(r: CoalesceResult) -> list[Row]:

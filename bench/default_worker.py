@@ -35,6 +35,7 @@ def declare(broker: RedisBroker, tag: str) -> dramatiq.Actor:
     def bench_claim(namespace: str, session: str) -> None:
         from warmpool.controller.guard import LocalLeases
         from warmpool.controller.reconcile import claim_session
+        from warmpool.controller.result import Outcome
         from warmpool.keys import SessionKey
         from warmpool.kube.api import Kube, connect
         from warmpool.kube.reader import LiveReader
@@ -50,7 +51,7 @@ def declare(broker: RedisBroker, tag: str) -> dramatiq.Actor:
         kube = Kube(connect(os.environ["KUBECONFIG"]))
         result = claim_session(LiveReader(kube), kube, SessionKey(namespace, session), leases,
                                PoolSettings())
-        if result.requeue:
+        if result.outcome is Outcome.DEFERRED:
             # Plain dramatiq has no "run again later" but a failure: its Retries middleware
             # runs the message again after its backoff.
             raise RuntimeError(f"claim of {session} deferred: {result.message}")

@@ -26,7 +26,9 @@ import redis
 from scheduler.process import SchedulerProcess
 from warmpool.cluster.local import ClusterInfo
 from warmpool.harness import RunLog, System
+from warmpool.harness.quiet import owed
 from warmpool.queue.inspect import Inspector
+from warmpool.queue.layout import Layout
 from warmpool.queue.settings import QueueSettings
 
 #: How long a worker or the scheduler may take to be ready (a loaded 2-core machine).
@@ -121,15 +123,20 @@ class Stack:
         return self.system.runs
 
     def wait_idle(self, timeout: float = 120.0, settle: float = 0.5) -> bool:
-        """Idle (`QueueStats.idle`: nothing waiting, running or delayed), and still idle
-        `settle` seconds later (a run may add follow-ups, and its writes' watch events may
-        add keys): the end of a measured window, not a test's proof (that is
-        `System.wait_quiet`). False on timeout."""
+        """Idle (nothing waiting, running or delayed but timers: `quiet.owed`, a pool's next
+        schedule edge is not work), and still idle `settle` seconds later (a run may add
+        follow-ups, and its writes' watch events may add keys): the end of a measured
+        window, not a test's proof (that is `System.wait_quiet`). False on timeout."""
         deadline = time.monotonic() + timeout
+        layout = Layout.of(self.system.settings)
+
+        def idle() -> bool:
+            return owed(self.inspector, self.system.client, layout) is None
+
         while time.monotonic() < deadline:
-            if self.inspector.stats().idle:
+            if idle():
                 time.sleep(settle)  # the window's tail: follow-ups may still be on their way
-                if self.inspector.stats().idle:
+                if idle():
                     return True
             time.sleep(0.1)  # polling the queue
         return False

@@ -8,7 +8,7 @@
 - the scheduler and the workers, installed from the wheel the Dockerfile builds (same COPY
   list), started with the manifests' own args and environment and authenticated with the
   ServiceAccount's token, pass pool-spec scenario S1 with no Forbidden anywhere; the worker runs
-  as PID 1 of its own PID namespace, as in a container, where its exec probes are run.
+  as PID 1 of its own PID namespace, as in a container, and answers its HTTP probes.
 
 The one adaptation for this 1.20 server: PodDisruptionBudgets are policy/v1 in deploy/ (1.21+,
 the only version since 1.25) and are sent as policy/v1beta1 when the server lacks policy/v1.
@@ -279,22 +279,22 @@ WATCHED = ["appdefinitions.theia.cloud", "sessions.theia.cloud", "poolschedules.
            "ingresses.networking.k8s.io"]
 SCHEDULER_ALLOWED = [
     *[(verb, resource) for resource in WATCHED for verb in ("list", "watch")],
-    ("get", "sessions.theia.cloud"),
-    ("delete", "sessions.theia.cloud"),  # timed-out Sessions (session-lifecycle §5)
-    ("patch", "sessions.theia.cloud", "status"),
-    ("patch", "poolschedules.warmpool.io", "status"),  # the leader's schedule status
-    ("create", "events"),
     *[(verb, "leases.coordination.k8s.io") for verb in ("create", "list", "watch")],
     *[(verb, "leases.coordination.k8s.io/warmpool-scheduler") for verb in ("get", "patch")],
 ]
 WORKER_ALLOWED = [
     *[(verb, resource) for resource in WATCHED for verb in ("list", "watch")],
     *[(verb, "appdefinitions.theia.cloud") for verb in ("get",)],
-    *[(verb, "sessions.theia.cloud") for verb in ("get", "patch")],
+    # delete: timed-out Sessions (session-lifecycle §5, the `timeout/` job, issue #29)
+    *[(verb, "sessions.theia.cloud") for verb in ("get", "patch", "delete")],
     ("patch", "sessions.theia.cloud", "status"),
+    ("patch", "poolschedules.warmpool.io", "status"),  # the pool's job keeps it
+    # The pool's condition when its pods fail to start (warmpool.controller.health, #28)
+    ("patch", "appdefinitions.theia.cloud", "status"),
     *[(verb, resource) for resource in ("services", "configmaps", "deployments.apps")
       for verb in ("get", "create", "patch", "delete")],
-    *[(verb, "pods") for verb in ("list", "patch", "delete")],
+    # watch: the worker cache keeps the pool's pods (warm-first claims, issue #28)
+    *[(verb, "pods") for verb in ("list", "watch", "patch", "delete")],
     # Which ReplicaSets an instance's Deployment controls (a reset or refresh touches only
     # its pods, issue #27)
     ("list", "replicasets.apps"),
@@ -309,12 +309,12 @@ DENIED_HERE = [
     *[(verb, "appdefinitions.theia.cloud") for verb in ("create", "update", "patch", "delete")],
     *[(verb, "sessions.theia.cloud") for verb in ("create", "update")],
     ("update", "sessions.theia.cloud", "status"),
-    ("patch", "appdefinitions.theia.cloud", "status"),
+    ("update", "appdefinitions.theia.cloud", "status"),
     *[(verb, "poolschedules.warmpool.io") for verb in ("create", "update", "patch", "delete")],
     ("update", "poolschedules.warmpool.io", "status"),
     *[("update", resource) for resource in ("services", "configmaps", "deployments.apps",
                                             "httproutes.gateway.networking.k8s.io")],
-    *[(verb, "pods") for verb in ("get", "watch", "create", "update")],
+    *[(verb, "pods") for verb in ("get", "create", "update")],
     ("create", "pods", "exec"),
     ("get", "pods", "log"),
     *[(verb, "secrets") for verb in ("get", "list", "watch", "create", "patch", "delete")],
@@ -718,24 +718,14 @@ def test_s1_end_to_end_as_the_serviceaccount_with_the_manifests_commands(
             assert urlsplit(found.group(1)).path == "/metrics"
             assert http_status(found.group(1)) == 200, role.name
 
-    # The worker's exec probes, as the kubelet runs them (inside the container's namespaces).
-    def run_probe(name: str, *, enter: bool, env: dict[str, str] | None = None) -> int:
-        command = worker.container[name]["exec"]["command"]
-        assert command[0] == "python3"
-        argv = [sys.executable, *command[1:]]
-        if enter:
-            argv = ["nsenter", "-t", str(supervisor), "-p", "-m", *argv]
-        return subprocess.run(argv, env={**worker.env, **(env or {})}, capture_output=True,
-                              timeout=30).returncode
-    assert run_probe("livenessProbe", enter=True) == 0
-    assert run_probe("readinessProbe", enter=False) == 0
-    # ... and each fails when it should: no worker process (a namespace of its own), no Redis.
-    lonely = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
-                             *worker.container["livenessProbe"]["exec"]["command"][1:]],
-                            capture_output=True, timeout=30)
-    assert lonely.returncode == 1
-    assert run_probe("readinessProbe", enter=False, env={
-        "WARMPOOL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}) != 0
+    # The worker supervisor's probes, as the kubelet asks them: httpGet on its health port
+    # (workers/health.py; the failing cases are tests/unit/test_worker_health.py's).
+    worker_health = worker.wait_log(r"health=(http://\S+)").group(1)
+    for name in ("startupProbe", "livenessProbe", "readinessProbe"):
+        probe_get = worker.container[name]["httpGet"]
+        assert probe_get["port"] == "health"
+        wait_for(lambda path=probe_get["path"]: http_status(f"{worker_health}{path}") == 200,
+                 timeout=30, message=f"the worker's {name}")
 
     pool_spec_s1(kube, ns, client, settings)
 
