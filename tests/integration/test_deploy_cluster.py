@@ -636,7 +636,11 @@ def http_status(url: str) -> int:
         return int(exc.code)
 
 
-FORBIDDEN = re.compile(r"forbidden|\b403\b|unauthori[sz]ed|\b401\b", re.IGNORECASE)
+# A refusal, as the API server words it ("... is forbidden: User ... cannot ...", "Unauthorized")
+# or as warmpool logs its status ("API error 403"). A bare 403 is not one: resourceVersions and
+# fences are numbers too ("the ResourceVersion in record (403)", a conflict, failed CI once).
+FORBIDDEN = re.compile(r"forbidden|unauthori[sz]ed|\berror:? 40[13]\b|\bstatus[=: ]+40[13]\b",
+                       re.IGNORECASE)
 # A log line's timestamp ("14:05:00,401") is not a status code: only the message is searched.
 LOG_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
 
