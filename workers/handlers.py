@@ -414,7 +414,13 @@ def run(ctx: JobContext) -> None:
         for under, writes in result.written.items():
             for field, value in writes:
                 ctx.note_write(field, value, key=None if under == ctx.key else under)
-        if result.outcome is Outcome.DEFERRED:  # an error outcome: backed off
+        if result.outcome is Outcome.DEFERRED and result.parked_on is not None:
+            # Waits for one lease: woken by its release, no polling (issue #28); its
+            # fallback, the lease TTL, is when a dead holder's lease has expired.
+            log.debug("%s parked on %s: %s", ctx.key, result.parked_on, result.message)
+            _backoff.forget(ctx.key)
+            ctx.park(str(result.parked_on), ctx.jobs.settings.lease_ttl)
+        elif result.outcome is Outcome.DEFERRED:  # an error outcome: backed off
             log.debug("%s deferred: %s", ctx.key, result.message)
             ctx.defer(max(result.requeue_after or 0.0, _backoff.when(ctx.key)))
         else:

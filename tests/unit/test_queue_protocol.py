@@ -530,6 +530,82 @@ def test_promoted_key_that_is_running_reruns_after(jobs: Jobs) -> None:
     assert run_all(jobs) == {"a": 1}
 
 
+# --- parking on a busy lease (issue #28) ------------------------------------------------
+
+
+def _park_while_held(jobs: Jobs) -> JobContext:
+    """`i` running; `s` ran, found `i` busy and parked on it (fallback 60 s). Returns i's."""
+    jobs.queue.add("i")
+    holder = deliver(jobs)
+    assert isinstance(holder, JobContext) and holder.key == "i"
+    jobs.queue.add("s")
+    claim = deliver(jobs)
+    assert isinstance(claim, JobContext) and claim.key == "s"
+    assert claim.try_lease("i") is None
+    assert claim.park("i", 60) == AddResult.PARKED
+    jobs.finish(claim)
+    return holder
+
+
+def test_parked_key_runs_when_the_lease_is_released_not_before(jobs: Jobs) -> None:
+    holder = _park_while_held(jobs)
+    maintenance = Maintenance(jobs)
+    assert maintenance.promote_due() == 0  # the fallback is a minute away: no polling
+    assert queued_keys(jobs) == []
+    jobs.finish(holder)
+    assert maintenance.promote_due() == 1  # released: due at once
+    assert run_all(jobs) == {"s": 1}
+    assert not jobs.client.exists(jobs.queue.layout.waiters("i"))
+
+
+def test_parked_key_runs_when_a_secondary_lease_is_released(jobs: Jobs) -> None:
+    jobs.queue.add("other")
+    other = deliver(jobs)
+    assert isinstance(other, JobContext)
+    lease = other.try_lease("i")
+    assert lease is not None
+    jobs.queue.add("s")
+    claim = deliver(jobs)
+    assert isinstance(claim, JobContext)
+    assert claim.park("i", 60) == AddResult.PARKED
+    jobs.finish(claim)
+    other.release(lease)
+    assert Maintenance(jobs).promote_due() == 1
+    jobs.finish(other)
+    assert run_all(jobs) == {"s": 1}
+
+
+def test_park_on_a_free_lease_is_due_at_once(jobs: Jobs) -> None:
+    jobs.queue.add("s")
+    claim = deliver(jobs)
+    assert isinstance(claim, JobContext)
+    assert claim.park("i", 60) == AddResult.DELAYED  # released between its try and the park
+    jobs.finish(claim)
+    assert Maintenance(jobs).promote_due() == 1
+    assert run_all(jobs) == {"s": 1}
+
+
+def test_parked_key_falls_back_to_its_own_timer_when_the_holder_dies(jobs: Jobs) -> None:
+    _park_while_held(jobs)
+    expire_lease(jobs, "i")  # the holder died: nothing releases the lease
+    make_due(jobs, "s")  # the fallback's time has come
+    Maintenance(jobs).promote_due()
+    assert "s" in queued_keys(jobs)
+
+
+def test_parking_keeps_the_triggers_and_a_foreign_waiters_key_fails_nothing(
+    jobs: Jobs,
+) -> None:
+    jobs.client.set(jobs.queue.layout.waiters("i"), "someone else's string")
+    holder = _park_while_held(jobs)  # SADD on a string would fail every park and done
+    assert jobs.client.type(jobs.queue.layout.waiters("i")) == b"set"
+    jobs.client.set(jobs.queue.layout.waiters("i"), "again")
+    assert jobs.finish(holder).outcome == "success"  # and done still releases
+    make_due(jobs, "s")
+    Maintenance(jobs).promote_due()
+    assert run_all(jobs) == {"s": 1}
+
+
 # --- crash recovery and audit ------------------------------------------------------------
 
 

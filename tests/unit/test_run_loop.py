@@ -80,6 +80,28 @@ def test_a_deferred_job_backs_off_and_a_finished_one_forgets(
     assert defers == [0.005, 0.01, 0.2, 0.005]
 
 
+def test_a_job_waiting_for_one_lease_parks_on_it_instead_of_backing_off(
+    monkeypatch: pytest.MonkeyPatch, handlers: ModuleType, started_job: StartJob,
+    defers: list[float],
+) -> None:
+    """Issue #28: a claim whose instance is busy waits for that lease's release (parked,
+    with the lease TTL as its fallback), not a backoff's polls."""
+    parked: list[tuple[str, str, float]] = []
+    monkeypatch.setattr(JobContext, "park", lambda self, on, fallback: parked.append(
+        (self.key, on, fallback)))
+    busy = InstanceKey("ns1", "java", 1)
+    job_returning(monkeypatch, handlers, "session",
+                  Result.deferred("instance 1 is busy", on=busy),
+                  Result.deferred("every free instance was busy"))
+    for _ in range(2):
+        ctx = started_job("session/ns1/carol")
+        handlers.run(ctx)
+        ctx.jobs.finish(ctx)
+    ttl = ctx.jobs.settings.lease_ttl
+    assert parked == [("session/ns1/carol", str(busy), ttl)]
+    assert defers == [0.005]  # no single lease to wait for: backed off, from the start
+
+
 def test_a_job_whose_cache_is_behind_is_not_called(
     monkeypatch: pytest.MonkeyPatch, handlers: ModuleType, started_job: StartJob,
     defers: list[float],

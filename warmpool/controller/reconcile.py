@@ -604,7 +604,7 @@ def _release(
         ikey = InstanceKey(ns, appdef_name, k)
         with leases.try_lease(str(ikey)) as g:
             if g is None:
-                return Result.deferred(f"instance {k} is busy")
+                return Result.deferred(f"instance {k} is busy", on=ikey)
             result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
             out.record = Record(plan=result.record.plan, instance=ikey, fence=g.fence,
                                 appdef=appdef_name)
@@ -890,7 +890,7 @@ def _serve_held(
     ikey = InstanceKey(read.namespace, session.appdef, k)
     with leases.try_lease(str(ikey)) as g:
         if g is None:
-            return Result.deferred(f"instance {k} is busy")
+            return Result.deferred(f"instance {k} is busy", on=ikey)
         result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
         fence = g.fence
     return Result(Outcome.HELD, written=result.written, record=Record(
@@ -910,7 +910,7 @@ def _burst(
     ikey = InstanceKey(read.namespace, appdef.name, k)
     with leases.try_lease(str(ikey)) as g:
         if g is None:
-            return Result.deferred(f"instance {k} is busy")
+            return Result.deferred(f"instance {k} is busy", on=ikey)
         made: Writes = []
         if not _burst_write(reader, kube, appdef, k, session, read.sessions, g, settings,
                             made):
@@ -940,7 +940,7 @@ def _try_candidates(
             if g is None and i == 0:
                 # Our target is being reconciled (or claimed): wait for it rather
                 # than take a higher id than ours.
-                return Result.deferred(f"instance {k} is busy")
+                return Result.deferred(f"instance {k} is busy", on=ikey)
             if g is None:
                 busy = True
                 continue

@@ -129,12 +129,17 @@ class Result:
     written: dict[str, Writes] = field(default_factory=dict)
     message: str = ""
     record: Record = field(default_factory=Record)
+    # A `DEFERRED` job that waits for one key's lease: it is parked until that lease is
+    # released (and runs on its own after the lease TTL at the latest), not backed off.
+    parked_on: Key | None = None
 
     @classmethod
-    def deferred(cls, reason: str, after: float = 0.0) -> Result:
+    def deferred(cls, reason: str, after: float = 0.0, *, on: Key | None = None) -> Result:
         """A lease this job needs is busy: run it again after its backoff, no sooner than
-        `after` seconds."""
-        return cls(Outcome.DEFERRED, requeue_after=after or None, message=reason)
+        `after` seconds; or, `on` the one key whose lease it waits for, when that lease is
+        released (issue #28: a claim parks instead of polling its busy instance)."""
+        return cls(Outcome.DEFERRED, requeue_after=after or None, message=reason,
+                   parked_on=on)
 
     def written_under(self, key: Key | str) -> Writes:
         """The guarded writes made under `key`'s lease."""

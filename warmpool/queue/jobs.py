@@ -154,6 +154,11 @@ class JobContext:
         waiting for the versions this run was triggered by."""
         return self.jobs.queue.add_after(self.key, seconds, self._recorded or None)
 
+    def park(self, on: str, fallback: float) -> str:
+        """Run this key again when the lease of key `on` is released, or in `fallback`
+        seconds at the latest, still waiting for the versions this run was triggered by."""
+        return self.jobs.queue.park(self.key, on, fallback, self._recorded or None)
+
     def requeue(self) -> str:
         """Run this key again right after this run."""
         return self.jobs.queue.add(self.key)

@@ -48,6 +48,8 @@ class AddResult(enum.StrEnum):
     DEDUPLICATED = "deduplicated"  # already waiting (or already due earlier): nothing to do
     RERUN = "rerun"  # running now: it runs exactly once more when the holder is done
     DELAYED = "delayed"  # scheduled (or moved earlier) in the delayed set
+    PARKED = "parked"  # waiting for another key's lease to be released (and its fallback)
+    OWN = "own"  # at rest, and every trigger a version its own last run wrote: not added
 
 
 #: What `retry_dead` answers when there is no such dead letter (the `redrive` script's word).
@@ -142,6 +144,17 @@ class KeyedQueue:
         if delay_ms <= 0:
             return self.add(key, triggers)
         result = AddResult(self.scripts.add_after(key, delay_ms, triggers))
+        self.observer.on_add(key, result)
+        return result
+
+    def park(self, key: str, on: str, fallback: float,
+             triggers: Triggers | None = None) -> AddResult:
+        """Make `key` run when the lease of key `on` is released -- at once if it is free
+        now -- and in `fallback` seconds at the latest (the holder of `on` may die, and a
+        dead holder releases nothing). The `triggers` are recorded as `add_after` records
+        them. Polling a busy lease instead costs a run per poll and up to a backoff's wait
+        after the release (issue #28)."""
+        result = AddResult(self.scripts.park(key, on, max(1, int(fallback * 1000)), triggers))
         self.observer.on_add(key, result)
         return result
 

@@ -17,6 +17,9 @@ Project keys (prefix `warmpool:` by default):
                    handed to the job and deleted when it starts
   own:<k>    hash  the same fields for the writes k's last run made itself (PX 300 s): a
                    start whose every trigger is in here is skipped ("own")
+  wait:<k>   set   keys parked until k's lease is released (a claim that found k busy):
+                   `done` makes each due at once; PX the parker's fallback, which is also
+                   each parked key's own delayed run, so a holder that dies wakes them too
   maintenance:<task>  str  short NX lock: one process at a time runs recovery / audit
   epoch      str   a random value the scheduler creates (no TTL); missing or changed means
                    Redis lost its data (see `epoch`)
@@ -110,6 +113,13 @@ class Layout:
 
     def own(self, key: str) -> str:
         return self.own_prefix + key
+
+    @property
+    def waiters_prefix(self) -> str:
+        return self._p("wait:")
+
+    def waiters(self, key: str) -> str:
+        return self.waiters_prefix + key
 
     def worker(self, worker_id: str) -> str:
         """`host:pid` of a dramatiq worker id, refreshed with its heartbeat, expiring after."""

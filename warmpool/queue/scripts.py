@@ -105,6 +105,7 @@ KEY_NAMES: tuple[tuple[str, str], ...] = (
     ("LEASE", "lease_prefix"),
     ("TRIG", "triggers_prefix"),
     ("OWN", "own_prefix"),
+    ("WAIT", "waiters_prefix"),
     ("QUEUE", "messages_list"),
     ("QUEUE_MSGS", "messages"),
     ("CLAIMS", "claims_messages_list"),
@@ -313,6 +314,10 @@ class Scripts:
 
     def add_after(self, key: str, delay_ms: int, triggers: Triggers | None = None) -> str:
         return _s(self._call("add_after", key, delay_ms, *flat_triggers(triggers)))
+
+    def park(self, key: str, on: str, fallback_ms: int,
+             triggers: Triggers | None = None) -> str:
+        return _s(self._call("park", key, on, fallback_ms, *flat_triggers(triggers)))
 
     def start(
         self, key: str, token: str, ttl_ms: int, ack: tuple[str, str] = ("", "")

@@ -8,12 +8,13 @@
 -- writes record; every group is merged into its target's (a secondary lease's key: written
 -- under that lease). No body comes in: when the key was re-added and has no message on its
 -- way, "message needed" says so, and the caller builds one and calls `requeue` -- on reruns
--- only.
+-- only. Keys parked on this lease (`park.lua`) are made due at once.
 local key, value, mode = ARGV[1], ARGV[2], ARGV[3]
 ack(key, ARGV[4], ARGV[5])
 if lease_value(key) ~= value then return {"lost", 0, -1, 0, 0} end
 redis.call("DEL", LEASE .. key)
 redis.call("ZREM", INFLIGHT, key)
+wake_waiters(key)
 if mode ~= "release" then redis.call("DEL", OWN .. key) end
 local x = 7
 for _ = 1, tonumber(ARGV[6]) do

@@ -6,7 +6,7 @@
 -- defines it: no name is spelled here. scripts.py puts a generated head before this file
 -- (scripts.KEY_NAMES, in KEYS order) that declares them as locals:
 --   DIRTY INFLIGHT FAILURES DELAYED ERRORS ADDED_AT PENDING DEAD FENCE  project keys
---   LEASE TRIG OWN                 prefixes of lease:<k>, trig:<k>, own:<k>
+--   LEASE TRIG OWN WAIT            prefixes of lease:<k>, trig:<k>, own:<k>, wait:<k>
 --   QUEUE QUEUE_MSGS               dramatiq's main queue: its id list and messages hash
 --   CLAIMS CLAIMS_MSGS             the same for the claims queue
 --   XQ XQ_MSGS                     the dead letters (the main queue's, for both queues)
@@ -50,6 +50,27 @@ end
 
 local function is_dirty(key)
   return redis.call("SISMEMBER", DIRTY, key) == 1
+end
+
+-- `wait:<key>`, a set; anything else there (someone else's write: Redis contents are not
+-- trusted) is dropped, so it fails no script: its parked keys still run on their own timers.
+local function waiters_of(key)
+  local waiters = WAIT .. key
+  local t = redis.call("TYPE", waiters)["ok"]
+  if t ~= "set" and t ~= "none" then redis.call("DEL", waiters) end
+  return waiters
+end
+
+-- The keys parked on `key`'s lease (park.lua) are due now: the lease they waited for is free.
+-- A waiter added again meanwhile (dirty) already waits for a run of its own.
+local function wake_waiters(key)
+  local waiters = waiters_of(key)
+  local parked = redis.call("SMEMBERS", waiters)
+  if #parked == 0 then return end
+  redis.call("DEL", waiters)
+  for _, w in ipairs(parked) do
+    if not is_dirty(w) then redis.call("ZADD", DELAYED, "LT", NOW, w) end
+  end
 end
 
 -- Redis contents are not trusted: every number read back is checked before use (a script
