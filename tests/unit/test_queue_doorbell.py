@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import fakeredis
 import pytest
@@ -19,7 +19,7 @@ import redis
 from tests.waiting import wait_for
 from warmpool.queue.broker import KeyedRedisBroker, _Consumer, build_broker, keyed_middleware
 from warmpool.queue.doorbell import Doorbell, parse_ring
-from warmpool.queue.jobs import Jobs
+from warmpool.queue.jobs import JobContext, Jobs
 from warmpool.queue.maintenance import Maintenance
 from warmpool.queue.redis_conn import connect
 from warmpool.queue.settings import QueueSettings
@@ -66,6 +66,18 @@ def test_a_delayed_add_rings_its_ready_time(fake_jobs: Jobs) -> None:
     (payload,) = next(heard)
     score = fake_jobs.client.zscore(lo.delayed, "k")
     assert parse_ring(payload) == (None, int(score))
+
+
+def test_a_failed_run_rings_its_retry_time(
+    jobs: Jobs, started_job: Callable[[str], JobContext],
+) -> None:
+    lo = jobs.queue.layout
+    ctx = started_job("k")
+    heard = rings(jobs.client, lo.doorbell_channel)
+    next(heard)
+    jobs.finish(ctx, RuntimeError("boom"))  # retried after backoff_base: a delayed key
+    (payload,) = next(heard)
+    assert parse_ring(payload) == (None, int(jobs.client.zscore(lo.delayed, "k")))
 
 
 def test_parse_ring_tells_lists_from_ready_times_and_ignores_the_rest() -> None:
