@@ -31,8 +31,11 @@ log = logging.getLogger(__name__)
 #: How long one `get_message` blocks (no Redis command: a poll on the socket), so `stop` is
 #: noticed within it.
 LISTEN_TICK = 0.25
-#: How long the subscriber waits before subscribing again after a connection error.
+#: How long the subscriber waits before subscribing again after a connection error; doubled
+#: after each failed attempt up to `RETRY_CAP` (a Redis or proxy that refuses SUBSCRIBE
+#: logs a line a minute, not a second), and reset once subscribed.
 RETRY_DELAY = 1.0
+RETRY_CAP = 60.0
 
 
 def parse_ring(payload: str) -> tuple[str | None, int | None]:
@@ -132,6 +135,7 @@ class Doorbell:
             self._thread = None
 
     def _run(self) -> None:
+        delay = self.retry_delay
         while not self._stop.is_set():
             try:
                 self._listen()
@@ -140,9 +144,11 @@ class Doorbell:
             except Exception:  # never end the thread: waiters would poll for good
                 log.exception("doorbell subscriber failed")
             finally:
+                subscribed = self._listening.is_set()
                 self._listening.clear()
                 self.ring_all()
-            self._stop.wait(self.retry_delay)
+            delay = self.retry_delay if subscribed else min(delay * 2, RETRY_CAP)
+            self._stop.wait(delay)
 
     def _listen(self) -> None:
         pubsub = self.client.pubsub()
