@@ -12,6 +12,7 @@ BENCHMARKS: dict[str, str] = {
     "contention": "bench.contention",
     "convergence": "bench.convergence",
     "pipeline": "bench.queue_bench",
+    "idle": "bench.idle",
     "claim": "bench.claim_latency",
     "warm": "bench.warm",
     "coalescing": "bench.coalescing",

@@ -30,7 +30,7 @@ from bench.cluster import quiet_warnings
 from bench.machine import LoadSampler, loadavg, machine
 from bench.report import Row, print_rows, say, verdict
 
-ORDER = ("pipeline", "convergence", "claim", "warm", "coalescing", "crash", "memory",
+ORDER = ("pipeline", "idle", "convergence", "claim", "warm", "coalescing", "crash", "memory",
          "lecture")
 
 #: Why the default pool is 800, not the issue's 1,000: the budget is ~10 min per convergence
@@ -46,6 +46,11 @@ METHOD = {
     "pipeline": "`bench.queue_bench`: no-op jobs on 2 x 8 worker processes, keyed actors vs a "
                 "plain dramatiq actor, backlog staged then released at once (consumption "
                 "only); mean of the rounds.",
+    "idle": "`bench.idle`: 2 x 8 worker processes idle 20 s, then 200 adds (and 100 delayed "
+            "adds of 50 ms) one at a time, 50-150 ms apart, with the doorbell and with it off "
+            "(the old 20 ms polling), one after the other on the same Redis: Redis commands/s "
+            "(INFO stats), CPU of the workers (/proc) and redis-server (INFO cpu) over the "
+            "idle window; add (or ready time) -> job start (the probe's clock).",
     "convergence": "`bench.convergence`: each configuration on a fresh control plane; every "
                    "controller request through the latency proxy (+10 ms). Worker "
                    "configurations run the real scheduler (keys from its watches) and "
@@ -331,8 +336,19 @@ def _lecture(run: _Run) -> list[Row]:
     return (le.run(20, 5.0, 2, 30, 25, grace=20.0) if run.args.quick else le.run())[0]
 
 
+def _idle(run: _Run) -> list[Row]:
+    from bench import idle
+    from warmpool.queue.embedded import resolve_redis_url
+
+    rows, lines = (idle.run(2, 8, 5.0, 40, resolve_redis_url()) if run.args.quick
+                   else idle.run(2, 8, 20.0, 200, resolve_redis_url()))
+    run.extra.extend(lines)
+    return rows
+
+
 RUNNERS: dict[str, Callable[[_Run], list[Row]]] = {
     "pipeline": lambda run: _pipeline_rows(run.extra, run.args.quick),
+    "idle": _idle,
     "convergence": _convergence, "claim": _claim, "warm": _warm, "coalescing": _coalescing,
     "crash": _crash,
     "memory": _memory, "lecture": _lecture,

@@ -77,6 +77,8 @@ def _release(client: redis.Redis, settings: QueueSettings) -> None:
     with client.pipeline(transaction=True) as pipe:
         pipe.rename(staging + ".msgs", lo.messages)
         pipe.rename(staging, lo.messages_list)
+        # as the scripts ring for what they enqueue: idle workers wait for it (the doorbell)
+        pipe.publish(lo.doorbell_channel, lo.messages_list)
         pipe.execute()
 
 

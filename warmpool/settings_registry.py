@@ -230,13 +230,17 @@ _QUEUE_MEANINGS = {
     "backoff_base": "A key's retry delay is base * 2**(failures-1), ...",
     "backoff_cap": "... capped at this.",
     "max_failures": "Consecutive failures after which a key is dead-lettered.",
-    "maintenance_period": "How often each worker process promotes due delayed keys.",
+    "maintenance_period": "How often each worker process promotes due delayed keys (without "
+                          "the doorbell; with it, the shortest time between two promotions).",
     "recovery_period": "How often crashed holders' keys and dead workers' messages are "
                        "recovered (one process at a time).",
     "audit_period": "How often dirty keys that lost their message are repaired.",
     "heartbeat_timeout": "A worker process silent this long is dead; its messages are requeued.",
     "poll_timeout": "The longest an idle consumer sleeps between fetches (part of a claim's "
-                    "latency).",
+                    "latency) when the doorbell is off or down, or its prefetch is full.",
+    "idle_poll_timeout": "With the doorbell (pub/sub), the longest an idle consumer or the "
+                         "delayed-key promoter sleeps without a notification (what a lost one "
+                         "costs); at or below the poll timeout the doorbell is off.",
     "drain_timeout": "How long a stopping worker waits for running jobs (keep below the pods' "
                      "`terminationGracePeriodSeconds`).",
     "batch": "How many keys one maintenance script call handles.",

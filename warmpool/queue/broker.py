@@ -11,7 +11,9 @@ Differences from dramatiq's defaults, and why:
   * each consumer reclaims the deliveries of its own ack set it never received (see
     `HeldDeliveries`): dramatiq requeues the ack sets of dead workers only;
   * every dispatch is stamped with the Redis server's clock (`ServerClock`), not the
-    caller's, so workers on hosts whose clocks disagree do not take each other for dead.
+    caller's, so workers on hosts whose clocks disagree do not take each other for dead;
+  * an idle consumer waits for the doorbell (`warmpool.queue.doorbell`) up to
+    `idle_poll_timeout` instead of fetching every `poll_timeout` (see `_Consumer._idle`).
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from collections.abc import Callable, Iterable
 import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
-from dramatiq.common import dq_name, q_name
+from dramatiq.common import compute_backoff, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
+from dramatiq.message import Message
 from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, ShutdownNotifications, TimeLimit
 
 from warmpool.queue.clock import ServerClock
+from warmpool.queue.doorbell import Doorbell
 from warmpool.queue.jobs import Jobs
 from warmpool.queue.middleware import KeyedMiddleware, is_acked
 from warmpool.queue.observer import QueueObserver
@@ -132,10 +136,69 @@ class _Consumer(_RedisConsumer):
     def __next__(self) -> MessageProxy | None:
         if not self.message_cache:
             self._check_acks()
-        message: MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
+        message = self._next_message()
         if message is not None and _rid(message):
             self.broker.held.add(self.queue_name, _rid(message))
         return message
+
+    def _next_message(self) -> MessageProxy | None:
+        """dramatiq's `_RedisConsumer.__next__` (dramatiq 2.x, brokers/redis.py), with one
+        change, its idle path (`_idle`): dramatiq sleeps at most `timeout` (our
+        `poll_timeout`, 20 ms) after an empty fetch and fetches again, which is every
+        consumer of every idle process fetching ~50-100 times a second. Returns None after
+        the idle wait, as dramatiq does, so the consumer thread can run its own chores."""
+        try:
+            while True:
+                if self.message_cache:
+                    data = self.message_cache.pop(0)
+                    if data is None:  # dramatiq's guard (its #266), kept as it is
+                        self.logger.warning("Found 'None' message in message cache for queue "
+                                            "%r.", self.queue_name)
+                        continue
+                    self.misses = 0
+                    message = Message.decode(data)
+                    self.queued_message_ids.add(message.message_id)
+                    return MessageProxy(message)
+                room = self.prefetch - self.outstanding_message_count
+                if room <= 0:  # nothing fetched: the queue need not be empty
+                    self._backoff()
+                    return None
+                bell = self.broker.doorbell
+                if bell is not None:
+                    bell.arm(self._list)  # before the fetch: a ring during it is kept
+                self.message_cache = self.broker.do_fetch(self.queue_name, room)
+                if not self.message_cache:
+                    self._idle()
+                    return None
+        except redis.ConnectionError as e:
+            raise ConnectionClosed(e) from None
+
+    @property
+    def _list(self) -> str:
+        """The id list this consumer fetches from: what the scripts' doorbell names."""
+        return keyed_middleware(self.broker).jobs.queue.layout.messages_list_of(
+            self.queue_name)
+
+    def _idle(self) -> None:
+        """After an empty fetch: wait for the doorbell to ring for this queue, up to
+        `broker.idle_timeout`, rather than poll. The fallback timeout bounds what a lost
+        notification costs (pub/sub is lossy: a reconnect, a Sentinel failover), and while
+        the doorbell is not subscribed `wait` returns at once and this polls as dramatiq
+        does. A delay queue's consumer that holds messages waiting for their eta polls too:
+        its thread moves them on only between two calls of `__next__`."""
+        bell = self.broker.doorbell
+        holds_etas = (self.queue_name == dq_name(q_name(self.queue_name))
+                      and self.outstanding_message_count > 0)
+        if bell is not None and not holds_etas and bell.wait(self._list,
+                                                             self.broker.idle_timeout):
+            self.misses = 0
+            return
+        self._backoff()
+
+    def _backoff(self) -> None:
+        """dramatiq's idle sleep: doubling from 5 ms up to `timeout` ms."""
+        self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
+        time.sleep(backoff_ms / 1000)
 
     def _check_acks(self) -> None:
         held = self.broker.held
@@ -203,10 +266,29 @@ class _Consumer(_RedisConsumer):
 
 class KeyedRedisBroker(RedisBroker):
     def __init__(self, *, reclaim_period: float = 1.0, clock: ServerClock | None = None,
+                 doorbell: Doorbell | None = None, idle_timeout: float = 1.0,
                  **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[no-untyped-call]
         self.held = HeldDeliveries(reclaim_period)
         self.clock = clock or ServerClock(self.client)
+        self.doorbell = doorbell
+        self.idle_timeout = idle_timeout
+
+    def enqueue(self, message: Message[object], *, delay: int | None = None
+                ) -> Message[object]:
+        """dramatiq's enqueue (a plain actor's send, or a delay queue's message whose eta
+        came), then a ring for the list it went to: dispatch.lua is dramatiq's, so the
+        ring is a second command, sent after the write (a waiter woken by it finds the
+        message). Only with the doorbell: without it nobody waits for one."""
+        sent: Message[object] = super().enqueue(message, delay=delay)
+        if self.doorbell is not None:
+            layout = keyed_middleware(self).jobs.queue.layout
+            try:
+                self.client.publish(layout.doorbell_channel,
+                                    layout.messages_list_of(sent.queue_name))
+            except redis.RedisError as e:  # the message is queued: idle consumers poll it
+                log.warning("ringing the doorbell for %s failed: %s", sent.queue_name, e)
+        return sent
 
     def _dispatch(self, command: str) -> Callable[..., object]:
         """dramatiq's own `_dispatch` (dramatiq 1.x, brokers/redis.py), with one change: the
@@ -246,9 +328,13 @@ def build_broker(
         assert settings.redis_url is not None
         client = connect(settings.redis_url)
     keyed = KeyedMiddleware(Jobs(client, settings, router=router, observer=observer))
+    layout = keyed.jobs.queue.layout
     broker = KeyedRedisBroker(
         reclaim_period=settings.recovery_period,
         clock=keyed.jobs.book.clock,  # one server clock per process
+        # started with the worker (KeyedMiddleware.after_worker_boot), stopped with it
+        doorbell=Doorbell(client, layout.doorbell_channel) if settings.doorbell else None,
+        idle_timeout=settings.idle_poll_timeout,
         client=client,
         namespace=settings.namespace,
         heartbeat_timeout=int(settings.heartbeat_timeout * 1000),

@@ -26,6 +26,8 @@ Project keys (prefix `warmpool:` by default):
   worker:<id>  str  `host:pid` of a dramatiq worker, with its heartbeat (see `middleware`)
   pool:state, pool:waiting, metrics:contended:<k>  the metrics' pool state (written by the
                    jobs, read by the collectors: see `metrics.poolstate`)
+  doorbell   pub/sub channel (not a key): every enqueue publishes the dramatiq list it wrote,
+                   every delayed add its ready time (ms), for idle workers (see `doorbell`)
   runlog:starts, runlog:ends  lists: "<time> <key>" per job start / end, written only by
                    workers that import `workers.runlog` (benchmarks, `warmpool.harness`)
 
@@ -99,6 +101,12 @@ class Layout:
     @property
     def epoch(self) -> str:
         return self._p("epoch")
+
+    @property
+    def doorbell_channel(self) -> str:
+        """The pub/sub channel the scripts ring on every enqueue and delayed add (one per
+        prefix: a worker process subscribes once for both queues and the delayed set)."""
+        return self._p("doorbell")
 
     @property
     def triggers_prefix(self) -> str:

@@ -1,8 +1,11 @@
 """Background upkeep in every worker process, on one thread.
 
-Every `maintenance_period` (~20 ms): promote delayed keys whose time has come, so a deferred
-key runs milliseconds after it is due (dramatiq's own retry path waits >= 15 s, and keeps
-delayed messages in worker memory).
+Promote delayed keys whose time has come, so a deferred key runs milliseconds after it is
+due (dramatiq's own retry path waits >= 15 s, and keeps delayed messages in worker memory).
+With the doorbell (`warmpool.queue.doorbell`) the thread sleeps until the earliest ready time
+in `delayed` (read after each promotion, on the server's clock) or a delayed add rung with
+an earlier one, at most `idle_poll_timeout` and at least `maintenance_period` after the last
+promotion; without it (or while it is not subscribed), every `maintenance_period` (~20 ms).
 
 Every `recovery_period`, in one process at a time (a short SET NX PX lock):
   * keys whose holder died: deadline passed in `inflight` and the lease gone -> failure
@@ -42,6 +45,7 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import dq_name
 
+from warmpool.queue.doorbell import Doorbell
 from warmpool.queue.epoch import Epoch
 from warmpool.queue.jobs import Jobs
 from warmpool.queue.replies import text
@@ -76,9 +80,13 @@ CRASH_ERROR = "lease expired: the worker holding this key stopped renewing it (c
 
 
 class Maintenance:
-    def __init__(self, jobs: Jobs, broker: RedisBroker | None = None) -> None:
+    def __init__(self, jobs: Jobs, broker: RedisBroker | None = None, *,
+                 doorbell: Doorbell | None = None) -> None:
         self.jobs = jobs
         self.broker = broker
+        self.doorbell = doorbell or getattr(broker, "doorbell", None)
+        self._next_due_ms: float | None = None  # earliest ready time in `delayed` (server)
+        self._last_tick = 0.0
         self.settings = jobs.settings
         self.scripts = jobs.scripts
         self.messages = jobs.messages
@@ -233,10 +241,25 @@ class Maintenance:
         lock = self.jobs.queue.layout.maintenance_lock(name)
         return bool(self.client.set(lock, self.identity, nx=True, px=int(period * 1000)))
 
+    def _promote(self) -> None:
+        """Promote, then note the earliest ready time left (only with the doorbell: the
+        sleep is planned on it). The delayed event is cleared before the read, so a delayed
+        add after it still wakes the sleep."""
+        bell = self.doorbell
+        if bell is None or not bell.listening:
+            self.promote_due()
+            return
+        bell.delayed.clear()
+        bell.take_due()  # what was rung so far is in the set: the read below sees it
+        self.promote_due()
+        first = self.client.zrange(self.jobs.queue.layout.delayed, 0, 0, withscores=True)
+        self._next_due_ms = float(first[0][1]) if first else None
+
     def tick(self) -> None:
         s = self.settings
-        self.promote_due()
+        self._promote()
         now = time.monotonic()
+        self._last_tick = now
         if now >= self._next_recovery:
             self._next_recovery = now + s.recovery_period
             if self._once("recovery", s.recovery_period):
@@ -253,11 +276,43 @@ class Maintenance:
             self.check_epoch()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.settings.maintenance_period):
+        while not self._sleep():
             try:
                 self.tick()
             except Exception:
                 log.exception("queue maintenance failed")
+
+    def _sleep(self) -> bool:
+        """Wait for the next tick; True when stopped. Without a listening doorbell, every
+        `maintenance_period`; with it, until `_deadline`, moved earlier by each delayed add
+        rung meanwhile (its ready time is in the notification: no round trip)."""
+        bell = self.doorbell
+        if bell is None or not bell.listening:
+            return self._stop.wait(self.settings.maintenance_period)
+        deadline = self._deadline(self._next_due_ms)
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or not bell.delayed.wait(left):
+                break
+            bell.delayed.clear()
+            due = bell.take_due()
+            if due is None or not bell.listening:  # a gap in the subscription, or a stop
+                break
+            deadline = min(deadline, self._deadline(due))
+        return self._stop.is_set()
+
+    def _deadline(self, due_ms: float | None) -> float:
+        """When to tick next (monotonic): at the ready time `due_ms` (server ms), the next
+        periodic task or the fallback, whichever comes first, but not sooner than
+        `maintenance_period` after the last tick (a due time already past, say a key the
+        promotion skipped, must not spin)."""
+        s = self.settings
+        now = time.monotonic()
+        at = min(now + s.idle_poll_timeout, self._next_recovery, self._next_audit,
+                 self._next_epoch)
+        if due_ms is not None:
+            at = min(at, now + (due_ms - self.jobs.book.clock.now_ms()) / 1000)
+        return max(at, self._last_tick + s.maintenance_period)
 
     def start(self) -> None:
         if self._thread is None:
@@ -267,6 +322,8 @@ class Maintenance:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.doorbell is not None:
+            self.doorbell.delayed.set()  # end a sleep on it now
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None

@@ -113,8 +113,19 @@ class KeyedMiddleware(Middleware):
         layout = self.jobs.queue.layout
         self.jobs.book.start(heartbeat=(layout.heartbeats, broker.broker_id,
                                         layout.worker(broker.broker_id)))
+        doorbell = getattr(broker, "doorbell", None)
+        if doorbell is not None:
+            doorbell.start()
         self.maintenance = Maintenance(self.jobs, broker)
         self.maintenance.start()
+
+    def before_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
+        """Stop the doorbell first: while the worker drains, its consumers and the promoter
+        poll as before it, so each notices its thread's stop within `poll_timeout` instead
+        of sleeping out `idle_poll_timeout`."""
+        doorbell = getattr(broker, "doorbell", None)
+        if doorbell is not None:
+            doorbell.stop()
 
     def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
         """dramatiq requeues the messages in its work queue on stop, but not those still in

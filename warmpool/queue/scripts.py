@@ -112,6 +112,7 @@ KEY_NAMES: tuple[tuple[str, str], ...] = (
     ("CLAIMS_MSGS", "claims_messages"),
     ("XQ", "xq"),
     ("XQ_MSGS", "xq_messages"),
+    ("DOORBELL", "doorbell_channel"),
 )
 
 

@@ -34,7 +34,9 @@ class QueueSettings:
     lease_ttl: a held key whose holder stops renewing is free again after this long.
     backoff_base/backoff_cap: per-key retry delay is base * 2**(failures-1), capped.
     max_failures: consecutive failures after which a key is dead-lettered.
-    maintenance_period: how often each worker process promotes due delayed keys.
+    maintenance_period: how often each worker process promotes due delayed keys (without the
+        doorbell; with it, the promoter sleeps until the earliest ready time, and this is
+        the shortest time between two promotions).
     recovery_period: how often (cluster-wide, one process at a time) crashed holders' keys
         and dead workers' unacked messages are recovered.
     audit_period: how often dirty keys that lost their message are repaired.
@@ -43,7 +45,14 @@ class QueueSettings:
     poll_timeout: the longest an idle consumer sleeps between fetches. An idle worker's
         first claim waits up to this long before anyone fetches it (dramatiq backs off to
         it after empty fetches), so it is part of a claim's latency; 20 ms costs each
-        idle process about a hundred one-script fetches a second.
+        idle process about a hundred one-script fetches a second. With the doorbell
+        listening (see `idle_poll_timeout`) it applies only while a consumer cannot fetch
+        (its prefetch is full) or the doorbell is down.
+    idle_poll_timeout: with the doorbell (`warmpool.queue.doorbell`), how long an idle
+        consumer, and the promoter of delayed keys, sleeps at most when no notification
+        comes: what a lost notification (a reconnect, a failover) costs, at most. At or
+        below `poll_timeout` there is no doorbell: idle consumers poll every `poll_timeout`
+        and the promoter every `maintenance_period`, as before it.
     drain_timeout: how long a stopping worker waits for running jobs.
     batch: how many keys one maintenance script call handles.
     epoch_period: how often schedulers and worker processes read the Redis epoch (one GET),
@@ -66,6 +75,7 @@ class QueueSettings:
     audit_period: float = 10.0
     heartbeat_timeout: float = 5.0
     poll_timeout: float = 0.02
+    idle_poll_timeout: float = 1.0
     drain_timeout: float = 30.0
     batch: int = 200
     epoch_period: float = 2.0
@@ -80,6 +90,7 @@ class QueueSettings:
             "audit_period",
             "heartbeat_timeout",
             "poll_timeout",
+            "idle_poll_timeout",
             "epoch_period",
         )
         for name in positive:
@@ -93,6 +104,11 @@ class QueueSettings:
     @property
     def claims_queue_name(self) -> str:
         return claims_queue_name(self.queue_name)
+
+    @property
+    def doorbell(self) -> bool:
+        """Whether idle workers wait for the doorbell (else they poll, as before it)."""
+        return self.idle_poll_timeout > self.poll_timeout
 
     @property
     def lease_ttl_ms(self) -> int:

@@ -12,6 +12,10 @@ if is_dirty(key) then
   untriggered(key)
   return "deduplicated"
 end
-local changed = redis.call("ZADD", DELAYED, "LT", "CH", NOW + tonumber(ARGV[2]), key)
-if changed == 1 then return "delayed" end
+local ready = NOW + tonumber(ARGV[2])
+local changed = redis.call("ZADD", DELAYED, "LT", "CH", ready, key)
+if changed == 1 then
+  ring_delayed(ready)  -- the promoters sleep until the earliest ready time they know of
+  return "delayed"
+end
 return "deduplicated"

@@ -43,6 +43,7 @@ elseif mode == "fail" then
       local backoff = tonumber(ARGV[x + 1]) * 2 ^ (failures - 1)
       delay = math.floor(math.min(backoff, tonumber(ARGV[x + 2])))
       redis.call("ZADD", DELAYED, "LT", NOW + delay, key)
+      ring_delayed(NOW + delay)  -- a 5 ms retry must not wait for a promoter's fallback
     end
   end
 end

@@ -10,6 +10,7 @@
 --   QUEUE QUEUE_MSGS               dramatiq's main queue: its id list and messages hash
 --   CLAIMS CLAIMS_MSGS             the same for the claims queue
 --   XQ XQ_MSGS                     the dead letters (the main queue's, for both queues)
+--   DOORBELL                       the pub/sub channel idle workers wait on (not a key)
 -- and two constants: CLAIM_PREFIX (warmpool.queue.routing) and OWN_TTL (ms, scripts.py).
 local clock = redis.call("TIME")
 local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -21,12 +22,30 @@ local function queue_of(key)
   return QUEUE, QUEUE_MSGS
 end
 
--- Exactly what dramatiq's dispatch.lua "enqueue" writes, plus our pending pointer.
+-- The doorbell (warmpool/queue/doorbell.py): idle workers wait for a notification instead
+-- of polling. Published by the script that writes, so it is atomic with the write: a worker
+-- woken by it always finds the message (or the delayed key) there. The payload is the id
+-- list a message went to (it has a ":"), or a delayed key's ready time in ms (digits only).
+-- One PUBLISH per list per script call: an `add` of 500 keys rings once.
+local rung = {}
+local function ring(list)
+  if rung[list] then return end
+  rung[list] = true
+  redis.call("PUBLISH", DOORBELL, list)
+end
+
+local function ring_delayed(ready_ms)
+  redis.call("PUBLISH", DOORBELL, string.format("%d", math.floor(ready_ms)))
+end
+
+-- Exactly what dramatiq's dispatch.lua "enqueue" writes, plus our pending pointer (and the
+-- doorbell).
 local function enqueue(key, rid, body)
   local q, msgs = queue_of(key)
   redis.call("HSET", msgs, rid, body)
   redis.call("RPUSH", q, rid)
   redis.call("HSET", PENDING, key, rid)
+  ring(q)
 end
 
 -- What dispatch.lua's "ack" writes: forget the delivery and its body (in the key's queue;

@@ -15,4 +15,5 @@ for i = #ARGV, 4, -1 do
     moved = moved + 1
   end
 end
+if moved > 0 then ring(list) end
 return moved

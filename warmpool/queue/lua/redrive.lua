@@ -7,6 +7,7 @@ redis.call("HDEL", XQ_MSGS, drid)
 if key == "" then
   redis.call("HSET", QUEUE_MSGS, rid, body)
   redis.call("RPUSH", QUEUE, rid)
+  ring(QUEUE)
   return "enqueued"
 end
 if redis.call("HGET", DEAD, key) == drid then redis.call("HDEL", DEAD, key) end
