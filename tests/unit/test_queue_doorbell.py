@@ -80,6 +80,25 @@ def test_a_failed_run_rings_its_retry_time(
     assert parse_ring(payload) == (None, int(jobs.client.zscore(lo.delayed, "k")))
 
 
+def test_a_released_lease_rings_for_the_keys_parked_on_it(
+    jobs: Jobs, started_job: Callable[[str], JobContext],
+) -> None:
+    """A parked claim (issue #28) is due when the lease it waits for is released: the
+    promoters must hear it then, not at the claim's fallback a lease TTL later."""
+    lo = jobs.queue.layout
+    holder = started_job("instance/ns/java/1")
+    claim = started_job("session/ns/s1")
+    heard = rings(jobs.client, lo.doorbell_channel)
+    next(heard)
+    assert claim.park("instance/ns/java/1", 60) == "parked"
+    jobs.finish(claim)
+    assert len(next(heard)) == 1  # the park rang its fallback
+    jobs.finish(holder)
+    fallback, released = next(heard)
+    assert parse_ring(released) == (None, int(jobs.client.zscore(lo.delayed, "session/ns/s1")))
+    assert parse_ring(released)[1] < parse_ring(fallback)[1]  # due now, not at the fallback
+
+
 def test_parse_ring_tells_lists_from_ready_times_and_ignores_the_rest() -> None:
     assert parse_ring("dramatiq:warmpool") == ("dramatiq:warmpool", None)
     assert parse_ring("1700000000123") == (None, 1700000000123)

@@ -90,6 +90,7 @@ local function wake_waiters(key)
   for _, w in ipairs(parked) do
     if not is_dirty(w) then redis.call("ZADD", DELAYED, "LT", NOW, w) end
   end
+  ring_delayed(NOW)  -- the promoters promote them now, not at their fallback
 end
 
 -- Redis contents are not trusted: every number read back is checked before use (a script

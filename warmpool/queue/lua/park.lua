@@ -15,6 +15,7 @@ if is_dirty(key) then
 end
 if not leased(on) then
   redis.call("ZADD", DELAYED, "LT", NOW, key)
+  ring_delayed(NOW)
   return "delayed"
 end
 local waiters = waiters_of(on)
@@ -23,4 +24,5 @@ redis.call("SADD", waiters, key)
 -- run on its own timer.
 if redis.call("PTTL", waiters) < fallback then redis.call("PEXPIRE", waiters, fallback) end
 redis.call("ZADD", DELAYED, "LT", NOW + fallback, key)
+ring_delayed(NOW + fallback)  -- the promoters' sleep ends by the fallback at the latest
 return "parked"
