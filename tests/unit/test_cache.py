@@ -232,6 +232,27 @@ def test_a_claims_pool_facts_from_the_indexes_match_those_read_from_every_object
     assert any(k >= 100 for k in got.clean) and any(k < 10 for k in got.clean)
 
 
+def test_an_appdefinitions_sessions_are_kept_in_claim_order_as_they_change(make_cache) -> None:
+    """Issue #28: the waiting order (creationTimestamp, then name) is an index the cache keeps
+    as Sessions come, change and go, not a sort of every Session per claim."""
+    def at(name: str, rv: int, created: str, appdef: str = "java") -> dict[str, Any]:
+        return session(name, rv, appdef=appdef, creationTimestamp=created)
+
+    kube = Scripted({v.SESSION_KIND: [at("c", 5, "2026-01-01T00:00:03Z"),
+                                      at("a", 6, "2026-01-01T00:00:01Z"),
+                                      at("b2", 7, "2026-01-01T00:00:02Z"),
+                                      at("b1", 8, "2026-01-01T00:00:02Z")]})
+    c = make_cache(kube)
+    assert [s.name for s in c.sessions_of(NS, "java")] == ["a", "b1", "b2", "c"]
+    kube.push(v.SESSION_KIND, "ADDED", at("0", 9, "2026-01-01T00:00:00Z"))
+    kube.push(v.SESSION_KIND, "MODIFIED", at("b1", 10, "2026-01-01T00:00:02Z"))  # annotated
+    kube.push(v.SESSION_KIND, "MODIFIED", at("c", 11, "2026-01-01T00:00:03Z", "other"))
+    kube.push(v.SESSION_KIND, "DELETED", at("a", 12, "2026-01-01T00:00:01Z"))
+    wait_for(lambda: [s.name for s in c.sessions_of(NS, "java")] == ["0", "b1", "b2"],
+             timeout=5)
+    assert [s.name for s in c.sessions_of(NS, "other")] == ["c"]
+
+
 def test_sessions_are_indexed_by_user_as_oauth2_proxy_compares_users(make_cache) -> None:
     """Issue #27: ``A@B.C`` and ``a@b.c`` are one user to oauth2-proxy, and so to the
     sessions-per-user limit; the index follows a change of spec.user too."""

@@ -29,6 +29,7 @@ versions that caused it (`wait_fresh`), so it cannot miss them either.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -155,7 +156,9 @@ class ClusterCache:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._sessions: dict[tuple[str, str], Session] = {}
-        self._by_appdef: dict[tuple[str, str], set[str]] = {}
+        # Each AppDefinition's Sessions in claim order, (creationTimestamp, name), kept
+        # sorted as they change: the waiting order is read off it, not sorted per claim.
+        self._by_appdef: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self._by_user: dict[tuple[str, str], set[str]] = {}
         self._holders: dict[str, set[tuple[str, str]]] = {}
         # Session uid -> (namespace, kind, name) of every pool object referencing it: what a
@@ -238,9 +241,11 @@ class ClusterCache:
             return self._sessions.get((namespace, name))
 
     def sessions_of(self, namespace: str, appdef: str) -> list[Session]:
+        """The AppDefinition's Sessions in claim order, (creationTimestamp, name): the
+        waiting order (`warmpool.pool.claim.waiting_sessions`), kept as they change."""
         with self._lock:
-            names = self._by_appdef.get((namespace, appdef), ())
-            return [self._sessions[(namespace, n)] for n in names
+            ordered = self._by_appdef.get((namespace, appdef), ())
+            return [self._sessions[(namespace, n)] for _, n in ordered
                     if (namespace, n) in self._sessions]
 
     def sessions_of_user(self, namespace: str, user: str) -> list[Session]:
@@ -554,18 +559,25 @@ class ClusterCache:
     def _index_session(self, event_type: str, ns: str, name: str, obj: Obj) -> None:
         previous = self._sessions.pop((ns, name), None)
         if previous is not None:
-            for index, value in ((self._by_appdef, previous.appdef),
-                                 (self._by_user, user_key(previous.user))):
-                names = index.get((ns, value))
-                if names is not None:
-                    names.discard(name)
-                    if not names:
-                        del index[(ns, value)]
+            ordered = self._by_appdef.get((ns, previous.appdef))
+            if ordered is not None:
+                entry = (previous.created, name)
+                i = bisect.bisect_left(ordered, entry)
+                if i < len(ordered) and ordered[i] == entry:
+                    del ordered[i]
+                if not ordered:
+                    del self._by_appdef[(ns, previous.appdef)]
+            names = self._by_user.get((ns, user_key(previous.user)))
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self._by_user[(ns, user_key(previous.user))]
         if event_type == DELETED:
             return
         session = parse_session(obj)
         self._sessions[(ns, name)] = session
-        self._by_appdef.setdefault((ns, session.appdef), set()).add(name)
+        bisect.insort(self._by_appdef.setdefault((ns, session.appdef), []),
+                      (session.created, name))
         self._by_user.setdefault((ns, user_key(session.user)), set()).add(name)
 
     def _index_holders(

@@ -204,6 +204,9 @@ def waiting_sessions(facts: PoolFacts, index: HolderIndex) -> list[Session]:
 
     A Session holds something when an external Service references it (`HolderIndex.of`);
     its annotation does not count. One the Java operator started lazily waits for nothing.
+    A worker's cache hands the Sessions over in this order already (`ClusterCache.
+    sessions_of` keeps each AppDefinition's sorted as they change), so the sort is a
+    linear pass there; other readers' lists are sorted here.
     """
     return sorted(
         (s for s in index.live.values()
