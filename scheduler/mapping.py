@@ -21,7 +21,8 @@ Rules (see the README of the scheduler in ``scheduler/__init__.py``):
   ``SessionKey`` and, if annotated, its ``InstanceKey``.
 - HTTPRoute: a Session's route (Theia Cloud's session labels) -> the ``InstanceKey`` of each
   instance it sends to (before and after), under its Session's AppDefinition, else that
-  Session's ``SessionKey``; any other route (a shared one) -> the ``PoolKey`` of each
+  Session's ``SessionKey`` (unless deleted: a Session unknown here is gone or not yet seen,
+  and a route holds nothing); any other route (a shared one) -> the ``PoolKey`` of each
   AppDefinition whose ``spec.ingressname`` names it (its claims wait for it).
 - Ingress (upstream's mode) added or deleted -> the ``PoolKey`` of each AppDefinition naming
   it. Its modifications map to nothing: the workers edit it for every claim and release,
@@ -209,7 +210,7 @@ def keys_for(
     if kind in POOL_KIND_NAMES:
         return _pool_object_keys(kind, ns, event_type, obj, old_obj, session_appdef_of)
     if kind == ROUTE:
-        return _route_keys(ns, obj, old_obj, session_appdef_of, routed_by)
+        return _route_keys(ns, event_type, obj, old_obj, session_appdef_of, routed_by)
     if kind == SCHEDULE:
         return _unique(PoolKey(ns, a) for o in (obj, old_obj)
                        if (a := schedule_appdef(o)) is not None)
@@ -220,7 +221,7 @@ def keys_for(
 
 
 def _route_keys(
-    ns: str, obj: Obj, old: Obj | None, lookup: SessionAppdef | None,
+    ns: str, event_type: str, obj: Obj, old: Obj | None, lookup: SessionAppdef | None,
     routed_by: RoutedBy | None,
 ) -> list[Key]:
     name = name_of(obj)
@@ -235,8 +236,12 @@ def _route_keys(
         appdef = _named(lookup(ns, session)) if lookup is not None else None
         if appdef and ids:
             keys += [InstanceKey(ns, appdef, k) for k in ids]
-        else:
+        elif appdef or event_type != DELETED:
             keys.append(SessionKey(ns, session))
+        # A deleted route of a Session this scheduler does not know: the garbage collector
+        # removing a deleted Session's route (or the Session not seen yet, whose own event
+        # queues its claim). Nothing to do either way: a route holds nothing, and its
+        # Session's key ran for the Session's deletion (issue #28: a release ran 3 times).
     return _unique(keys)
 
 

@@ -342,3 +342,28 @@ def test_appdef_names_of_stubs() -> None:
     assert appdef_names("Session", summarize("Session", session(appdef_name=None))) == set()
     assert appdef_names("ConfigMap", summarize("ConfigMap", pool_obj(refs=[ad_ref("z"),
                                                                         s_ref()]))) == {"z"}
+
+
+def session_route(session: str = "s1") -> dict[str, Any]:
+    return {"kind": v.ROUTE_KIND, "metadata": {
+        "name": f"{session}-route", "namespace": "ns1", "resourceVersion": "9",
+        "labels": {v.LABEL_COMPONENT: "session", v.LABEL_PART_OF: "theia-cloud"},
+        "ownerReferences": [{"apiVersion": v.SESSION_API_VERSION, "kind": v.SESSION_KIND,
+                             "name": session, "uid": "u-1"}]},
+        "spec": {"rules": [{"backendRefs": [{"name": "instance-2-java-ext"}]}]}}
+
+
+@pytest.mark.parametrize("event", ["ADDED", "MODIFIED", "DELETED"])
+def test_a_session_route_maps_to_the_instances_it_sends_to(event: str) -> None:
+    keys = keys_for(v.ROUTE_KIND, event, session_route(), None,
+                    session_appdef_of=lambda ns, n: "java")
+    assert keys == [InstanceKey("ns1", "java", 2)]
+
+
+def test_a_route_of_an_unknown_session_maps_to_its_claim_unless_deleted() -> None:
+    """Issue #28: the garbage collector deletes a deleted Session's route after it; the
+    Session's key had run for the deletion already, and a route holds nothing."""
+    unknown = {"session_appdef_of": lambda ns, n: None}
+    assert keys_for(v.ROUTE_KIND, "ADDED", session_route(), None, **unknown) == [
+        SessionKey("ns1", "s1")]
+    assert keys_for(v.ROUTE_KIND, "DELETED", session_route(), None, **unknown) == []
