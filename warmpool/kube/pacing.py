@@ -1,0 +1,226 @@
+"""Bulk writes yield to claims at the API server (issue #28, deliverable 3).
+
+A claim is a user waiting; a scale-down delete, a refill or a generation refresh is not. The
+queue already takes claims first (their own dramatiq queue, consumed first, at a higher
+priority), but that only orders the jobs: once a claim runs, its writes meet the API server
+with every bulk job's writes in flight on the other threads and processes. During a
+1,000 -> 100 scale-down 2 x 8 threads of deletes keep the API server (and the 2 cores) busy,
+and a claim's five round trips each queue behind them.
+
+So while claims wait (queued, prefetched or running anywhere), each write of a bulk job first
+takes a token from a bucket that refills at `rate` writes/s per worker process; with no claim
+waiting, bulk writes go at full speed and take nothing. Why a token bucket in the client, and
+not API Priority and Fairness or separate connection pools:
+
+- Separate pools: the workers' HTTP pool (`warmpool.kube.api.CONNECTIONS`, 64) is never what
+  a claim waits for (2 x 8 job threads and their fan-out stay well under it); the queue a
+  claim waits in is the API server's and the machine's CPU, which a second pool leaves full.
+- APF: it orders requests only once they exceed a priority level's concurrency share, which
+  the server sizes from its max-inflight limits (400 by default), far above what 16 threads
+  send; and the CPU the bulk requests cost (the apiserver, etcd, the garbage collector their
+  deletes set off) is spent whichever queue they wait in. Lowering the bulk identity's share
+  would need server flags a Theia Cloud operator does not own. The bucket needs nothing.
+- A bucket per process, not one cluster-wide in Redis: the rate is per process, so the total
+  scales with the workers deployed, which is how the API server's load scales anyway; a shared
+  bucket would add a Redis round trip to every bulk write for an exactness nothing needs.
+
+The wait is bounded two ways, so a scale-down always finishes: the bucket refills at a
+positive rate (claims never starve bulk work, they slow it), and no single write waits more
+than `max_wait` (then it goes regardless). While it waits the job holds its key's lease, which
+a separate thread renews (`warmpool.queue.jobs`); the executor checks the lease again after
+the wait, right before the write (`Executor.apply`), as it does before every run of writes.
+
+Why a stale decision is safe: the pacer only decides *when* a write is sent, never whether or
+what. A write delayed past a change in the world is refused by its precondition (the
+resourceVersion, uid or must-not-exist it carries) and the job reads again; a claim count read
+up to `poll` seconds ago only makes one write wait a little longer, or go a little sooner,
+than it would with a perfect count.
+
+The decision (`TokenBucket.take`) is pure, on an injected clock; `ClaimWatch` reads the claim
+count from Redis (at most once per `poll` per process, cached); `Pacer` joins them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+#: The setting: bulk writes per second per worker process while claims wait; `off`: no pacing.
+PACE_SETTING = "WARMPOOL_BULK_PACE"
+#: Its default (see `docs/benchmarks.md`, row `3 bulk pacing`, for the measurements).
+DEFAULT_RATE = 20.0
+#: Writes a bulk job may make at once after a quiet spell (the bucket's depth).
+BURST = 4.0
+#: No bulk write waits longer than this for a token: a scale-down always moves.
+MAX_WAIT = 2.0
+#: How old the claim count may get before a process reads it again.
+POLL = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class PacingSettings:
+    """`rate` None: pacing is off (every write goes at once: the baseline)."""
+
+    rate: float | None = DEFAULT_RATE
+    burst: float = BURST
+    max_wait: float = MAX_WAIT
+    poll: float = POLL
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> PacingSettings:
+        raw = environ.get(PACE_SETTING, "").strip().lower()
+        if not raw:
+            return cls()
+        if raw == "off":
+            return cls(rate=None)
+        try:
+            rate = float(raw)
+        except ValueError:
+            rate = -1.0
+        if not rate > 0 or rate == float("inf"):
+            raise ValueError(f"{PACE_SETTING} must be `off` or writes/s > 0, got {raw!r}")
+        return cls(rate=rate)
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """A token bucket that only counts while claims wait. Not thread-safe (`Pacer` locks).
+
+    `take(now, pressed)` decides one write: 0.0 means send it now (a token was taken, or no
+    claim waits and none is needed); a positive number is how long to wait before asking
+    again. Tokens accrue at `rate` up to `burst`, also while no claim waits, so the first
+    writes after claims appear go at once (a bulk job's few writes in a row) and then at
+    `rate`."""
+
+    rate: float
+    burst: float
+    tokens: float = field(init=False)
+    stamp: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.rate > 0 or not self.burst >= 1:
+            raise ValueError(f"a bucket needs rate > 0 and burst >= 1, got {self.rate}, "
+                             f"{self.burst}")
+        self.tokens = self.burst
+
+    def _refill(self, now: float) -> None:
+        if self.stamp is not None and now > self.stamp:
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        if self.stamp is None or now > self.stamp:
+            self.stamp = now
+
+    def take(self, now: float, pressed: bool) -> float:
+        self._refill(now)
+        if not pressed:
+            return 0.0
+        if self.tokens >= 1.0 - _EPSILON:  # a token accrued in float steps counts whole
+            self.tokens = max(0.0, self.tokens - 1.0)
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+_EPSILON = 1e-9
+
+Count = Callable[[], int]
+
+
+class ClaimWatch:
+    """How many claims wait, cluster-wide, as of at most `poll` seconds ago.
+
+    `count` reads it (`redis_claim_count`); it is called by one thread at a time, the others
+    use the cached value meanwhile. A failed read counts as none (pacing is an optimisation:
+    a Redis hiccup must not stall bulk work), logged once per failure streak."""
+
+    def __init__(self, count: Count, poll: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._count, self._poll, self._clock = count, poll, clock
+        self._lock = threading.Lock()
+        self._value = 0
+        self._read_at: float | None = None
+        self._failing = False
+
+    def waiting(self) -> int:
+        now = self._clock()
+        if self._read_at is not None and now - self._read_at < self._poll - _EPSILON:
+            return self._value
+        if not self._lock.acquire(blocking=False):
+            return self._value  # another thread is reading it
+        try:
+            try:
+                self._value = self._count()
+                self._failing = False
+            except Exception:
+                if not self._failing:
+                    log.warning("reading the claims waiting failed; bulk writes unpaced "
+                                "until it works again", exc_info=True)
+                self._failing = True
+                self._value = 0
+            self._read_at = self._clock()
+            return self._value
+        finally:
+            self._lock.release()
+
+
+@dataclass
+class PacerStats:
+    """What the pacer did in this process (a benchmark's and a test's evidence)."""
+
+    free: int = 0  # writes sent with no claim waiting
+    paced: int = 0  # writes sent on a token while claims waited
+    waits: int = 0  # of `paced`, those that waited for their token
+    overdue: int = 0  # writes sent after `max_wait` without a token
+    waited: float = 0.0  # seconds spent waiting, all writes
+
+
+class Pacer:
+    """Where a bulk job's writes wait while claims do (`admit`, before each write)."""
+
+    def __init__(self, settings: PacingSettings, watch: ClaimWatch,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if settings.rate is None:
+            raise ValueError("pacing is off: make no Pacer")
+        self.settings = settings
+        self.watch = watch
+        self._bucket = TokenBucket(settings.rate, settings.burst)
+        self._lock = threading.Lock()
+        self._clock, self._sleep = clock, sleep
+        self.stats = PacerStats()
+
+    def admit(self, writes: int = 1) -> None:
+        """Return once `writes` bulk writes may be sent: at once when no claim waits, else
+        one token each, waiting for them at most `max_wait` in all (then anyway)."""
+        start = self._clock()
+        deadline = start + self.settings.max_wait
+        for _ in range(writes):
+            slept = False
+            while True:
+                pressed = self.watch.waiting() > 0
+                now = self._clock()
+                with self._lock:
+                    wait = self._bucket.take(now, pressed)
+                if wait <= 0.0:
+                    self._count(pressed, slept)
+                    break
+                if now >= deadline:
+                    with self._lock:
+                        self.stats.overdue += 1
+                    break
+                # Short naps: a claim that is served ends the wait at the next poll.
+                self._sleep(min(wait, self.settings.poll, deadline - now))
+                slept = True
+        with self._lock:
+            self.stats.waited += self._clock() - start
+
+    def _count(self, pressed: bool, slept: bool) -> None:
+        with self._lock:
+            if not pressed:
+                self.stats.free += 1
+            else:
+                self.stats.paced += 1
+                self.stats.waits += slept
