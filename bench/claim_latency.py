@@ -483,8 +483,8 @@ class ClaimBench:
     isolated: list[IsolatedClaims] = field(default_factory=list)
     build: list[str] = field(default_factory=list)
     profile: list[str] = field(default_factory=list)
-    #: the bulk pacing comparison: (WARMPOOL_BULK_PACE, rate) -> its churn
-    pacing: dict[tuple[str, float], ChurnResult] = field(default_factory=dict)
+    #: the bulk pacing comparison, in the order run: (WARMPOOL_BULK_PACE, rate, its churn)
+    pacing: list[tuple[str, float, ChurnResult]] = field(default_factory=list)
 
 
 def build_pool(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, instances: int,
@@ -623,7 +623,8 @@ def pacing_runs(m: _Measured, out: ClaimBench, instances: int, small: int,
     """Bulk pacing on and off (issue #28, deliverable 3): at each rate, the same churn during
     instances -> small once per `WARMPOOL_BULK_PACE` value (`off`: the baseline), the workers
     restarted with it and the pool grown back to `instances` before each; variants alternate
-    within a rate so a drift of the machine does not favour one. A scale-down still under
+    within a rate so a drift of the machine does not favour one (a value may be given twice,
+    to see the run-to-run spread). A scale-down still under
     way when the Sessions are all served is followed for `finish` s more."""
     grown = True  # the pool was just built at `instances`
     for rate in rates:
@@ -632,8 +633,8 @@ def pacing_runs(m: _Measured, out: ClaimBench, instances: int, small: int,
             if not grown:
                 regrow(m.direct, m.ns, m.stack, m.counter, instances, small, timeout)
             say(f"claim pacing {variant}: {rate:g} Sessions/s during {instances}→{small}")
-            out.pacing[(variant, rate)] = m.churn(small, rate, window,
-                                                  f"p{variant}-{rate:g}", finish=finish)
+            out.pacing.append((variant, rate, m.churn(small, rate, window,
+                                                      f"p{variant}-{rate:g}", finish=finish)))
             grown = False
 
 
@@ -641,7 +642,7 @@ def pacing_rows(out: ClaimBench, instances: int, small: int) -> list[Row]:
     """A row per (pacing, rate): the claims' latency, the scale-down's duration, and the
     API traffic and CPU of the window."""
     rows = []
-    for (variant, rate), res in out.pacing.items():
+    for variant, rate, res in out.pacing:
         note = (f"WARMPOOL_BULK_PACE={variant}; {res.job_times}; load {res.load}; "
                 f"controller {res.controller_ms():.0f} ms / Session served; CPU by process, "
                 f"ms / Session served: {_by_role_per(res) or 'n/a'}")
