@@ -198,7 +198,7 @@ _BASE: tuple[Setting, ...] = (
             "a temporary directory", ("worker",),
             "Where the worker processes write their metrics for the host's endpoint.",
             flag="--metrics-dir"),
-    Setting("WARMPOOL_BULK_PACE", "Workers", "`off` or writes per second > 0", "`20`",
+    Setting("WARMPOOL_BULK_PACE", "Workers", "`off` or writes per second > 0", "`8`",
             ("worker",),
             "While claims wait (queued, prefetched or running on any worker), each write of "
             "bulk work (scale-down deletes, refills, generation refreshes) takes a token from "

@@ -9,20 +9,35 @@ and a claim's five round trips each queue behind them.
 
 So while claims wait (queued, prefetched or running anywhere), each write of a bulk job first
 takes a token from a bucket that refills at `rate` writes/s per worker process; with no claim
-waiting, bulk writes go at full speed and take nothing. Why a token bucket in the client, and
-not API Priority and Fairness or separate connection pools:
+waiting, bulk writes go at full speed and take nothing.
 
-- Separate pools: the workers' HTTP pool (`warmpool.kube.api.CONNECTIONS`, 64) is never what
-  a claim waits for (2 x 8 job threads and their fan-out stay well under it); the queue a
-  claim waits in is the API server's and the machine's CPU, which a second pool leaves full.
-- APF: it orders requests only once they exceed a priority level's concurrency share, which
-  the server sizes from its max-inflight limits (400 by default), far above what 16 threads
-  send; and the CPU the bulk requests cost (the apiserver, etcd, the garbage collector their
-  deletes set off) is spent whichever queue they wait in. Lowering the bulk identity's share
-  would need server flags a Theia Cloud operator does not own. The bucket needs nothing.
+Why this rate (measured, `python -m bench claim --pacing off,8,20`, 350 -> 100 under 6
+Sessions/s, 2 x 8 workers, each variant twice, interleaved; docs/benchmarks.md "Bulk
+pacing"): unpaced, the scale-down sends about 25 writes/s in all, so 20/s per process (40 in
+all) paced nothing and changed nothing measurable (claim jobs p50 859 / 416 ms against
+616 / 242 ms unpaced). At 8/s per process the claim jobs' p50 fell to 39 / 13 ms (their writes
+no longer queue), at a cost of 7-11 s on a 50-70 s scale-down. What the end-to-end p99 is made
+of on that machine (claim jobs' own p99 of 3-4 s, claims waiting for a job thread) is not
+bulk writes, and pacing does not move it.
+
+Why a token bucket in the client, and not the others considered:
+
+- Separate connection pools: not measured, because a claim never waits for a connection.
+  The workers' pool (`warmpool.kube.api.CONNECTIONS`, 64 per host) does not block when it
+  is full (urllib3 opens and drops an extra one), and a process uses at most its 8 job
+  threads plus the executor's 32 fan-out threads. The queue a claim waits in is the API
+  server's CPU, which a second pool leaves as full.
+- API Priority and Fairness with two identities: not measured. APF queues a request only
+  once its priority level's concurrency share is used up; the shares come from the server's
+  max-inflight limits (600 in all by default), far above the 2 x 40 requests these workers
+  can have in flight, so nothing would queue. Making bulk work wait would take a
+  PriorityLevelConfiguration with a tiny share and a FlowSchema for a second ServiceAccount:
+  cluster-admin objects and a second credential in every worker, where the bucket needs
+  nothing; and the CPU the bulk requests cost (apiserver, etcd, the garbage collector their
+  deletes set off) is spent whichever queue they wait in.
 - A bucket per process, not one cluster-wide in Redis: the rate is per process, so the total
   scales with the workers deployed, which is how the API server's load scales anyway; a shared
-  bucket would add a Redis round trip to every bulk write for an exactness nothing needs.
+  bucket would add a Redis round trip to every bulk write for an exactness nothing here needs.
 
 The wait is bounded two ways, so a scale-down always finishes: the bucket refills at a
 positive rate (claims never starve bulk work, they slow it), and no single write waits more
@@ -52,8 +67,9 @@ log = logging.getLogger(__name__)
 
 #: The setting: bulk writes per second per worker process while claims wait; `off`: no pacing.
 PACE_SETTING = "WARMPOOL_BULK_PACE"
-#: Its default (see `docs/benchmarks.md`, row `3 bulk pacing`, for the measurements).
-DEFAULT_RATE = 20.0
+#: Its default: below the ~25 writes/s an unpaced scale-down sends in all (the module's
+#: docstring says what was measured).
+DEFAULT_RATE = 8.0
 #: Writes a bulk job may make at once after a quiet spell (the bucket's depth).
 BURST = 4.0
 #: No bulk write waits longer than this for a token: a scale-down always moves.
