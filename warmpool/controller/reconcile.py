@@ -36,7 +36,6 @@ from warmpool.pool.actions import (
     AnnotateSession,
     Create,
     Delete,
-    ProbeUrl,
     Report,
     ResetPods,
     SetSessionStatus,
@@ -112,17 +111,10 @@ def _known_holders(
     return found
 
 
-def _writes(actions: list[Action]) -> int:
-    """The API writes a plan sends (a URL probe is not one): the tokens it takes."""
-    return sum(1 for a in actions if not isinstance(a, ProbeUrl))
-
-
-def _paced(pacer: Pacer | None, key: InstanceKey, plan: Plan) -> float:
-    """How long a plan must wait for `pacer` (0.0: send it now). Only bulk work yields to
-    claims: a plan for an instance nobody holds or held (see `reconcile_instance`)."""
-    if pacer is None or plan.holder is not None or plan.released:
-        return 0.0
-    return pacer.reserve(str(key), _writes(plan.actions))
+def _bulk(plan: Plan) -> bool:
+    """Whether a plan is bulk work, the kind that yields to claims: nobody holds or held the
+    instance (see `reconcile_instance`'s `pacer`)."""
+    return plan.holder is None and not plan.released
 
 
 def reconcile_instance(
@@ -131,12 +123,11 @@ def reconcile_instance(
 ) -> Result:
     """Converge instance `key` to its desired state (pool-spec §4), including a release.
     `prober`: the process's URL probe, handed the holder's URL to watch (session-lifecycle
-    §2); None: no probe is started from here (tools, the sequential driver). `pacer`: asked
-    before a bulk plan (a create, a scale-down's deletes, a generation refresh) is sent while
-    claims wait (`warmpool.kube.pacing`); with no token the plan is not sent and the result is
-    DEFERRED until one is due (its key runs again then and decides again). A plan for a
-    holder (completing or repairing a claim) is a claim's work, and a release comes at the
-    claims' own rate and gives an instance back: neither is paced.
+    §2); None: no probe is started from here (tools, the sequential driver). `pacer`: where
+    the writes of bulk plans (a create, a scale-down's deletes, a generation refresh) wait
+    while claims do (`warmpool.kube.pacing`). A plan for a holder (completing or repairing a
+    claim) is a claim's work, and a release comes at the claims' own rate and gives an
+    instance back: neither is paced.
 
     The result's follow-ups are the claims to offer capacity to: the oldest waiting
     Sessions, as many as are free now."""
@@ -187,10 +178,8 @@ def reconcile_instance(
             plan = dataclasses.replace(plan, actions=[
                 a for a in plan.actions
                 if not (isinstance(a, ResetPods) and a.app_selector in reset)])
-        if (wait := _paced(pacer, key, plan)) > 0:
-            return Result(Outcome.DEFERRED, written={str(key): written}, requeue_after=wait,
-                          message="bulk work yields to the claims waiting")
-        executor = Executor(kube, ns, guard, sink=reader, prober=prober)
+        executor = Executor(kube, ns, guard, sink=reader, prober=prober,
+                            pacer=pacer if _bulk(plan) else None)
         try:
             executor.apply(plan.actions)
         except RouteWriteFailed as exc:

@@ -7,18 +7,9 @@ with every bulk job's writes in flight on the other threads and processes. Durin
 1,000 -> 100 scale-down 2 x 8 threads of deletes keep the API server (and the 2 cores) busy,
 and a claim's five round trips each queue behind them.
 
-So while claims wait (queued, prefetched or running anywhere), a bulk plan reserves one token
-per write from a bucket that refills at `rate` writes/s per worker process before it sends
-anything; with no token it writes nothing and gives its key back, to run again when the next
-token is due (`Pacer.reserve`). With no claim waiting, bulk plans take no tokens and go at
-full speed. A plan that got its tokens sends all its writes at once (the bucket goes into
-debt for them), so the rate holds over time and no job thread ever sleeps.
-
-Why give the key back rather than sleep in the job: a first version slept before each bulk
-write, and a sleeping bulk job holds one of the process's 8 job threads, which is what a
-prefetched claim waits for. At 3 Sessions/s during 350 -> 100 it made claims' p99 worse
-(2.00 s against 1.56 s unpaced, p50 equal at 0.64 s) and the scale-down slower (47 s against
-28 s): a claim found every thread asleep on a token.
+So while claims wait (queued, prefetched or running anywhere), each write of a bulk job first
+takes a token from a bucket that refills at `rate` writes/s per worker process; with no claim
+waiting, bulk writes go at full speed and take nothing.
 
 Why this rate (measured, `python -m bench claim --pacing off,8,20`, 350 -> 100 under 6
 Sessions/s, 2 x 8 workers, each variant twice, interleaved; docs/benchmarks.md "Bulk
@@ -49,19 +40,19 @@ Why a token bucket in the client, and not the others considered:
   bucket would add a Redis round trip to every bulk write for an exactness nothing here needs.
 
 The wait is bounded two ways, so a scale-down always finishes: the bucket refills at a
-positive rate (claims never starve bulk work, they slow it), and a key this process has sent
-back for `max_wait` seconds goes regardless the next time it asks. Nothing waits while holding
-a lease: the key is given back with its lease, and its next run reads and decides again.
+positive rate (claims never starve bulk work, they slow it), and no single write waits more
+than `max_wait` (then it goes regardless). While it waits the job holds its key's lease, which
+a separate thread renews (`warmpool.queue.jobs`); the executor checks the lease again after
+the wait, right before the write (`Executor.apply`), as it does before every run of writes.
 
-Why a stale decision is safe: the pacer only decides *when* a plan is sent, never whether or
-what. A plan given back is decided again from a fresh read on its next run; a plan sent after
-its tokens carries its preconditions (resourceVersion, uid or must-not-exist) as every write
-does, so a world changed meanwhile refuses it and the job reads again. A claim count read up
-to `poll` seconds ago only makes one plan wait a little longer, or go a little sooner, than
-a perfect count would.
+Why a stale decision is safe: the pacer only decides *when* a write is sent, never whether or
+what. A write delayed past a change in the world is refused by its precondition (the
+resourceVersion, uid or must-not-exist it carries) and the job reads again; a claim count read
+up to `poll` seconds ago only makes one write wait a little longer, or go a little sooner,
+than it would with a perfect count.
 
-The decision (`TokenBucket.reserve`) is pure, on an injected clock; `ClaimWatch` reads the
-claim count from Redis (at most once per `poll` per process, cached); `Pacer` joins them.
+The decision (`TokenBucket.take`) is pure, on an injected clock; `ClaimWatch` reads the claim
+count from Redis (at most once per `poll` per process, cached); `Pacer` joins them.
 """
 
 from __future__ import annotations
@@ -81,7 +72,7 @@ PACE_SETTING = "WARMPOOL_BULK_PACE"
 DEFAULT_RATE = 8.0
 #: Writes a bulk job may make at once after a quiet spell (the bucket's depth).
 BURST = 4.0
-#: No bulk key is sent back for longer than this (per process): a scale-down always moves.
+#: No bulk write waits longer than this for a token: a scale-down always moves.
 MAX_WAIT = 2.0
 #: How old the claim count may get before a process reads it again.
 POLL = 0.05
@@ -116,16 +107,14 @@ class PacingSettings:
 class TokenBucket:
     """A token bucket that only counts while claims wait. Not thread-safe (`Pacer` locks).
 
-    `reserve(now, pressed, n)` decides one plan of `n` writes: 0.0 means send it now (its
-    tokens were taken, or no claim waits and none are needed); a positive number is how long
-    until a token is due, to ask again then. A plan needs one whole token to start and then
-    takes all `n`, into debt if it must: later plans wait for the debt to be paid, so over
-    time writes go at `rate`. Tokens accrue up to `burst`, also while no claim waits, so
-    the first plan after claims appear goes at once."""
+    `take(now, pressed)` decides one write: 0.0 means send it now (a token was taken, or no
+    claim waits and none is needed); a positive number is how long to wait before asking
+    again. Tokens accrue at `rate` up to `burst`, also while no claim waits, so the first
+    writes after claims appear go at once (a bulk job's few writes in a row) and then at
+    `rate`."""
 
     rate: float
     burst: float
-    floor: float = -float("inf")  # the deepest debt (`Pacer`: `max_wait` seconds of refill)
     tokens: float = field(init=False)
     stamp: float | None = None
 
@@ -141,19 +130,14 @@ class TokenBucket:
         if self.stamp is None or now > self.stamp:
             self.stamp = now
 
-    def reserve(self, now: float, pressed: bool, n: int = 1) -> float:
+    def take(self, now: float, pressed: bool) -> float:
         self._refill(now)
         if not pressed:
             return 0.0
         if self.tokens >= 1.0 - _EPSILON:  # a token accrued in float steps counts whole
-            self.charge(n)
+            self.tokens = max(0.0, self.tokens - 1.0)
             return 0.0
         return (1.0 - self.tokens) / self.rate
-
-    def charge(self, n: int) -> None:
-        """Take `n` tokens, into debt if need be (a plan sent without waiting for them), no
-        deeper than `floor`: a debt is never more than a bounded wait to pay off."""
-        self.tokens = max(self.tokens - n, self.floor)
 
 
 _EPSILON = 1e-9
@@ -164,9 +148,9 @@ Count = Callable[[], int]
 class ClaimWatch:
     """How many claims wait, cluster-wide, as of at most `poll` seconds ago.
 
-    `count` reads it (`warmpool.queue.claims.ClaimCount`); one thread at a time calls it,
-    the others use the cached value meanwhile. A failed read counts as none (pacing is an
-    optimisation: a Redis hiccup must not stall bulk work), logged once per failure streak."""
+    `count` reads it (`redis_claim_count`); it is called by one thread at a time, the others
+    use the cached value meanwhile. A failed read counts as none (pacing is an optimisation:
+    a Redis hiccup must not stall bulk work), logged once per failure streak."""
 
     def __init__(self, count: Count, poll: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -202,59 +186,57 @@ class ClaimWatch:
 class PacerStats:
     """What the pacer did in this process (a benchmark's and a test's evidence)."""
 
-    free: int = 0  # plans sent with no claim waiting
-    paced: int = 0  # plans sent on their tokens while claims waited
-    writes: int = 0  # the writes of `paced` (the tokens they took)
-    deferred: int = 0  # times a plan was given back to wait for a token
-    overdue: int = 0  # plans sent after `max_wait` of deferrals, their tokens taken as debt
-
-
-#: Above this many keys waiting for a token, those waiting longer than `max_wait` are dropped
-#: from the record (a key that never came back: its instance is gone, or another process has it).
-_SINCE_CAP = 1024
+    free: int = 0  # writes sent with no claim waiting
+    paced: int = 0  # writes sent on a token while claims waited
+    waits: int = 0  # of `paced`, those that waited for their token
+    overdue: int = 0  # writes sent after `max_wait` without a token
+    waited: float = 0.0  # seconds spent waiting, all writes
 
 
 class Pacer:
-    """Whether a bulk plan may be sent now (`reserve`), per worker process, thread-safe."""
+    """Where a bulk job's writes wait while claims do (`admit`, before each write)."""
 
     def __init__(self, settings: PacingSettings, watch: ClaimWatch,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         if settings.rate is None:
             raise ValueError("pacing is off: make no Pacer")
         self.settings = settings
         self.watch = watch
-        self._bucket = TokenBucket(settings.rate, settings.burst,
-                                   floor=-settings.rate * settings.max_wait)
+        self._bucket = TokenBucket(settings.rate, settings.burst)
         self._lock = threading.Lock()
-        self._clock = clock
-        self._since: dict[str, float] = {}  # key -> when this process first sent it back
+        self._clock, self._sleep = clock, sleep
         self.stats = PacerStats()
 
-    def reserve(self, key: str, writes: int) -> float:
-        """0.0: send the plan of `key` (`writes` writes) now; else the seconds until a token
-        is due, after which the key should run again (its plan is not sent)."""
-        if writes <= 0:
-            return 0.0
-        pressed = self.watch.waiting() > 0
-        now = self._clock()
+    def admit(self, writes: int = 1) -> None:
+        """Return once `writes` bulk writes may be sent: at once when no claim waits, else
+        one token each, waiting for them at most `max_wait` in all (then anyway)."""
+        start = self._clock()
+        deadline = start + self.settings.max_wait
+        for _ in range(writes):
+            slept = False
+            while True:
+                pressed = self.watch.waiting() > 0
+                now = self._clock()
+                with self._lock:
+                    wait = self._bucket.take(now, pressed)
+                if wait <= 0.0:
+                    self._count(pressed, slept)
+                    break
+                if now >= deadline:
+                    with self._lock:
+                        self.stats.overdue += 1
+                    break
+                # Short naps: a claim that is served ends the wait at the next poll.
+                self._sleep(min(wait, self.settings.poll, deadline - now))
+                slept = True
         with self._lock:
-            wait = self._bucket.reserve(now, pressed, writes)
-            if wait <= 0.0:
-                self._since.pop(key, None)
-                if pressed:
-                    self.stats.paced += 1
-                    self.stats.writes += writes
-                else:
-                    self.stats.free += 1
-                return 0.0
-            first = self._since.setdefault(key, now)
-            if now - first >= self.settings.max_wait:
-                del self._since[key]
-                self._bucket.charge(writes)
-                self.stats.overdue += 1
-                return 0.0
-            self.stats.deferred += 1
-            if len(self._since) > _SINCE_CAP:
-                self._since = {k: t for k, t in self._since.items()
-                               if now - t < self.settings.max_wait}
-            return wait
+            self.stats.waited += self._clock() - start
+
+    def _count(self, pressed: bool, slept: bool) -> None:
+        with self._lock:
+            if not pressed:
+                self.stats.free += 1
+            else:
+                self.stats.paced += 1
+                self.stats.waits += slept
