@@ -80,7 +80,7 @@ def test_a_bucket_that_could_starve_is_refused(rate: float, burst: float) -> Non
 # --- the setting ---------------------------------------------------------------------------
 
 def test_the_setting() -> None:
-    assert PacingSettings.from_env({}).rate == 8.0
+    assert PacingSettings.from_env({}).rate is None  # off unless asked for
     assert PacingSettings.from_env({"WARMPOOL_BULK_PACE": "off"}).rate is None
     assert PacingSettings.from_env({"WARMPOOL_BULK_PACE": " 7.5 "}).rate == 7.5
     for bad in ("0", "-3", "fast", "inf", "nan"):

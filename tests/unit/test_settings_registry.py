@@ -91,7 +91,7 @@ CODE_DEFAULTS = {
     "WARMPOOL_MONITOR_TIMEOUT": str(_timeouts.monitor_timeout),
     "WARMPOOL_LOG_LEVEL": logs.DEFAULT_LEVEL,
     "WARMPOOL_LOG_FORMAT": logs.FORMATS[0],
-    "WARMPOOL_BULK_PACE": f"{pacing.DEFAULT_RATE:g}",
+    "WARMPOOL_BULK_PACE": "off" if pacing.PacingSettings().rate is None else "on",
 }
 
 

@@ -11,14 +11,28 @@ So while claims wait (queued, prefetched or running anywhere), each write of a b
 takes a token from a bucket that refills at `rate` writes/s per worker process; with no claim
 waiting, bulk writes go at full speed and take nothing.
 
-Why this rate (measured, `python -m bench claim --pacing off,8,20`, 350 -> 100 under 6
-Sessions/s, 2 x 8 workers, each variant twice, interleaved; docs/benchmarks.md "Bulk
-pacing"): unpaced, the scale-down sends about 25 writes/s in all, so 20/s per process (40 in
-all) paced nothing and changed nothing measurable (claim jobs p50 859 / 416 ms against
-616 / 242 ms unpaced). At 8/s per process the claim jobs' p50 fell to 39 / 13 ms (their writes
-no longer queue), at a cost of 7-11 s on a 50-70 s scale-down. What the end-to-end p99 is made
-of on that machine (claim jobs' own p99 of 3-4 s, claims waiting for a job thread) is not
-bulk writes, and pacing does not move it.
+What was measured (`python -m bench claim --pacing ...`, 2 x 8 workers, on a 2-core machine
+shared with another tenant, load 7-11; docs/benchmarks.md "Bulk pacing"), and why pacing is
+off by default (`WARMPOOL_BULK_PACE=off`):
+
+- 20 writes/s per process changed nothing: unpaced, the scale-down sends about 25 writes/s in
+  all, under the 40 that 2 processes at 20 allow.
+- 8 writes/s per process, at 6 Sessions/s during 350 -> 100, two pairs interleaved with
+  unpaced runs: the claim jobs' own p50 fell from 616 / 242 ms to 39 / 13 ms (their writes
+  no longer queue behind deletes) and the end-to-end p50 from 9.4 / 2.7 s to 7.0 / 1.4 s, but
+  the p99 did not move (22.3 / 8.7 s against 18.4 / 7.5 s) and the scale-down took 7-11 s
+  longer (80 / 59 s against 73 / 49 s). At 3 Sessions/s (one pair) p50 was equal (0.64 s),
+  p99 2.00 s against 1.56 s, the scale-down 47 s against 28 s.
+- Giving a bulk key back instead of sleeping (a plan reserves its tokens up front; no job
+  thread held) was worse on every count at 6/s: 2.5x the instance jobs, claim p99 26 / 31 s
+  against 8 / 10 s, the scale-down 90 / 83 s against 66 / 63 s. It was reverted.
+
+What the p99 is made of there is not bulk writes: sampled during the 6/s churn, all 16 job
+threads ran claims (16 session leases, and the 16 instance leases they take) while the claims
+list grew to ~100 and no instance job ran at all. The claim path's own cost is the limit on
+that machine (issue #28, deliverable 4), and pacing bulk work cannot lower it. The pacer is
+kept, off, so that it can be measured again where the API server, not the claim path, is
+what claims wait for (the 1,000 -> 100 rows of docs/benchmarks.md, on a machine alone).
 
 Why a token bucket in the client, and not the others considered:
 
@@ -67,9 +81,9 @@ log = logging.getLogger(__name__)
 
 #: The setting: bulk writes per second per worker process while claims wait; `off`: no pacing.
 PACE_SETTING = "WARMPOOL_BULK_PACE"
-#: Its default: below the ~25 writes/s an unpaced scale-down sends in all (the module's
-#: docstring says what was measured).
-DEFAULT_RATE = 8.0
+#: The rate measured (below the ~25 writes/s an unpaced scale-down sends in all); not the
+#: default: the default is off (the module's docstring says what was measured).
+MEASURED_RATE = 8.0
 #: Writes a bulk job may make at once after a quiet spell (the bucket's depth).
 BURST = 4.0
 #: No bulk write waits longer than this for a token: a scale-down always moves.
@@ -82,7 +96,7 @@ POLL = 0.05
 class PacingSettings:
     """`rate` None: pacing is off (every write goes at once: the baseline)."""
 
-    rate: float | None = DEFAULT_RATE
+    rate: float | None = None
     burst: float = BURST
     max_wait: float = MAX_WAIT
     poll: float = POLL
