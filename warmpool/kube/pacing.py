@@ -54,10 +54,11 @@ Why a token bucket in the client, and not the others considered:
   bucket would add a Redis round trip to every bulk write for an exactness nothing here needs.
 
 The wait is bounded two ways, so a scale-down always finishes: the bucket refills at a
-positive rate (claims never starve bulk work, they slow it), and no single write waits more
-than `max_wait` (then it goes regardless). While it waits the job holds its key's lease, which
-a separate thread renews (`warmpool.queue.jobs`); the executor checks the lease again after
-the wait, right before the write (`Executor.apply`), as it does before every run of writes.
+positive rate (claims never starve bulk work, they slow it), and no run of writes (one of
+`Executor.apply`'s waves) waits more than `max_wait` in all (then it goes regardless).
+While it waits the job holds its key's lease, which a separate thread renews
+(`warmpool.queue.jobs`); the executor checks the lease again after the wait, right before
+the writes (`Executor.apply`), as it does before every run of writes.
 
 Why a stale decision is safe: the pacer only decides *when* a write is sent, never whether or
 what. A write delayed past a change in the world is refused by its precondition (the
