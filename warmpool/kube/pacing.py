@@ -12,27 +12,27 @@ takes a token from a bucket that refills at `rate` writes/s per worker process; 
 waiting, bulk writes go at full speed and take nothing.
 
 What was measured (`python -m bench claim --pacing ...`, 2 x 8 workers, on a 2-core machine
-shared with another tenant, load 7-11; docs/benchmarks.md "Bulk pacing"), and why pacing is
+shared with another tenant, load 4-11; docs/benchmarks.md "Bulk pacing"), and why pacing is
 off by default (`WARMPOOL_BULK_PACE=off`):
 
+- At 3 Sessions/s during 350 -> 100 (two pairs, on the quieter machine) 8 writes/s per
+  process made claims slower: p50 0.70 s against 0.22-0.30 s, p99 2.3-2.5 s against
+  0.8-1.3 s, the scale-down 46 s against 12-18 s. The claim jobs themselves were no slower;
+  the time went before they started, waiting for a job thread while bulk jobs slept on
+  tokens in every thread (instance jobs' p99 6.1 s against ~1 s).
+- At 6 Sessions/s the claim jobs' own p50 fell 15-20x at 8/s (616 / 242 ms to 39 / 13 ms:
+  their writes no longer queue behind deletes) but the end-to-end p99 did not improve, and
+  the scale-down took 7-11 s longer. There all 16 job threads ran claims while the claims
+  list grew to ~100 (sampled): the claim path's own cost is the limit, not bulk writes.
 - 20 writes/s per process changed nothing: unpaced, the scale-down sends about 25 writes/s in
   all, under the 40 that 2 processes at 20 allow.
-- 8 writes/s per process, at 6 Sessions/s during 350 -> 100, two pairs interleaved with
-  unpaced runs: the claim jobs' own p50 fell from 616 / 242 ms to 39 / 13 ms (their writes
-  no longer queue behind deletes) and the end-to-end p50 from 9.4 / 2.7 s to 7.0 / 1.4 s, but
-  the p99 did not move (22.3 / 8.7 s against 18.4 / 7.5 s) and the scale-down took 7-11 s
-  longer (80 / 59 s against 73 / 49 s). At 3 Sessions/s (one pair) p50 was equal (0.64 s),
-  p99 2.00 s against 1.56 s, the scale-down 47 s against 28 s.
 - Giving a bulk key back instead of sleeping (a plan reserves its tokens up front; no job
   thread held) was worse on every count at 6/s: 2.5x the instance jobs, claim p99 26 / 31 s
   against 8 / 10 s, the scale-down 90 / 83 s against 66 / 63 s. It was reverted.
 
-What the p99 is made of there is not bulk writes: sampled during the 6/s churn, all 16 job
-threads ran claims (16 session leases, and the 16 instance leases they take) while the claims
-list grew to ~100 and no instance job ran at all. The claim path's own cost is the limit on
-that machine (issue #28, deliverable 4), and pacing bulk work cannot lower it. The pacer is
-kept, off, so that it can be measured again where the API server, not the claim path, is
-what claims wait for (the 1,000 -> 100 rows of docs/benchmarks.md, on a machine alone).
+What pacing needs before it can help: job threads bulk work cannot take (claims-only threads
+or processes), so that a bulk job sleeping on a token never stands between a claim and a
+thread. Until then it stays off, kept to be measured again with those.
 
 Why a token bucket in the client, and not the others considered:
 
