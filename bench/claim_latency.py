@@ -303,9 +303,10 @@ class Churn:
 def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, rate: float,
               hold: float, window: float, grace: float, label: str,
               settle: Callable[[], object], proxy: ApiProxy | None = None,
-              cluster: local.ClusterInfo | None = None) -> ChurnResult:
+              cluster: local.ClusterInfo | None = None, finish: float = 0.0) -> ChurnResult:
     """Churn for `window` s, lowering minInstances to `small` 3 s in (None: no scale-down),
-    then wait up to `grace` s for the Sessions not yet served; then delete them all and,
+    then wait up to `grace` s for the Sessions not yet served (and up to `finish` s more for a
+    scale-down still under way, no Session created meanwhile); then delete them all and,
     after `settle()`, check the invariants that hold at all times. With `proxy`, what passed
     through it from the first create to the end of the grace is `traffic`; with `cluster`,
     the LISTs its etcd answered meanwhile are `etcd_lists`."""
@@ -345,6 +346,10 @@ def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, ra
                 break
             time.sleep(0.1)
         res.created, res.served, res.unserved = churn.latencies()
+        deadline = time.monotonic() + finish
+        while gen is not None and res.scale_down is None and time.monotonic() < deadline:
+            watch_scale_down()
+            time.sleep(0.1)
         res.cpu.stop()
         if proxy is not None:
             res.traffic = proxy.traffic() - before
@@ -478,6 +483,8 @@ class ClaimBench:
     isolated: list[IsolatedClaims] = field(default_factory=list)
     build: list[str] = field(default_factory=list)
     profile: list[str] = field(default_factory=list)
+    #: the bulk pacing comparison, in the order run: (WARMPOOL_BULK_PACE, rate, its churn)
+    pacing: list[tuple[str, float, ChurnResult]] = field(default_factory=list)
 
 
 def build_pool(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, instances: int,
@@ -490,7 +497,9 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
         window: float = 60.0, grace: float = 30.0, baseline: bool = True,
         steady_rate: float = 2.0, timeout: float = 900.0, url: str | None = None,
         profile_dir: Path | None = None, claims: int = 20,
-        slow_rate: float = 0.0, sweep: Sequence[float] = ()) -> tuple[list[Row], ClaimBench]:
+        slow_rate: float = 0.0, sweep: Sequence[float] = (),
+        pacing: Sequence[str] = (), pacing_rates: Sequence[float] = (),
+        finish: float = 0.0) -> tuple[list[Row], ClaimBench]:
     url = url or resolve_redis_url()
     out = ClaimBench()
     with private_cluster("claim") as info, latency_proxy(info) as proxy:
@@ -507,7 +516,11 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                 out.build.append(f"{case} pool built in {fmt_s(built)}")
                 if built is None:
                     raise RuntimeError(f"the {instances}-instance pool did not converge")
-                if case == "workers":
+                if case == "workers" and pacing:
+                    m = _Measured(direct, ns, stack, counter, proxy, info, hold, grace)
+                    pacing_runs(m, out, instances, small, pacing_rates or [rate], pacing,
+                                window, timeout, finish)
+                elif case == "workers":
                     if claims:
                         out.isolated.append(isolated_claims(direct, ns, stack, proxy, claims,
                                                             instances, "iso-large"))
@@ -553,6 +566,8 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                     driver.stop(timeout=5)
                 stack.close()
                 counter.stop()
+    if pacing:
+        return pacing_rows(out, instances, small), out
     return rows_for(out, instances, small, rate, hold), out
 
 
@@ -570,12 +585,12 @@ class _Measured:
     grace: float
 
     def churn(self, small: int | None, rate: float, window: float,
-              label: str) -> ChurnResult:
+              label: str, finish: float = 0.0) -> ChurnResult:
         with LoadSampler() as load:
             self.stack.runs.clear()
             res = churn_run(self.direct, self.ns, self.counter, small, rate, self.hold, window,
                             self.grace, label, functools.partial(self.stack.wait_idle, 180),
-                            self.proxy, cluster=self.info)
+                            self.proxy, cluster=self.info, finish=finish)
             _count_jobs(res, self.stack)
         res.load = load.summary()
         return res
@@ -600,6 +615,45 @@ def _later_churns(m: _Measured, out: ClaimBench, instances: int, small: int, rat
         else:
             say(f"claim sweep: {r:g} Sessions/s during {instances}→{small}")
             out.sweep[r] = again(r, f"r{r:g}")
+
+
+def pacing_runs(m: _Measured, out: ClaimBench, instances: int, small: int,
+                rates: Sequence[float], variants: Sequence[str], window: float,
+                timeout: float, finish: float) -> None:
+    """Bulk pacing on and off (issue #28, deliverable 3): at each rate, the same churn during
+    instances -> small once per `WARMPOOL_BULK_PACE` value (`off`: the baseline), the workers
+    restarted with it and the pool grown back to `instances` before each; variants alternate
+    within a rate so a drift of the machine does not favour one (a value may be given twice,
+    to see the run-to-run spread). A scale-down still under
+    way when the Sessions are all served is followed for `finish` s more."""
+    grown = True  # the pool was just built at `instances`
+    for rate in rates:
+        for variant in variants:
+            m.stack.restart_workers({"WARMPOOL_BULK_PACE": variant})
+            if not grown:
+                regrow(m.direct, m.ns, m.stack, m.counter, instances, small, timeout)
+            say(f"claim pacing {variant}: {rate:g} Sessions/s during {instances}→{small}")
+            out.pacing.append((variant, rate, m.churn(small, rate, window,
+                                                      f"p{variant}-{rate:g}", finish=finish)))
+            grown = False
+
+
+def pacing_rows(out: ClaimBench, instances: int, small: int) -> list[Row]:
+    """A row per (pacing, rate): the claims' latency, the scale-down's duration, and the
+    API traffic and CPU of the window."""
+    rows = []
+    for variant, rate, res in out.pacing:
+        note = (f"WARMPOOL_BULK_PACE={variant}; {res.job_times}; load {res.load}; "
+                f"controller {res.controller_ms():.0f} ms / Session served; CPU by process, "
+                f"ms / Session served: {_by_role_per(res) or 'n/a'}")
+        if res.violations:
+            note += f"; {len(res.violations)} invariant violations after"
+        rows.append(Row("3 bulk pacing",
+                        f"{rate:g} Sessions/s during {instances}→{small}, pacing {variant}",
+                        f"{res.describe()}; scale-down {fmt_s(res.scale_down)}",
+                        f"p99 <= {GOAL_P99_SWEEP * 1000:.0f} ms, 0 unserved", "",
+                        verdict(res.met(GOAL_P99_SWEEP)), note))
+    return rows
 
 
 def regrow(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, instances: int,
@@ -822,12 +876,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", type=Path, default=None,
                         help="py-spy the workers and scheduler during the churn; stacks here")
     parser.add_argument("--redis-url", default=None)
+    parser.add_argument("--pacing", type=lambda t: [p.strip() for p in t.split(",") if p.strip()],
+                        default=[],
+                        help="instead of the rows above: the churn during the scale-down once "
+                             "per WARMPOOL_BULK_PACE value (comma-separated, e.g. off,20) at "
+                             "each --pacing-rates rate, workers restarted with it")
+    parser.add_argument("--pacing-rates", type=parse_rates, default=[],
+                        help="the rates of --pacing (default: --rate)")
+    parser.add_argument("--finish", type=float, default=0.0,
+                        help="with --pacing: follow a scale-down still under way after the "
+                             "grace for up to this many seconds more")
     args = parser.parse_args(argv)
     quiet_warnings()
     rows, out = run(args.instances, args.small, args.rate, args.hold, args.window, args.grace,
                     baseline=not args.no_baseline, steady_rate=args.steady_rate,
                     url=args.redis_url, profile_dir=args.profile, claims=args.claims,
-                    slow_rate=args.slow_rate, sweep=args.sweep)
+                    slow_rate=args.slow_rate, sweep=args.sweep, pacing=args.pacing,
+                    pacing_rates=args.pacing_rates, finish=args.finish)
     print_rows(rows)
     if out.profile:
         print("\nprofile of the workers + scheduler during the churn:")

@@ -82,6 +82,15 @@ class Stack:
         """Start the workers again, with the same options (fresh processes), ready."""
         self.system.start_workers()
 
+    def restart_workers(self, env: dict[str, str]) -> None:
+        """Stop the workers, then start fresh ones with `env` added to their environment
+        (a setting compared within one run, e.g. WARMPOOL_BULK_PACE)."""
+        self.stop_workers()
+        self.worker_env = {**self.worker_env, **env}
+        self.system.options = self.system.options.replace(
+            worker_env={**self.system.options.worker_env, **env})
+        self.start_workers()
+
     def stop_scheduler(self) -> None:
         self.system.stop_schedulers(timeout=15)
 

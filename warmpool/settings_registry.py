@@ -198,6 +198,15 @@ _BASE: tuple[Setting, ...] = (
             "a temporary directory", ("worker",),
             "Where the worker processes write their metrics for the host's endpoint.",
             flag="--metrics-dir"),
+    Setting("WARMPOOL_BULK_PACE", "Workers", "`off` or writes per second > 0", "`off`",
+            ("worker",),
+            "While claims wait (queued, prefetched or running on any worker), each write of "
+            "bulk work (scale-down deletes, refills, generation refreshes) takes a token from "
+            "a bucket refilled at this rate per worker process, so claim writes do not queue "
+            "behind them at the API server; no write waits more than 2 s, and with no claim "
+            "waiting bulk writes are not paced. `off` (the default): never paced. Off because "
+            "no rate measured lowered claim p99 (`warmpool.kube.pacing` says what was "
+            "measured; `8` is the rate tried)."),
     Setting("WARMPOOL_PROBE", "Workers", "`log` or `noop`", "`log`", ("worker",),
             "Mode of the instrumented test handlers (`warmpool worker -m workers.probe`, "
             "smoke tests and benchmarks only).", empty_is_unset=False),

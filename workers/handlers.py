@@ -52,10 +52,13 @@ from warmpool.kube.api import REQUEST_TIMEOUT, Kube, bounded_timeout, connect
 from warmpool.kube.cache import ClusterCache
 from warmpool.kube.clock import ApiServerClock
 from warmpool.kube.guard import Guard
+from warmpool.kube.pacing import ClaimWatch, Pacer, PacingSettings
 from warmpool.kube.reader import CachedReader, LiveReader, Reader
 from warmpool.pool.availability import ProbeSettings
 from warmpool.pool.builders import ROUTES_SETTING, PoolSettings
+from warmpool.queue.claims import ClaimCount
 from warmpool.queue.jobs import JobContext
+from warmpool.queue.layout import Layout
 from warmpool.queue.settings import QueueSettings
 from workers.probe_states import RedisProbeStates
 from workers.runtime import job_threads, on_broker, register, registered
@@ -192,10 +195,36 @@ def pool_settings() -> PoolSettings:
     return settings
 
 
+@functools.cache
+def pacing_settings() -> PacingSettings:
+    """How bulk writes yield to claims (`PacingSettings.from_env`), read once."""
+    return PacingSettings.from_env(os.environ)
+
+
+_pacer: Pacer | None = None
+
+
+def pacer(ctx: JobContext) -> Pacer | None:
+    """This process's pacer of bulk writes (`warmpool.kube.pacing`), made on first use from
+    the job's queue (its Redis, its layout); None when pacing is off."""
+    global _pacer
+    settings = pacing_settings()
+    if settings.rate is None:
+        return None
+    with _lock:
+        if _pacer is None:
+            jobs = ctx.jobs
+            count = ClaimCount(jobs.client, Layout.of(jobs.settings),
+                               jobs.settings.heartbeat_timeout)
+            _pacer = Pacer(settings, ClaimWatch(count, settings.poll))
+        return _pacer
+
+
 def check_settings() -> None:
     """Raise ValueError naming the variable if a pool setting is malformed (`warmpool worker`
     calls it at start, so a typo is one clear line, not every job failing)."""
     PoolSettings.from_env(os.environ)
+    PacingSettings.from_env(os.environ)
     TimeoutSettings.from_env(os.environ)
     probe = ProbeSettings.from_env(os.environ)
     if probe.enabled:
@@ -306,7 +335,7 @@ def _with_probes(result: Result, probes: ProbeKeys | None) -> Result:
 def _reconcile(ctx: JobContext, key: InstanceKey, reader: Reader) -> Result:
     probes = _probes()
     return _with_probes(reconcile_instance(reader, kube(), key, ctx.lease, pool_settings(),
-                                           prober=probes), probes)
+                                           prober=probes, pacer=pacer(ctx)), probes)
 
 
 def _claim(ctx: JobContext, key: SessionKey, reader: Reader) -> Result:

@@ -13,6 +13,7 @@ from warmpool import logs
 from warmpool import settings_registry as reg
 from warmpool.cli.settings import problems
 from warmpool.controller.timeouts import TimeoutSettings
+from warmpool.kube import pacing
 from warmpool.pool import availability, proxy
 from warmpool.pool.builders import PoolSettings
 from warmpool.pool.model import MAX_INSTANCES_CEILING
@@ -90,6 +91,7 @@ CODE_DEFAULTS = {
     "WARMPOOL_MONITOR_TIMEOUT": str(_timeouts.monitor_timeout),
     "WARMPOOL_LOG_LEVEL": logs.DEFAULT_LEVEL,
     "WARMPOOL_LOG_FORMAT": logs.FORMATS[0],
+    "WARMPOOL_BULK_PACE": "off" if pacing.PacingSettings().rate is None else "on",
 }
 
 
@@ -122,6 +124,7 @@ BAD_VALUES = {
     "WARMPOOL_QUEUE_BATCH": "1.5",
     "WARMPOOL_LOG_FORMAT": "xml",
     "WARMPOOL_LOG_LEVEL": "loud",
+    "WARMPOOL_BULK_PACE": "fast",
 }
 
 

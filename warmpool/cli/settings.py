@@ -75,6 +75,7 @@ def problems(environ: Mapping[str, str], flags: Mapping[str, str | None]) -> lis
     from warmpool import logs
     from warmpool.config import resolve_namespace
     from warmpool.controller.timeouts import TimeoutSettings
+    from warmpool.kube.pacing import PacingSettings
     from warmpool.pool.builders import PoolSettings
     from warmpool.queue.settings import QueueSettings
 
@@ -83,6 +84,7 @@ def problems(environ: Mapping[str, str], flags: Mapping[str, str | None]) -> lis
         lambda: QueueSettings.from_env(env),
         lambda: PoolSettings.from_env(env),
         lambda: TimeoutSettings.from_env(env),
+        lambda: PacingSettings.from_env(env),
         lambda: logs.resolve(environ=env),
     ]
     if flags.get("--namespace"):  # the CLI's one namespace; the roles take a list

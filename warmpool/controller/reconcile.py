@@ -27,6 +27,7 @@ from warmpool.kube.api import Conflict, Kube, KubeError
 from warmpool.kube.executor import Executor, Prober, RouteWriteFailed, check_fence
 from warmpool.kube.guard import Guard
 from warmpool.kube.observe import holder_uids
+from warmpool.kube.pacing import Pacer
 from warmpool.kube.reader import Reader
 from warmpool.pool import builders, naming, routes
 from warmpool.pool import vocabulary as v
@@ -110,13 +111,23 @@ def _known_holders(
     return found
 
 
+def _bulk(plan: Plan) -> bool:
+    """Whether a plan is bulk work, the kind that yields to claims: nobody holds or held the
+    instance (see `reconcile_instance`'s `pacer`)."""
+    return plan.holder is None and not plan.released
+
+
 def reconcile_instance(
     reader: Reader, kube: Kube, key: InstanceKey, guard: Guard, settings: PoolSettings,
-    *, prober: Prober | None = None,
+    *, prober: Prober | None = None, pacer: Pacer | None = None,
 ) -> Result:
     """Converge instance `key` to its desired state (pool-spec §4), including a release.
     `prober`: the process's URL probe, handed the holder's URL to watch (session-lifecycle
-    §2); None: no probe is started from here (tools, the sequential driver).
+    §2); None: no probe is started from here (tools, the sequential driver). `pacer`: where
+    the writes of bulk plans (a create, a scale-down's deletes, a generation refresh) wait
+    while claims do (`warmpool.kube.pacing`). A plan for a holder (completing or repairing a
+    claim) is a claim's work, and a release comes at the claims' own rate and gives an
+    instance back: neither is paced.
 
     The result's follow-ups are the claims to offer capacity to: the oldest waiting
     Sessions, as many as are free now."""
@@ -167,7 +178,8 @@ def reconcile_instance(
             plan = dataclasses.replace(plan, actions=[
                 a for a in plan.actions
                 if not (isinstance(a, ResetPods) and a.app_selector in reset)])
-        executor = Executor(kube, ns, guard, sink=reader, prober=prober)
+        executor = Executor(kube, ns, guard, sink=reader, prober=prober,
+                            pacer=pacer if _bulk(plan) else None)
         try:
             executor.apply(plan.actions)
         except RouteWriteFailed as exc:

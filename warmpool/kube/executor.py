@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from warmpool.kube.api import Conflict, Kube, KubeError
 from warmpool.kube.guard import Guard
+from warmpool.kube.pacing import Pacer
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import (
     Action,
@@ -193,13 +194,16 @@ class Executor:
 
     def __init__(
         self, kube: Kube, namespace: str, guard: Guard, sink: WriteSink | None = None,
-        prober: Prober | None = None,
+        prober: Prober | None = None, pacer: Pacer | None = None,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
         self.guard = guard
         self.sink = sink
         self.prober = prober  # None: URL probes are not this caller's (a tool, a test)
+        # Bulk work's writes wait here while claims do (`warmpool.kube.pacing`); None: a
+        # claim's, or a caller's that is never paced (a tool, a test, pacing off).
+        self.pacer = pacer
         self.written: list[tuple[str, str]] = []
         self.reset: set[str] = set()  # the app selectors whose pods this plan has reset
         # The version each of this plan's own writes left, by (kind, name): a second write to
@@ -382,9 +386,14 @@ class Executor:
         failure in a run is raised once the whole run has been answered (the writes that
         went through are recorded, as a sequential plan's earlier writes are); the next
         attempt reads again.
+
+        A bulk job's run first waits for the pacer (one token per write it sends) while
+        claims wait; the lease is checked after that wait, right before the run is sent.
         """
         writes = 0
         for wave in _waves(list(actions)):
+            if self.pacer is not None:
+                self.pacer.admit(sum(1 for a in wave if not isinstance(a, ProbeUrl)))
             self.guard.ensure_held()
             if len(wave) == 1:
                 writes += self._apply(wave[0])
