@@ -508,25 +508,40 @@ def crd_documents(crds: str = "warmpool") -> list[dict[str, Any]]:
     return upstream + [doc for doc in own if doc["spec"]["group"] not in theirs]
 
 
+#: Answers of a server that is still settling: etcd's stream to a kube-apiserver that has
+#: just reported ready can still break once ("rpc error: ... unexpected EOF", a 500; seen in a
+#: full test run). Retried until the install's deadline, like any other wait for the server.
+_TRANSIENT = frozenset({500, 503, 504})
+
+
 def _install_crds(ext: Any, api_exception: type[Exception], timeout: float,
                   crds: str = "warmpool") -> list[str]:
+    deadline = time.monotonic() + timeout
+
+    def settling(exc: Exception) -> bool:
+        return getattr(exc, "status", None) in _TRANSIENT and time.monotonic() < deadline
+
     names = []
     for doc in crd_documents(crds):
         name = doc["metadata"]["name"]
         names.append(name)
-        try:
-            ext.create_custom_resource_definition(body=doc)
-        except api_exception as exc:
-            if getattr(exc, "status", None) != 409:
-                raise
-            current = ext.read_custom_resource_definition(name)
-            doc["metadata"]["resourceVersion"] = current.metadata.resource_version
-            ext.replace_custom_resource_definition(name, body=doc)
-    deadline = time.monotonic() + timeout
+        while True:
+            try:
+                _create_or_replace_crd(ext, api_exception, doc)
+                break
+            except api_exception as exc:
+                if not settling(exc):
+                    raise
+                time.sleep(0.2)
     pending = set(names)
     while pending:
         for name in sorted(pending):
-            crd = ext.read_custom_resource_definition(name)
+            try:
+                crd = ext.read_custom_resource_definition(name)
+            except api_exception as exc:
+                if not settling(exc):
+                    raise
+                continue
             conds = (crd.status.conditions if crd.status else None) or []
             if any(c.type == "Established" and c.status == "True" for c in conds):
                 pending.discard(name)
@@ -535,6 +550,19 @@ def _install_crds(ext: Any, api_exception: type[Exception], timeout: float,
         if pending:
             time.sleep(0.2)
     return names
+
+
+def _create_or_replace_crd(ext: Any, api_exception: type[Exception],
+                           doc: dict[str, Any]) -> None:
+    name = doc["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(body=doc)
+    except api_exception as exc:
+        if getattr(exc, "status", None) != 409:
+            raise
+        current = ext.read_custom_resource_definition(name)
+        doc["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(name, body=doc)
 
 
 # ---- up / down / status --------------------------------------------------------------------
