@@ -37,7 +37,7 @@ from warmpool.queue.settings import QueueSettings
 from workers import probe
 
 MODES: dict[str, QueueSettings] = {
-    "doorbell": QueueSettings(),
+    "doorbell": QueueSettings(idle_poll_timeout=1.0),
     "polling": QueueSettings(idle_poll_timeout=QueueSettings().poll_timeout),
 }
 DELAY = 0.05  # the delayed adds' delay
