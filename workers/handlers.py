@@ -17,7 +17,7 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -292,10 +292,6 @@ class JobLeases:
 
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
-
-    def wrote(self, key: str, writes: Sequence[tuple[str, str]]) -> None:
-        for field, value in writes:
-            self.ctx.note_write(field, value, key=key)
 
     @contextmanager
     def try_lease(self, key: str) -> Iterator[Guard | None]:

@@ -17,7 +17,6 @@ from warmpool.keys import InstanceKey, SessionKey, TimeoutKey
 from warmpool.pool.builders import PoolSettings
 from warmpool.queue.inspect import Inspector
 from warmpool.queue.jobs import JobContext, Jobs
-from warmpool.queue.keyed import AddResult
 
 StartJob = Callable[[str], JobContext]
 READER = object()  # what the loop hands the job once the cache has seen the triggers
@@ -62,21 +61,6 @@ def test_writes_are_noted_under_the_key_they_were_made_under(
     assert ctx.writes[ctx.key] == {"Session/alice": "7"}
     assert ctx.writes[instance] == {"Service/java-2": "12"}
     assert defers == []
-
-
-def test_writes_under_a_secondary_lease_are_that_keys_own_once_it_is_released(
-    handlers: ModuleType, started_job: StartJob,
-) -> None:
-    """Issue #28: a claim's writes under its instance's lease are the instance key's own as
-    soon as the lease is given back, not when the claim job ends: an idle worker starts the
-    instance key on the writes' events within milliseconds, before the claim has ended."""
-    ctx = started_job("session/ns1/dave")
-    leases = handlers.JobLeases(ctx)
-    instance = "instance/ns1/java/3"
-    with leases.try_lease(instance) as guard:
-        assert guard is not None
-        leases.wrote(instance, [("Service/java-3", "41")])
-    assert ctx.jobs.queue.add(instance, {"Service/java-3": "41"}) == AddResult.OWN
 
 
 def test_a_deferred_job_backs_off_and_a_finished_one_forgets(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
@@ -21,14 +21,6 @@ from warmpool.kube.guard import Guard
 class Leases(Protocol):
     def try_lease(self, key: str) -> AbstractContextManager[Guard | None]:
         """Take another key's lease without waiting; None when someone else holds it."""
-
-    def wrote(self, key: str, writes: Sequence[tuple[str, str]]) -> None:
-        """The guarded writes made under `key`'s lease (taken with `try_lease`, still held):
-        that key's own, recorded when the lease is released, so the watch events of these
-        writes do not run it again. Said before the `with` block ends: a lease given back
-        with no record lets the key start, on the writes' own events, before the job that
-        wrote them has ended and recorded them (issue #28: an instance job ran after 8 of
-        10 claims once idle workers answered within milliseconds)."""
 
 
 class Unguarded:
@@ -103,6 +95,3 @@ class LocalLeases:
 
     def try_lease(self, key: str) -> AbstractContextManager[Guard | None]:
         return self._lease(key)
-
-    def wrote(self, key: str, writes: Sequence[tuple[str, str]]) -> None:
-        """Nothing to record: in-process locks have no queue whose adds could run a key."""

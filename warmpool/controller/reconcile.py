@@ -620,13 +620,12 @@ def _release(
             result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
             out.record = Record(plan=result.record.plan, instance=ikey, fence=g.fence,
                                 appdef=appdef_name)
-            # The Session's deletion is accounted for on the instance too: this run began
-            # after the cache had seen it (the claim job's trigger), so the instance key the
-            # scheduler queued for the same deletion need not run again for it.
-            cause = ((f"{v.SESSION_KIND}/{key.session}#gone", uid) if session is None
-                     else (f"{v.SESSION_KIND}/{key.session}", session.resource_version))
-            out.written[str(ikey)] = [*result.written_under(ikey), cause]
-            leases.wrote(str(ikey), out.written[str(ikey)])
+        # The Session's deletion is accounted for on the instance too: this run began after
+        # the cache had seen it (the claim job's trigger), so the instance key the scheduler
+        # queued for the same deletion need not run again for it.
+        cause = ((f"{v.SESSION_KIND}/{key.session}#gone", uid) if session is None
+                 else (f"{v.SESSION_KIND}/{key.session}", session.resource_version))
+        out.written[str(ikey)] = [*result.written_under(ikey), cause]
         out.follow_ups += result.follow_ups
     return out if out.record.instance is not None else Result(Outcome.GONE)
 
@@ -924,7 +923,6 @@ def _serve_held(
         if g is None:
             return Result.deferred(f"instance {k} is busy", on=ikey)
         result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
-        leases.wrote(str(ikey), result.written_under(ikey))
         fence = g.fence
     return Result(Outcome.HELD, written=result.written, record=Record(
         plan=result.record.plan, instance=ikey, fence=fence,
@@ -949,10 +947,8 @@ def _burst(
                             made):
             return None  # made or used meanwhile: decide again on what is there
         result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
-        made += result.written_under(ikey)
-        leases.wrote(str(ikey), made)
         return Result(Outcome.CLAIMED,
-                      written={str(ikey): made},
+                      written={str(ikey): [*made, *result.written_under(ikey)]},
                       record=Record(plan=result.record.plan, instance=ikey,
                                     fence=g.fence, attempts=result.record.attempts,
                                     appdef=session.appdef,
@@ -983,7 +979,6 @@ def _try_candidates(
             if _deciding_write(reader, kube, appdef, k, session, read.sessions, g, written):
                 result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
                 written += result.written_under(ikey)
-                leases.wrote(str(ikey), written)
                 rest = [s for s in reader.sessions(ns, appdef.name) if s.uid != session.uid]
                 return Result(
                     Outcome.CLAIMED,
