@@ -905,7 +905,10 @@ def _serve_held(
             return Result.deferred(f"instance {k} is busy", on=ikey)
         result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
         fence = g.fence
-    return Result(Outcome.HELD, written=result.written, record=Record(
+    # The instance's follow-ups are the claim's: a reconcile that finds the holder no longer
+    # valid frees the instance and names the waiting Sessions to wake. Its writes are noted
+    # as the instance key's own, so no run of that key would name them again.
+    return Result(Outcome.HELD, result.follow_ups, written=result.written, record=Record(
         plan=result.record.plan, instance=ikey, fence=fence,
         attempts=result.record.attempts, appdef=session.appdef,
         session_created=session.created))
