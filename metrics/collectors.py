@@ -315,7 +315,8 @@ def add_families(adds: AddCounter) -> Iterator[Metric]:
         ("warmpool_workqueue_adds", "Keys added to the queue: enqueued, or re-added while "
          "running (runs once more); deduplicated adds are not counted", ("enqueued", "rerun")),
         ("warmpool_workqueue_deduplicated", "Adds of keys already waiting (nothing to do: the "
-         "key runs once)", ("deduplicated",)),
+         "key runs once), or at rest whose every trigger is their own last run's write",
+         ("deduplicated", "own")),
         ("warmpool_workqueue_delayed_adds", "Keys scheduled to run later (defer / add_after / "
          "park); counted in adds when they become due", ("delayed", "parked")),
     ]

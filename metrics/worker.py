@@ -70,7 +70,8 @@ _kind = ["kind"]
 ADDS = Counter("warmpool_workqueue_adds", "Keys added to the queue: enqueued, or re-added "
                "while running (runs once more); deduplicated adds are not counted", _kind)
 DEDUPLICATED = Counter("warmpool_workqueue_deduplicated", "Adds of keys already waiting "
-                       "(nothing to do: the key runs once)", _kind)
+                       "(nothing to do: the key runs once), or at rest whose every trigger is "
+                       "their own last run's write", _kind)
 DELAYED_ADDS = Counter("warmpool_workqueue_delayed_adds", "Keys scheduled to run later "
                        "(defer / add_after / park); counted in adds when they become due",
                        _kind)
@@ -205,7 +206,7 @@ class WorkerObserver(NullObserver):
         kind = kind_of(key)
         if result in ("enqueued", "rerun"):
             ADDS.labels(kind=kind).inc()
-        elif result == "deduplicated":
+        elif result in ("deduplicated", "own"):
             DEDUPLICATED.labels(kind=kind).inc()
         elif result in ("delayed", "parked"):
             DELAYED_ADDS.labels(kind=kind).inc()

@@ -113,11 +113,46 @@ def test_add_after_records_triggers_and_a_promoted_run_always_runs(jobs: Jobs) -
 # --- own-write skips -----------------------------------------------------------------------
 
 
-def test_all_triggers_own_writes_skips_the_run(jobs: Jobs, observer: Recorder) -> None:
+def test_an_add_at_rest_whose_triggers_are_all_own_writes_is_refused(
+    jobs: Jobs, observer: Recorder,
+) -> None:
+    """Issue #28: the watch events of a run's own writes do not queue its key again."""
     run_writing(jobs, "a", {SVC: "100", POD: "40"})
     assert jobs.client.pttl(jobs.queue.layout.own("a")) > 0
-    jobs.queue.add("a", {SVC: "100"})
-    jobs.queue.add("a", {POD: "39"})  # older than what we wrote: seen too
+    assert jobs.queue.add("a", {SVC: "100"}) == AddResult.OWN
+    assert jobs.queue.add_many([("a", {POD: "39"})]) == [AddResult.OWN]  # older: seen too
+    assert ("add", ("a", "own")) in observer.calls
+    lo = jobs.queue.layout
+    assert jobs.client.llen(lo.messages_list) == 0 and jobs.client.hlen(lo.messages) == 0
+    assert not jobs.client.sismember(lo.dirty, "a")
+    assert jobs.client.hget(lo.added_at, "a") is None
+    assert trig(jobs, "a") == {}
+    assert run_all(jobs) == {}
+
+
+@pytest.mark.parametrize("state", ["delayed", "lost-holder"])
+def test_an_own_write_add_is_not_refused_where_a_run_is_owed(jobs: Jobs, state: str) -> None:
+    """A delayed run, or the rerun a lost holder owes, runs whatever the versions: the add
+    takes the usual path (and the run is not skipped)."""
+    run_writing(jobs, "a", {SVC: "100"})
+    lo = jobs.queue.layout
+    if state == "delayed":
+        jobs.queue.add_after("a", 60)
+    else:
+        jobs.client.zadd(lo.inflight, {"a": 0})  # its holder died; recovery not there yet
+    assert jobs.queue.add("a", {SVC: "100"}) == AddResult.ENQUEUED
+    assert isinstance(deliver(jobs), JobContext)
+
+
+def test_all_triggers_own_writes_skips_the_run(jobs: Jobs, observer: Recorder) -> None:
+    """Added while its run wrote (so not refused at the add): the rerun's start skips it."""
+    jobs.queue.add("a")
+    ctx = start(jobs)
+    ctx.note_write(SVC, "100")
+    ctx.note_write(POD, "40")
+    assert jobs.queue.add("a", {SVC: "100"}) == AddResult.RERUN
+    assert jobs.queue.add("a", {POD: "39"}) == AddResult.DEDUPLICATED  # older than ours
+    assert jobs.finish(ctx).rerun
     lo = jobs.queue.layout
     (rid,) = jobs.client.lrange(lo.messages_list, 0, -1)
     acks = "test-acks"
@@ -155,7 +190,7 @@ def test_plain_add_after_an_own_write_runs(jobs: Jobs) -> None:
 
 def test_dirty_key_with_lost_triggers_runs(jobs: Jobs) -> None:
     run_writing(jobs, "a", {SVC: "100"})
-    jobs.queue.add("a", {SVC: "100"})
+    jobs.queue.add("a", {SVC: "101"})
     jobs.client.delete(jobs.queue.layout.triggers("a"))  # e.g. Redis lost the hash
     ctx = start(jobs)
     assert ctx.triggers == {} and ctx.untriggered
@@ -163,8 +198,7 @@ def test_dirty_key_with_lost_triggers_runs(jobs: Jobs) -> None:
 
 def test_gone_trigger_skips_on_the_same_uid_only(jobs: Jobs) -> None:
     run_writing(jobs, "a", {POD + "#gone": "uid-1"})
-    jobs.queue.add("a", {POD + "#gone": "uid-1"})
-    assert deliver(jobs) == "own"
+    assert jobs.queue.add("a", {POD + "#gone": "uid-1"}) == AddResult.OWN
     jobs.queue.add("a", {POD + "#gone": "uid-2"})  # another object of that name went
     assert start(jobs).triggers == {POD + "#gone": "uid-2"}
 

@@ -9,7 +9,7 @@ from typing import Protocol, runtime_checkable
 @runtime_checkable
 class QueueObserver(Protocol):
     def on_add(self, key: str, result: str) -> None:
-        """result: enqueued | deduplicated | rerun | delayed | parked."""
+        """result: enqueued | deduplicated | rerun | delayed | parked | own."""
 
     def on_start(self, key: str, queue_seconds: float | None) -> None:
         """A job took the key's lease; queue_seconds since its first add (None if unknown)."""
