@@ -12,12 +12,14 @@ condition and a Warning, until its template changes.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import config
 
+from scheduler import mapping
 from tests.pool_world import assert_invariants, held_instance, session
 from tests.waiting import wait_for
 from warmpool.cluster import apimetrics, local
@@ -184,6 +186,50 @@ def test_a_claim_and_a_release_send_no_list_of_pods_or_services_to_etcd(
     # The measure is live: the counters move (the API server's own health checks, the
     # controllers' relists) and the pods' type is named as the filter expects.
     assert any(t.endswith(".Pod") for t in after), sorted(after)
+
+
+def test_a_claims_session_writes_are_its_own_key_s_so_they_do_not_run_it_again(
+    cached_cluster: local.ClusterInfo,
+) -> None:
+    """Issue #28: a claim runs once. Its Session writes (annotation, status) are made under
+    the instance's lease; their versions must be noted under the claim's key too, or the
+    Session's watch event of them (one the scheduler maps to the claim's key: not a
+    status-only change) runs the claim a second time."""
+    api_client = config.new_client_from_config(config_file=str(cached_cluster.kubeconfig))
+    kube = Kube(api_client)
+    ns = "claim-once"
+    create_namespace(kube, ns, timeout=60)
+    create_appdef(kube, ns, min_instances=2)
+    run_until_quiet(kube, ns, SETTINGS)
+    cache = _cache(kube, ns)
+    created = create_session(kube, ns, "s1", USERS[1])
+    try:
+        reader = CachedReader(cache, kube)
+        assert cache.wait_fresh(
+            ns, {f"{v.SESSION_KIND}/s1": created["metadata"]["resourceVersion"]}, 30)
+        claimed = claim_session(reader, kube, SessionKey(ns, "s1"), LocalLeases(), SETTINGS,
+                                retried=False)
+    finally:
+        cache.stop()
+    assert claimed.outcome == Outcome.CLAIMED
+    own = dict(claimed.written_under(SessionKey(ns, "s1")))
+    last = session(kube, ns, "s1")
+    # Every version of the Session from its creation on, as the scheduler's watch sees them.
+    seen: list[dict] = [created]
+    for event in kube.watch(v.SESSION_API_VERSION, v.SESSION_KIND, ns,
+                            resource_version=created["metadata"]["resourceVersion"],
+                            timeout_seconds=5):
+        if event["type"] in ("ADDED", "MODIFIED"):
+            seen.append(event["object"])
+        if seen and seen[-1]["metadata"]["resourceVersion"] == \
+                last["metadata"]["resourceVersion"]:
+            break
+    api_client.close()
+    mapped = [obj["metadata"]["resourceVersion"] for old, obj in itertools.pairwise(seen)
+              if mapping.changed(obj, old)]
+    assert mapped, "the claim's annotation is a change the scheduler maps to keys"
+    mine = int(own.get(f"{v.SESSION_KIND}/s1", 0))
+    assert all(int(rv) <= mine for rv in mapped), (mapped, own)
 
 
 # --- a pool whose pods cannot start -------------------------------------------------------------

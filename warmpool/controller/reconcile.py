@@ -644,8 +644,27 @@ def claim_session(
     asked whether the Session already holds an instance before a deciding write.
     """
     with contextlib.ExitStack() as rivals:
-        return _claim(reader, kube, key, leases, settings, rivals, hand_on=hand_on,
-                      prober=prober, retried=retried)
+        result = _claim(reader, kube, key, leases, settings, rivals, hand_on=hand_on,
+                        prober=prober, retried=retried)
+    return _own_session_writes(result, key)
+
+
+def _own_session_writes(result: Result, key: SessionKey) -> Result:
+    """The Session's own writes, noted under the claim's key too.
+
+    A claim writes the Session (its annotation, its status) inside the instance's reconcile,
+    under the instance's lease, so they were recorded as that key's own writes only. The
+    Session's watch event maps to its claim key as well, whose record did not cover it: every
+    claim ran twice (issue #28). The versions are this claim's own, decided from what it read,
+    so the rule of own writes holds for its key as for the instance's."""
+    mine = f"{v.SESSION_KIND}/{key.session}"
+    own = str(key)
+    for under, writes in list(result.written.items()):
+        if under != own:
+            session_writes = [(f, rv) for f, rv in writes if f == mine]
+            if session_writes:
+                result.written.setdefault(own, []).extend(session_writes)
+    return result
 
 
 @dataclasses.dataclass
