@@ -159,6 +159,11 @@ class ClusterCache:
         # Each AppDefinition's Sessions in claim order, (creationTimestamp, name), kept
         # sorted as they change: the waiting order is read off it, not sorted per claim.
         self._by_appdef: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        # The same, as the Sessions themselves, built on the first read after a change of
+        # one of them (`_index_session` drops it, under the lock, where `_by_appdef` changes):
+        # a claim copies a tuple instead of looking up every Session of the pool. A tuple, so
+        # no caller can change what the next one reads.
+        self._sessions_of: dict[tuple[str, str], tuple[Session, ...]] = {}
         self._by_user: dict[tuple[str, str], set[str]] = {}
         self._holders: dict[str, set[tuple[str, str]]] = {}
         # Session uid -> (namespace, kind, name) of every pool object referencing it: what a
@@ -242,11 +247,21 @@ class ClusterCache:
 
     def sessions_of(self, namespace: str, appdef: str) -> list[Session]:
         """The AppDefinition's Sessions in claim order, (creationTimestamp, name): the
-        waiting order (`warmpool.pool.claim.waiting_sessions`), kept as they change."""
+        waiting order (`warmpool.pool.claim.waiting_sessions`), kept as they change.
+
+        A new list each call (the caller's to change), copied from a tuple kept until one of
+        those Sessions changes: a copy costs far less than a lookup per Session."""
+        key = (namespace, appdef)
         with self._lock:
-            ordered = self._by_appdef.get((namespace, appdef), ())
-            return [self._sessions[(namespace, n)] for _, n in ordered
-                    if (namespace, n) in self._sessions]
+            kept = self._sessions_of.get(key)
+            if kept is None:
+                ordered = self._by_appdef.get(key)
+                if not ordered:
+                    return []  # not kept: any name may be asked for
+                kept = tuple(self._sessions[(namespace, n)] for _, n in ordered
+                             if (namespace, n) in self._sessions)
+                self._sessions_of[key] = kept
+            return list(kept)
 
     def sessions_of_user(self, namespace: str, user: str) -> list[Session]:
         """The Sessions of `namespace` whose spec.user names `user` as oauth2-proxy compares
@@ -559,6 +574,7 @@ class ClusterCache:
     def _index_session(self, event_type: str, ns: str, name: str, obj: Obj) -> None:
         previous = self._sessions.pop((ns, name), None)
         if previous is not None:
+            self._sessions_of.pop((ns, previous.appdef), None)
             ordered = self._by_appdef.get((ns, previous.appdef))
             if ordered is not None:
                 entry = (previous.created, name)
@@ -576,6 +592,7 @@ class ClusterCache:
             return
         session = parse_session(obj)
         self._sessions[(ns, name)] = session
+        self._sessions_of.pop((ns, session.appdef), None)
         bisect.insort(self._by_appdef.setdefault((ns, session.appdef), []),
                       (session.created, name))
         self._by_user.setdefault((ns, user_key(session.user)), set()).add(name)
