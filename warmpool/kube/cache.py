@@ -178,6 +178,10 @@ class ClusterCache:
         # the current pods of each instance's Deployment (`pods.deployment_of`), so a claim
         # reads which free instances are warm without naming each one's pods.
         self._pod_states: dict[tuple[str, str], dict[int, dict[str, PodState]]] = {}
+        # The same keys -> k -> (`Warmth`, failure reason) of those pods together (`combine`),
+        # updated with `_pod_states` (`_index_pods`, under the lock) for the instances an
+        # event touches: a claim copies each instance's answer rather than combining its pods.
+        self._warmth: dict[tuple[str, str], dict[int, tuple[str, str]]] = {}
         self._tombstones: OrderedDict[tuple[str, str, str], tuple[int, str]] = OrderedDict()
         self._stop = threading.Event()
         self.reflectors: dict[tuple[str | None, Watched], Reflector] = {}
@@ -296,11 +300,13 @@ class ClusterCache:
         ``instance-<k>-<rest>`` for a (digits, rest) of `names` (as `instance_marks`) and has
         a current pod; an instance without one is not in the answer (it is STARTING)."""
         with self._lock:
+            if len(names) == 1 and names[0][0] is None:
+                return dict(self._warmth.get((namespace, names[0][1]), {}))
             out: dict[int, tuple[str, str]] = {}
             for digits, rest in names:
-                for k, pods in self._pod_states.get((namespace, rest), {}).items():
+                for k, state in self._warmth.get((namespace, rest), {}).items():
                     if digits is None or len(str(k)) == digits:
-                        out[k] = combine(pods.values())
+                        out[k] = state
             return out
 
     def traces_of(self, session_uid: str) -> list[tuple[str, str, str]]:
@@ -554,10 +560,12 @@ class ClusterCache:
         app = labels_of(obj).get(v.LABEL_APP)
         if event_type != DELETED and app:
             self._pods_by_app.setdefault((ns, app), set()).add(name)
+        touched: set[tuple[int, str]] = set()
         for o in (old, obj):
             split = naming.split_instance_name(deployment_of(o or {}) or "")
             if split is None:
                 continue
+            touched.add(split)
             by_k = self._pod_states.get((ns, split[1]))
             pods = by_k.get(split[0]) if by_k is not None else None
             if by_k is not None and pods is not None:
@@ -570,6 +578,20 @@ class ClusterCache:
         if event_type != DELETED and split is not None:
             self._pod_states.setdefault((ns, split[1]), {}).setdefault(split[0], {})[name] = (
                 pod_state(obj))
+        for k, rest in touched:
+            self._combine_pods(ns, k, rest)
+
+    def _combine_pods(self, ns: str, k: int, rest: str) -> None:
+        """`_warmth` of one instance again, from its pods in `_pod_states` (after a change)."""
+        pods = self._pod_states.get((ns, rest), {}).get(k)
+        if pods:
+            self._warmth.setdefault((ns, rest), {})[k] = combine(pods.values())
+            return
+        by_k = self._warmth.get((ns, rest))
+        if by_k is not None:
+            by_k.pop(k, None)
+            if not by_k:
+                del self._warmth[(ns, rest)]
 
     def _index_session(self, event_type: str, ns: str, name: str, obj: Obj) -> None:
         previous = self._sessions.pop((ns, name), None)
