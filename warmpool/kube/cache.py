@@ -19,6 +19,12 @@ Indexes, kept up to date by every change:
 - (kind, namespace, name) -> the resourceVersion and uid of the last deletion seen
   (tombstones), so a job can tell that its cache has seen a deletion.
 
+Derived from those, so that a claim does not pass over the whole pool each time (issue #28):
+each AppDefinition's Sessions as a tuple, each instance's pods' warmth combined, and what
+a reader computes from the marks and the pods (`derived`: kept until the next event of the
+namespace's pool). Each is changed or dropped under the lock, in the same place as what it
+is derived from, and handed out as an immutable value or as a copy.
+
 Why reading from here is safe although it may lag behind the API server: every write the
 controller makes carries a precondition (resourceVersion, uid, or "must not exist"), so a
 decision taken on a stale copy is refused by the server (409) instead of applied; the caller
@@ -34,8 +40,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from warmpool.kube.api import Kube
 from warmpool.kube.observe import POOL_SELECTOR, POOL_WATCHES, classify
@@ -75,6 +81,12 @@ WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, *POOL_WATCHES, PROXY_TEMPLATE
 
 #: Deletions remembered per cache, for freshness checks (the oldest are forgotten first).
 TOMBSTONES = 20_000
+
+#: Values `ClusterCache.derived` remembers at most (a few per AppDefinition); past that the
+#: memo is emptied and refilled by the next reads.
+DERIVED_MAX = 1024
+
+T = TypeVar("T")
 
 _META_DROP = ("managedFields",)
 
@@ -182,6 +194,11 @@ class ClusterCache:
         # updated with `_pod_states` (`_index_pods`, under the lock) for the instances an
         # event touches: a claim copies each instance's answer rather than combining its pods.
         self._warmth: dict[tuple[str, str], dict[int, tuple[str, str]]] = {}
+        # namespace -> a count of the events that may have changed `_marks` or `_pod_states`
+        # there (bumped in `_index`, under the lock): what `derived` tells a current value by.
+        self._pool_generation: dict[str, int] = {}
+        # (namespace, key) -> (generation, value) of `derived`: immutable values only.
+        self._derived: dict[tuple[str, Hashable], tuple[int, object]] = {}
         self._tombstones: OrderedDict[tuple[str, str, str], tuple[int, str]] = OrderedDict()
         self._stop = threading.Event()
         self.reflectors: dict[tuple[str | None, Watched], Reflector] = {}
@@ -280,6 +297,13 @@ class ClusterCache:
         with self._lock:
             return sorted(self._holders.get(session_uid, ()))
 
+    def referenced_by_each(self, session_uids: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+        """`referenced_by` of each of `session_uids` that any external Service references
+        (the others are left out), under one acquisition of the lock rather than one each."""
+        with self._lock:
+            return {uid: sorted(held) for uid in session_uids
+                    if (held := self._holders.get(uid))}
+
     def routes_to(self, namespace: str, service: str) -> list[Obj]:
         """The cached session routes whose rules send to Service `service`."""
         with self._lock:
@@ -308,6 +332,26 @@ class ClusterCache:
                     if digits is None or len(str(k)) == digits:
                         out[k] = state
             return out
+
+    def derived(self, namespace: str, key: Hashable, compute: Callable[[], T]) -> T:
+        """`compute()`, remembered under (namespace, key) until an event may have changed
+        the instance marks or the pods' states of `namespace` (`instance_marks`,
+        `pod_warmth`): what a claim derives from the whole pool is derived once per change
+        of the pool, not once per claim.
+
+        Safe because `compute` runs under the lock (the RLock: it may call those methods),
+        so the generation read with it is the one its value reflects; it must read nothing
+        else of the cache, and return an immutable value, which every caller then shares."""
+        with self._lock:
+            generation = self._pool_generation.get(namespace, 0)
+            found = self._derived.get((namespace, key))
+            if found is not None and found[0] == generation:
+                return cast(T, found[1])
+            value = compute()
+            if len(self._derived) >= DERIVED_MAX:
+                self._derived.clear()
+            self._derived[(namespace, key)] = (generation, value)
+            return value
 
     def traces_of(self, session_uid: str) -> list[tuple[str, str, str]]:
         """(namespace, kind, name) of the pool objects of any part that reference the
@@ -487,6 +531,10 @@ class ClusterCache:
                 self._tombstones.move_to_end(key)
                 while len(self._tombstones) > TOMBSTONES:
                     self._tombstones.popitem(last=False)
+            if watched in POOL_WATCHES or watched is PODS:
+                # Before the indexes change, under the same lock: a `derived` value computed
+                # from them afterwards is stored with the new count.
+                self._pool_generation[ns] = self._pool_generation.get(ns, 0) + 1
             if watched is SESSIONS:
                 self._index_session(event_type, ns, name, obj)
             elif watched is SERVICES:
