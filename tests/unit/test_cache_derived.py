@@ -16,7 +16,7 @@ from tests.unit.pool_fixtures import SETTINGS, appdef
 from tests.unit.pool_fixtures import session as model_session
 from warmpool.kube.cache import ClusterCache
 from warmpool.kube.observe import group_pool
-from warmpool.kube.reader import CachedReader, _name_rests, with_warmth
+from warmpool.kube.reader import CachedReader, _name_rests
 from warmpool.pool import builders
 from warmpool.pool import vocabulary as v
 from warmpool.pool.claim import PoolFacts, pool_facts
@@ -143,7 +143,11 @@ def _check_facts(w: World) -> PoolFacts:
     assert {k: s[0] for k, s in kept.items()} == {k: s[0] for k, s in states.items()}
     for sessions in (w.cache.sessions_of(NS, a.name), []):
         views = group_pool(w.cache.pool_objects(NS), a.name, a, sessions)
-        want = with_warmth(pool_facts(views), a, states)
+        want = pool_facts(views)
+        free = {k for k in want.clean if k <= a.min_instances}
+        want = dataclasses.replace(
+            want, warm={k for k in free if states.get(k, ("", ""))[0] == "warm"},
+            failing={k for k in free if states.get(k, ("", ""))[0] == "failing"})
         uids = {s.uid for s in sessions}
         held = frozenset(k for k, view in views.items()
                          if any(is_session_ref(r) and r.get("uid") in uids
