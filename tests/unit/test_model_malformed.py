@@ -161,3 +161,21 @@ def test_spec_name_with_a_trailing_newline_is_invalid() -> None:
 def test_messages_quote_a_huge_value_cut() -> None:
     parsed = parse_appdefinition(_set(appdef_obj(), ("spec", "minInstances"), "9" * 100_000))
     assert isinstance(parsed, Invalid) and len(parsed.message) < 200
+
+
+def test_a_sessions_error_is_kept_with_it_and_made_again_by_replace() -> None:
+    """Issue #28: `session_error` is computed once, when the Session is made (a claim asks it
+    of every Session of its pool); a Session changed by `dataclasses.replace` is a new one,
+    whose error is computed again, and the kept value never makes two Sessions differ."""
+    import dataclasses
+
+    good = parse_session(session_body("ns", "s", session_spec("s", "a@b.c", "java",
+                                                                workspace=None)))
+    assert session_error(good) is None
+    no_user = dataclasses.replace(good, user="")
+    assert str(session_error(no_user)).startswith("spec.user is empty")
+    assert session_error(dataclasses.replace(no_user, user="a@b.c")) is None
+    assert session_error(dataclasses.replace(good, appdef="")) == "spec.appDefinition is empty"
+    assert session_error(dataclasses.replace(good, malformed="bad")) == "bad"
+    assert dataclasses.replace(no_user, user="a@b.c") == good
+    assert "problem" not in repr(good)

@@ -19,6 +19,12 @@ Indexes, kept up to date by every change:
 - (kind, namespace, name) -> the resourceVersion and uid of the last deletion seen
   (tombstones), so a job can tell that its cache has seen a deletion.
 
+Derived from those, so that a claim does not pass over the whole pool each time (issue #28):
+each AppDefinition's Sessions as a tuple, each instance's pods' warmth combined, and what
+a reader computes from the marks and the pods (`derived`: kept until the next event of the
+namespace's pool). Each is changed or dropped under the lock, in the same place as what it
+is derived from, and handed out as an immutable value or as a copy.
+
 Why reading from here is safe although it may lag behind the API server: every write the
 controller makes carries a precondition (resourceVersion, uid, or "must not exist"), so a
 decision taken on a stale copy is refused by the server (409) instead of applied; the caller
@@ -34,8 +40,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from warmpool.kube.api import Kube
 from warmpool.kube.observe import POOL_SELECTOR, POOL_WATCHES, classify
@@ -75,6 +81,12 @@ WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, *POOL_WATCHES, PROXY_TEMPLATE
 
 #: Deletions remembered per cache, for freshness checks (the oldest are forgotten first).
 TOMBSTONES = 20_000
+
+#: Values `ClusterCache.derived` remembers at most (a few per AppDefinition); past that the
+#: memo is emptied and refilled by the next reads.
+DERIVED_MAX = 1024
+
+T = TypeVar("T")
 
 _META_DROP = ("managedFields",)
 
@@ -159,6 +171,11 @@ class ClusterCache:
         # Each AppDefinition's Sessions in claim order, (creationTimestamp, name), kept
         # sorted as they change: the waiting order is read off it, not sorted per claim.
         self._by_appdef: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        # The same, as the Sessions themselves, built on the first read after a change of
+        # one of them (`_index_session` drops it, under the lock, where `_by_appdef` changes):
+        # a claim copies a tuple instead of looking up every Session of the pool. A tuple, so
+        # no caller can change what the next one reads.
+        self._sessions_of: dict[tuple[str, str], tuple[Session, ...]] = {}
         self._by_user: dict[tuple[str, str], set[str]] = {}
         self._holders: dict[str, set[tuple[str, str]]] = {}
         # Session uid -> (namespace, kind, name) of every pool object referencing it: what a
@@ -173,6 +190,15 @@ class ClusterCache:
         # the current pods of each instance's Deployment (`pods.deployment_of`), so a claim
         # reads which free instances are warm without naming each one's pods.
         self._pod_states: dict[tuple[str, str], dict[int, dict[str, PodState]]] = {}
+        # The same keys -> k -> (`Warmth`, failure reason) of those pods together (`combine`),
+        # updated with `_pod_states` (`_index_pods`, under the lock) for the instances an
+        # event touches: a claim copies each instance's answer rather than combining its pods.
+        self._warmth: dict[tuple[str, str], dict[int, tuple[str, str]]] = {}
+        # namespace -> a count of the events that may have changed `_marks` or `_pod_states`
+        # there (bumped in `_index`, under the lock): what `derived` tells a current value by.
+        self._pool_generation: dict[str, int] = {}
+        # (namespace, key) -> (generation, value) of `derived`: immutable values only.
+        self._derived: dict[tuple[str, Hashable], tuple[int, object]] = {}
         self._tombstones: OrderedDict[tuple[str, str, str], tuple[int, str]] = OrderedDict()
         self._stop = threading.Event()
         self.reflectors: dict[tuple[str | None, Watched], Reflector] = {}
@@ -242,11 +268,21 @@ class ClusterCache:
 
     def sessions_of(self, namespace: str, appdef: str) -> list[Session]:
         """The AppDefinition's Sessions in claim order, (creationTimestamp, name): the
-        waiting order (`warmpool.pool.claim.waiting_sessions`), kept as they change."""
+        waiting order (`warmpool.pool.claim.waiting_sessions`), kept as they change.
+
+        A new list each call (the caller's to change), copied from a tuple kept until one of
+        those Sessions changes: a copy costs far less than a lookup per Session."""
+        key = (namespace, appdef)
         with self._lock:
-            ordered = self._by_appdef.get((namespace, appdef), ())
-            return [self._sessions[(namespace, n)] for _, n in ordered
-                    if (namespace, n) in self._sessions]
+            kept = self._sessions_of.get(key)
+            if kept is None:
+                ordered = self._by_appdef.get(key)
+                if not ordered:
+                    return []  # not kept: any name may be asked for
+                kept = tuple(self._sessions[(namespace, n)] for _, n in ordered
+                             if (namespace, n) in self._sessions)
+                self._sessions_of[key] = kept
+            return list(kept)
 
     def sessions_of_user(self, namespace: str, user: str) -> list[Session]:
         """The Sessions of `namespace` whose spec.user names `user` as oauth2-proxy compares
@@ -260,6 +296,13 @@ class ClusterCache:
         """(namespace, name) of the external Services that reference the Session `uid`."""
         with self._lock:
             return sorted(self._holders.get(session_uid, ()))
+
+    def referenced_by_each(self, session_uids: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+        """`referenced_by` of each of `session_uids` that any external Service references
+        (the others are left out), under one acquisition of the lock rather than one each."""
+        with self._lock:
+            return {uid: sorted(held) for uid in session_uids
+                    if (held := self._holders.get(uid))}
 
     def routes_to(self, namespace: str, service: str) -> list[Obj]:
         """The cached session routes whose rules send to Service `service`."""
@@ -281,12 +324,34 @@ class ClusterCache:
         ``instance-<k>-<rest>`` for a (digits, rest) of `names` (as `instance_marks`) and has
         a current pod; an instance without one is not in the answer (it is STARTING)."""
         with self._lock:
+            if len(names) == 1 and names[0][0] is None:
+                return dict(self._warmth.get((namespace, names[0][1]), {}))
             out: dict[int, tuple[str, str]] = {}
             for digits, rest in names:
-                for k, pods in self._pod_states.get((namespace, rest), {}).items():
+                for k, state in self._warmth.get((namespace, rest), {}).items():
                     if digits is None or len(str(k)) == digits:
-                        out[k] = combine(pods.values())
+                        out[k] = state
             return out
+
+    def derived(self, namespace: str, key: Hashable, compute: Callable[[], T]) -> T:
+        """`compute()`, remembered under (namespace, key) until an event may have changed
+        the instance marks or the pods' states of `namespace` (`instance_marks`,
+        `pod_warmth`): what a claim derives from the whole pool is derived once per change
+        of the pool, not once per claim.
+
+        Safe because `compute` runs under the lock (the RLock: it may call those methods),
+        so the generation read with it is the one its value reflects; it must read nothing
+        else of the cache, and return an immutable value, which every caller then shares."""
+        with self._lock:
+            generation = self._pool_generation.get(namespace, 0)
+            found = self._derived.get((namespace, key))
+            if found is not None and found[0] == generation:
+                return cast(T, found[1])
+            value = compute()
+            if len(self._derived) >= DERIVED_MAX:
+                self._derived.clear()
+            self._derived[(namespace, key)] = (generation, value)
+            return value
 
     def traces_of(self, session_uid: str) -> list[tuple[str, str, str]]:
         """(namespace, kind, name) of the pool objects of any part that reference the
@@ -466,6 +531,10 @@ class ClusterCache:
                 self._tombstones.move_to_end(key)
                 while len(self._tombstones) > TOMBSTONES:
                     self._tombstones.popitem(last=False)
+            if watched in POOL_WATCHES or watched is PODS:
+                # Before the indexes change, under the same lock: a `derived` value computed
+                # from them afterwards is stored with the new count.
+                self._pool_generation[ns] = self._pool_generation.get(ns, 0) + 1
             if watched is SESSIONS:
                 self._index_session(event_type, ns, name, obj)
             elif watched is SERVICES:
@@ -539,10 +608,12 @@ class ClusterCache:
         app = labels_of(obj).get(v.LABEL_APP)
         if event_type != DELETED and app:
             self._pods_by_app.setdefault((ns, app), set()).add(name)
+        touched: set[tuple[int, str]] = set()
         for o in (old, obj):
             split = naming.split_instance_name(deployment_of(o or {}) or "")
             if split is None:
                 continue
+            touched.add(split)
             by_k = self._pod_states.get((ns, split[1]))
             pods = by_k.get(split[0]) if by_k is not None else None
             if by_k is not None and pods is not None:
@@ -555,10 +626,25 @@ class ClusterCache:
         if event_type != DELETED and split is not None:
             self._pod_states.setdefault((ns, split[1]), {}).setdefault(split[0], {})[name] = (
                 pod_state(obj))
+        for k, rest in touched:
+            self._combine_pods(ns, k, rest)
+
+    def _combine_pods(self, ns: str, k: int, rest: str) -> None:
+        """`_warmth` of one instance again, from its pods in `_pod_states` (after a change)."""
+        pods = self._pod_states.get((ns, rest), {}).get(k)
+        if pods:
+            self._warmth.setdefault((ns, rest), {})[k] = combine(pods.values())
+            return
+        by_k = self._warmth.get((ns, rest))
+        if by_k is not None:
+            by_k.pop(k, None)
+            if not by_k:
+                del self._warmth[(ns, rest)]
 
     def _index_session(self, event_type: str, ns: str, name: str, obj: Obj) -> None:
         previous = self._sessions.pop((ns, name), None)
         if previous is not None:
+            self._sessions_of.pop((ns, previous.appdef), None)
             ordered = self._by_appdef.get((ns, previous.appdef))
             if ordered is not None:
                 entry = (previous.created, name)
@@ -576,6 +662,7 @@ class ClusterCache:
             return
         session = parse_session(obj)
         self._sessions[(ns, name)] = session
+        self._sessions_of.pop((ns, session.appdef), None)
         bisect.insort(self._by_appdef.setdefault((ns, session.appdef), []),
                       (session.created, name))
         self._by_user.setdefault((ns, user_key(session.user)), set()).add(name)

@@ -19,8 +19,11 @@ directly and, for the cache, keeps what it read.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from itertools import compress, repeat
+from operator import eq, ge, itemgetter, not_
 from typing import Any, Protocol
 
 from warmpool.kube import observe
@@ -361,11 +364,16 @@ def with_warmth(
 ) -> PoolFacts:
     """`facts` with which of its free ids are warm and which failing (`PoolFacts.warm`),
     from each instance's (`Warmth`, reason); an id without a pod is starting."""
-    free = {k for k in facts.clean if k <= appdef.min_instances}
-    return dataclasses.replace(
-        facts,
-        warm=frozenset(k for k in free if states.get(k, ("", ""))[0] == Warmth.WARM),
-        failing=frozenset(k for k in free if states.get(k, ("", ""))[0] == Warmth.FAILING))
+    free = frozenset(filter(functools.partial(ge, appdef.min_instances), facts.clean))
+    return dataclasses.replace(facts, warm=free & _ids_in(states, Warmth.WARM),
+                               failing=free & _ids_in(states, Warmth.FAILING))
+
+
+def _ids_in(states: Mapping[int, tuple[str, str]], warmth: str) -> frozenset[int]:
+    """The ids whose state is `warmth`, selected in C (a claim reads the whole pool's): a
+    mapping's keys and values come in the same order."""
+    return frozenset(compress(states.keys(),
+                              map(eq, map(itemgetter(0), states.values()), repeat(warmth))))
 
 
 def _labelled_services(
@@ -407,17 +415,24 @@ def _of_user(sessions: Iterable[Session], user: str) -> list[Session]:
     return [s for s in sessions if same_user(s.user, user)]
 
 
-def _name_rests(appdef: AppDefinition, part: Part) -> list[tuple[int | None, str]]:
+def _name_rests(appdef: AppDefinition, part: Part) -> tuple[tuple[int | None, str], ...]:
     """What follows ``instance-<k>-`` in the names of `part` of `appdef`'s instances: one
     text for any k, except where the name's cut depends on the number of digits of k."""
+    return _rests_of(appdef.spec_name, appdef.uid, part)
+
+
+@functools.lru_cache(maxsize=1024)
+def _rests_of(spec_name: str, uid: str, part: Part) -> tuple[tuple[int | None, str], ...]:
+    """`_name_rests`, by what the names depend on: computed once per AppDefinition and part
+    (a name per digit count each time was a claim's most frequent call), immutable."""
     rests: list[tuple[int | None, str]] = []
     for digits in range(1, _MAX_DIGITS + 1):
-        split = naming.split_instance_name(builders.object_name(appdef, part, 10 ** (digits - 1)))
+        split = naming.split_instance_name(part.object_name(spec_name, uid, 10 ** (digits - 1)))
         assert split is not None
         rests.append((digits, split[1]))
     if len({rest for _, rest in rests}) == 1:
-        return [(None, rests[0][1])]
-    return rests
+        return ((None, rests[0][1]),)
+    return tuple(rests)
 
 
 #: Instance ids have at most this many digits (pools are capped far below).
@@ -634,28 +649,43 @@ class CachedReader:
         self, namespace: str, appdef_name: str, appdef: AppDefinition | None,
         sessions: Sequence[Session],
     ) -> PoolFacts:
-        """From the cache's indexes: set operations over ids, no object looked at."""
+        """From the cache's indexes: set operations over ids, no object looked at; what does
+        not depend on `sessions` once per change of the pool (`_pool_sets`)."""
         if appdef is None:
             return pool_facts(self.pool(namespace, appdef_name, None, sessions))
+        facts = self.cache.derived(
+            namespace, ("pool_sets", appdef.spec_name, appdef.uid, appdef.min_instances),
+            lambda: self._pool_sets(namespace, appdef))
+        ext = _name_rests(appdef, Part.EXTERNAL_SERVICE)[0][1]
+        held: dict[str, set[int]] = {}
+        for uid, services in self.cache.referenced_by_each(s.uid for s in sessions).items():
+            for ns, name in services:
+                split = naming.split_instance_name(name)
+                if ns == namespace and split is not None and split[1] == ext:
+                    held.setdefault(uid, set()).add(split[0])
+        return dataclasses.replace(facts, referenced=frozenset(held),
+                                   held=frozenset().union(*held.values()))
+
+    def _pool_sets(self, namespace: str, appdef: AppDefinition) -> PoolFacts:
+        """The `PoolFacts` of `appdef`'s pool that its Sessions do not change: which ids
+        exist, which are clean, which free ones are warm or failing (`referenced` and `held`
+        left empty). Reads only the marks and the pods' states, as `ClusterCache.derived`
+        requires; its value depends on nothing of `appdef` but its key there (the names'
+        spec name and uid, minInstances)."""
         marks = [self.cache.instance_marks(namespace, part.kind, _name_rests(appdef, part))
                  for part in PARTS]
         existing = frozenset().union(*marks)
-        clean = frozenset.intersection(*(frozenset(k for k, trace in m.items() if not trace)
+        # The ids without a trace, selected in C (`compress` by the negated marks: a dict's
+        # keys and values come in the same order) rather than by a Python test per id.
+        clean = frozenset.intersection(*(frozenset(compress(m.keys(), map(not_, m.values())))
                                          for m in marks))
-        ext = _name_rests(appdef, Part.EXTERNAL_SERVICE)[0][1]
-        held: dict[str, set[int]] = {}
-        for s in sessions:
-            for ns, name in self.cache.referenced_by(s.uid):
-                split = naming.split_instance_name(name)
-                if ns == namespace and split is not None and split[1] == ext:
-                    held.setdefault(s.uid, set()).add(split[0])
         # Which free instances are warm, from the cache's index of pods by Deployment (one
         # pass over the pool's instances with a pod, no name computed per id). A pod that
         # the cache saw Ready a moment after it was reset counts as warm until its
         # deletion's event arrives (milliseconds; this process's own resets are dropped at
         # once, the executor's sink): then the claim merely waits for the replacement.
         return with_warmth(
-            PoolFacts(existing, clean, frozenset(held), frozenset().union(*held.values())),
+            PoolFacts(existing, clean, frozenset()),
             appdef, self.cache.pod_warmth(namespace, _name_rests(appdef, Part.DEPLOYMENT)))
 
     def pool_health(self, namespace: str, appdef: AppDefinition) -> PoolHealth | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import attrgetter
 
 from warmpool.pool import vocabulary as v
 from warmpool.pool.emails import same_user
@@ -212,8 +213,12 @@ def waiting_sessions(facts: PoolFacts, index: HolderIndex) -> list[Session]:
         (s for s in index.live.values()
          if s.uid not in facts.referenced and not s.started_lazily
          and s.status != v.STATUS_ERROR and session_error(s) is None),
-        key=lambda s: (s.created, s.name),
+        key=_CLAIM_ORDER,
     )
+
+
+#: The waiting order, (creationTimestamp, name), read without a Python call per Session.
+_CLAIM_ORDER = attrgetter("created", "name")
 
 
 MAX_SESSIONS_MESSAGE = "Max sessions reached."

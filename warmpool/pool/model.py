@@ -134,6 +134,14 @@ class Session:
     last_activity: int | None = None
     # The apiVersion the object was read at: what an owner reference to it says.
     api_version: str = v.SESSION_API_VERSION
+    # `session_error` of this Session, computed once when it is made rather than each time
+    # it is asked (a claim asks it of every Session of its pool): it reads only the fields
+    # above that are strings, which never change, and `dataclasses.replace` makes a new
+    # Session, so it is computed again there. Not an argument, not compared, not shown.
+    problem: str | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "problem", _problem_of(self))
 
     @property
     def live(self) -> bool:
@@ -616,6 +624,11 @@ def _epoch_ms(value: object) -> int | None:
 
 def session_error(session: Session) -> str | None:
     """Why a Session must not get an instance (status ERROR), or None when it may."""
+    return session.problem
+
+
+def _problem_of(session: Session) -> str | None:
+    """`session_error`, computed (once per Session: `Session.problem`)."""
     if session.malformed:
         return session.malformed
     if not session.appdef:
