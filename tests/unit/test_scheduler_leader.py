@@ -261,10 +261,10 @@ def test_run_loop_hands_over_on_stop_and_on_lost_renewals() -> None:
 
     a, b = make("a"), make("b")
     stop_a, stop_b = threading.Event(), threading.Event()
-    ta = threading.Thread(target=a.run, args=(stop_a,))
+    ta = threading.Thread(target=a.run, args=(stop_a,), daemon=True)
     ta.start()
     wait_for(a.is_leader, timeout=5)
-    tb = threading.Thread(target=b.run, args=(stop_b,))
+    tb = threading.Thread(target=b.run, args=(stop_b,), daemon=True)
     tb.start()
     wait_for(lambda: b.observed_holder() == "a" and store.lists == 2, timeout=5,
              message="b a candidate, both Lease watches started")
@@ -308,8 +308,8 @@ def test_a_watching_candidate_takes_a_released_lease_without_waiting_a_retry_per
     b = LeaderElector(store, LeaderConfig(namespace="ns", identity="b", **slow),  # type: ignore
                       clock=clock, on_started=lambda: taken_at.append(clock.t))
     stop_a, stop_b = threading.Event(), threading.Event()
-    ta = threading.Thread(target=a.run, args=(stop_a,))
-    tb = threading.Thread(target=b.run, args=(stop_b,))
+    ta = threading.Thread(target=a.run, args=(stop_a,), daemon=True)
+    tb = threading.Thread(target=b.run, args=(stop_b,), daemon=True)
     ta.start()
     wait_for(a.is_leader, timeout=5)
     tb.start()
@@ -346,7 +346,7 @@ def test_a_candidate_retries_right_when_a_dead_holders_lease_runs_out() -> None:
     b = LeaderElector(store, LeaderConfig(namespace="ns", identity="b", **cfg),  # type: ignore
                       clock=clock, wait=clock.wait)
     stop = threading.Event()
-    t = threading.Thread(target=b.run, args=(stop,))
+    t = threading.Thread(target=b.run, args=(stop,), daemon=True)
     t.start()
     try:
         wait_for(lambda: store.spec().get("holderIdentity") == "b", timeout=10)
@@ -370,7 +370,7 @@ def test_a_renewal_that_ends_after_the_deadline_is_a_new_term() -> None:
                             renew_deadline=1.0, retry_period=0.3),
         on_started=lambda: log.append("+"), on_stopped=lambda: log.append("-"), clock=clock)
     stop = threading.Event()
-    t = threading.Thread(target=e.run, args=(stop,))
+    t = threading.Thread(target=e.run, args=(stop,), daemon=True)
     t.start()
     try:
         wait_for(e.is_leader, timeout=5)
