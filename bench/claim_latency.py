@@ -465,11 +465,17 @@ def isolated_claims(direct: Kube, ns: str, stack: Stack, proxy: ApiProxy, claims
 
 def wait_quiet_pool(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, target: int,
                     timeout: float) -> float | None:
-    """The pool converged at `target` at the AppDefinition's current generation, queue idle
-    (after a churn the scale-down may still be finishing)."""
+    """The pool converged at `target` at the AppDefinition's current generation, its pods
+    running and the queue idle (after a churn the scale-down may still be finishing)."""
     appdef = direct.get(v.APPDEF_API_VERSION, v.APPDEF_KIND, ns, APPDEF) or {}
     gen = int(meta_of(appdef).get("generation") or 0)
-    return counter.wait(target, gen, timeout, idle=lambda: stack.wait_idle(60))
+    return counter.wait(target, gen, timeout, idle=_settled(counter, stack))
+
+
+def _settled(counter: PoolCounter, stack: Stack) -> Callable[[], bool]:
+    """What a churn waits for after the pool's objects converged (not counted in the time to
+    converge): every pod Ready (`PoolCounter.pods_settled`), then the queue idle."""
+    return lambda: counter.pods_settled() and stack.wait_idle(60)
 
 
 @dataclass
@@ -490,7 +496,7 @@ class ClaimBench:
 def build_pool(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, instances: int,
                timeout: float) -> float | None:
     gen = int(create_appdef(direct, ns, APPDEF, instances)["metadata"]["generation"])
-    return counter.wait(instances, gen, timeout, idle=lambda: stack.wait_idle(60))
+    return counter.wait(instances, gen, timeout, idle=_settled(counter, stack))
 
 
 def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float = 2.0,
@@ -506,7 +512,7 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
         direct = direct_kube(info)
         for case in ("workers", "baseline") if baseline else ("workers",):
             ns = new_namespace(direct, f"claim-{case}")
-            counter = PoolCounter(direct, ns).start()
+            counter = PoolCounter(direct, ns, pods=True).start()
             stack = Stack(url, info, ns, kubeconfig=proxy.kubeconfig_path, processes=2, threads=8)
             driver: SequentialDriver | None = None
             try:
@@ -662,8 +668,7 @@ def regrow(direct: Kube, ns: str, stack: Stack, counter: PoolCounter, instances:
     finished first, then minInstances raised and the pool converged, the queue idle."""
     wait_quiet_pool(direct, ns, stack, counter, small, timeout)
     gen = set_min_instances(direct, ns, APPDEF, instances)
-    if counter.wait(instances, gen, timeout,
-                    idle=functools.partial(stack.wait_idle, 60)) is None:
+    if counter.wait(instances, gen, timeout, idle=_settled(counter, stack)) is None:
         raise RuntimeError(f"the pool did not grow back to {instances}")
 
 

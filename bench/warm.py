@@ -53,7 +53,7 @@ from bench.cluster import (
 from bench.machine import LoadSampler
 from bench.report import Row, dur_summary, print_rows, say, verdict
 from bench.stack import Stack
-from bench.world import PoolCounter, identity_stub
+from bench.world import PoolCounter, identity_stub, pod_stub
 from warmpool.cluster import local
 from warmpool.invariants import check
 from warmpool.kube.api import Kube
@@ -63,7 +63,6 @@ from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.decide import COLD_START_NOTE
 from warmpool.pool.meta import annotations_of, labels_of, meta_of, name_of, owner_refs
-from warmpool.pool.pods import deployment_of, pod_state
 from warmpool.queue.embedded import resolve_redis_url
 from warmpool.testing.apiproxy import ApiProxy
 
@@ -84,14 +83,9 @@ def _pool_stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
             "claimed": any(r.get("kind") == v.SESSION_KIND for r in owner_refs(obj))}
 
 
-def _pod_stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
-    """A pod: the Deployment it is a current pod of (None: being deleted, or none), Ready."""
-    return {**identity_stub(kind, obj), "dep": deployment_of(obj), "ready": pod_state(obj).ready}
-
-
 def free_warm(services: Iterable[Stub], deployments: Iterable[Stub], pods: Iterable[Stub],
               generation: str) -> set[int]:
-    """The ids of the free, warm instances, from the stubs of `_pool_stub` and `_pod_stub`:
+    """The ids of the free, warm instances, from the stubs of `_pool_stub` and `pod_stub`:
     external Service owned by no Session, Deployment at `generation` with a current pod
     Ready."""
     free = {s["id"] for s in services
@@ -123,7 +117,7 @@ class PoolWarmth:
 
         self.services = watch("Service", "v1", POOL_SELECTOR, _pool_stub)
         self.deployments = watch("Deployment", "apps/v1", POOL_SELECTOR, _pool_stub)
-        self.pods = watch("Pod", "v1", None, _pod_stub)
+        self.pods = watch("Pod", "v1", None, pod_stub)
 
     def start(self) -> PoolWarmth:
         for r in (self.services, self.deployments, self.pods):
@@ -234,7 +228,7 @@ def _pool(direct: Kube, info: local.ClusterInfo, proxy: ApiProxy, url: str, pref
           env: dict[str, str] | None = None) -> Iterator[tuple[str, Stack, PoolWarmth]]:
     """A namespace with a pool of `instances`, all warm, its stack and warmth watches."""
     ns = new_namespace(direct, prefix)
-    counter = PoolCounter(direct, ns).start()
+    counter = PoolCounter(direct, ns, pods=True).start()
     stack = Stack(url, info, ns, kubeconfig=proxy.kubeconfig_path, processes=2, threads=8,
                   worker_env=env or {})
     warmth: PoolWarmth | None = None

@@ -13,12 +13,13 @@ from typing import Any
 from bench.report import say
 from warmpool.kube.api import Kube
 from warmpool.kube.observe import POOL_WATCHES
-from warmpool.kube.reflector import Reflector
+from warmpool.kube.reflector import Reflector, Watched
 from warmpool.pool import naming
 from warmpool.pool import vocabulary as v
 from warmpool.pool.meta import labels_of, meta_of, name_of, owner_refs
 from warmpool.pool.model import MAX_INSTANCES_CEILING
 from warmpool.pool.parts import PARTS
+from warmpool.pool.pods import deployment_of, pod_state
 from warmpool.testing import world
 
 PARTS_PER_INSTANCE = len(PARTS)
@@ -54,24 +55,49 @@ def _gen_stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
             "claimed": any(r.get("kind") == v.SESSION_KIND for r in owner_refs(obj))}
 
 
+def pod_stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """A pod: the Deployment it is a current pod of (None: being deleted, or none), Ready."""
+    return {**identity_stub(kind, obj), "dep": deployment_of(obj), "ready": pod_state(obj).ready}
+
+
 class PoolCounter:
     """Pool objects of a namespace (the three kinds, by the pool label), kept by watches on the
-    direct connection: counting costs no request, however often it is asked."""
+    direct connection: counting costs no request, however often it is asked. With `pods`, the
+    namespace's pods too, so a bench can wait for the pool to be running, not just written
+    (`pods_settled`)."""
 
-    def __init__(self, kube: Kube, namespace: str) -> None:
+    def __init__(self, kube: Kube, namespace: str, *, pods: bool = False) -> None:
         self._stop = threading.Event()
         self.reflectors = [
             Reflector(kube, watched, namespace, lambda *_: None, summarize=_gen_stub,
                       timeout_range=(240.0, 300.0))
             for watched in POOL_WATCHES
         ]
+        self.pods = (Reflector(kube, Watched("Pod", "v1", None), namespace, lambda *_: None,
+                               summarize=pod_stub, timeout_range=(240.0, 300.0))
+                     if pods else None)
 
     def start(self) -> PoolCounter:
-        for r in self.reflectors:
+        watches = [*self.reflectors, *([self.pods] if self.pods is not None else [])]
+        for r in watches:
             r.start(self._stop)
-        for r in self.reflectors:
+        for r in watches:
             r.synced.wait(60)
         return self
+
+    def pods_settled(self) -> bool:
+        """Every Deployment of the pool has a current pod Ready (needs `pods`).
+
+        Why a bench waits for this and not only for the objects: kube-controller-manager
+        makes each Deployment's ReplicaSet and pod at its own client rate (20 requests/s by
+        default), minutes behind a 1,000-instance build. A churn started before it caught up
+        shares the API server with that backlog, and its claims find pods still starting:
+        the first churn after a build measured up to 20x slower than the same churn later.
+        """
+        assert self.pods is not None, "PoolCounter(pods=True) to wait for the pods"
+        ready = {p["dep"] for p in self.pods.items() if p["ready"] and p["dep"]}
+        deployments = next(r for r in self.reflectors if r.watched.kind == "Deployment")
+        return all(d["metadata"]["name"] in ready for d in deployments.items())
 
     def stop(self) -> None:
         self._stop.set()

@@ -10,8 +10,9 @@ from collections import Counter
 import pytest
 
 from bench.claim_latency import ChurnResult, ClaimBench, parse_rates, rows_for, sweep_rows
-from bench.warm import Claimed, WarmResult, _pod_stub, _pool_stub, free_warm
+from bench.warm import Claimed, WarmResult, _pool_stub, free_warm
 from bench.warm import rows_for as warm_rows
+from bench.world import pod_stub
 from warmpool.pool import vocabulary as v
 
 
@@ -101,7 +102,7 @@ def _pod(k: int, *, ready: bool, deleting: bool = False) -> dict[str, object]:
     if deleting:
         meta["deletionTimestamp"] = "2026-12-04T20:00:00Z"
     status = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
-    return _pod_stub("Pod", {"metadata": meta, "status": status})
+    return pod_stub("Pod", {"metadata": meta, "status": status})
 
 
 def test_warm_means_free_at_the_generation_with_a_current_pod_ready() -> None:
