@@ -145,9 +145,21 @@ def _start_cache(broker: RedisBroker, settings: QueueSettings) -> None:
     if handler is None or inspect.unwrap(handler) is not run:
         return
     c = cache()
+    _ready_for_jobs()
     if not c.wait_synced(SYNC_WAIT):
         log.warning("the worker cache has not listed everything after %.0fs; jobs wait for it",
                     SYNC_WAIT)
+
+
+def _ready_for_jobs() -> None:
+    """What a process's first jobs would each do first, done before it takes any: every kind
+    a job uses looked up (`Kube.resolve`: else the first claim sends one discovery GET per
+    API group, ~200 ms on the test control plane), and the server's clock read once."""
+    missing = kube().resolve(kinds.used_by_jobs(pool_settings()))
+    if missing:
+        log.info("not served by the API server (the jobs that need one fail): %s",
+                 ", ".join(f"{kind} ({api_version})" for api_version, kind in missing))
+    server_clock().now()
 
 
 @functools.cache

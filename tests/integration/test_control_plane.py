@@ -21,7 +21,8 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from tests.waiting import wait_for
 from warmpool.cluster import local
-from warmpool.kube.api import Kube
+from warmpool.kube.api import Kube, connect
+from warmpool.testing.apiproxy import ApiProxy
 
 GROUP = "theia.cloud"
 APPDEF = {"version": "v1beta11", "plural": "appdefinitions"}
@@ -293,3 +294,21 @@ def test_up_is_idempotent_and_down_leaves_no_process(tmp_path: Path) -> None:
     assert (state_dir / "logs" / "kube-apiserver.log").stat().st_size > 0
     assert local.down(state_dir) == [], "a second down finds nothing to stop"
     assert os.path.exists(info.kubeconfig), "down keeps the kubeconfig (and data and logs)"
+
+
+def test_kinds_resolved_ahead_cost_a_first_job_no_discovery(
+    cluster: local.ClusterInfo, namespace: str, tmp_path: Path,
+) -> None:
+    """A worker looks up its kinds before it takes jobs (`Kube.resolve`): then the first LIST
+    of each sends that LIST alone, no discovery GET on the job's path (without it: 18 more,
+    one per API group); a kind the server does not serve is named, not raised."""
+    with ApiProxy(upstream=cluster.server, token=cluster.token,
+                  kubeconfig_path=tmp_path / "kubeconfig") as proxy:
+        fresh = Kube(connect(str(proxy.kubeconfig_path)))
+        missing = fresh.resolve([("v1", "Pod"), ("apps/v1", "ReplicaSet"),
+                                 ("example.com/v1", "Nothing")])
+        assert missing == [("example.com/v1", "Nothing")]
+        before = proxy.traffic()
+        fresh.list("v1", "Pod", namespace)
+        fresh.list("apps/v1", "ReplicaSet", namespace)
+        assert (proxy.traffic() - before).total_requests() == 2  # the two LISTs alone

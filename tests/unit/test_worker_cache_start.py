@@ -37,10 +37,13 @@ def test_the_cache_is_filled_before_jobs_when_the_pool_handlers_run(
 ) -> None:
     fake = FakeCache()
     monkeypatch.setattr(handlers, "cache", lambda: fake)
+    readied: list[bool] = []
+    monkeypatch.setattr(handlers, "_ready_for_jobs", lambda: readied.append(True))
     fn = _wrapped(handlers.run) if wrap else handlers.run
     with runtime.using({"instance": fn, "session": handlers.run}):
         handlers._start_cache(None, QueueSettings(lease_ttl=4.0))  # type: ignore[arg-type]
     assert fake.waited == [handlers.SYNC_WAIT]
+    assert readied == [True]  # kinds looked up, clock read: before the first job
 
 
 def test_a_worker_with_other_handlers_starts_no_cache(
@@ -63,6 +66,7 @@ def test_the_jobs_api_calls_give_up_within_the_lease_ttl(
     """A stalled API link fails a job's call within one lease TTL (then the key runs again,
     here or on another host), not after the default 60 s read timeout."""
     monkeypatch.setattr(handlers, "cache", lambda: FakeCache())
+    monkeypatch.setattr(handlers, "_ready_for_jobs", lambda: None)
     monkeypatch.setattr(handlers, "_request_timeout", handlers.REQUEST_TIMEOUT)
     with runtime.using({"instance": handlers.run}):
         handlers._start_cache(None, QueueSettings(lease_ttl=4.0))  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import builtins
 import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -230,6 +230,23 @@ class Kube:
         if key not in self._resources:
             self._resources[key] = self.dyn.resources.get(api_version=api_version, kind=kind)
         return self._resources[key]
+
+    def resolve(self, kinds: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Look up each (apiVersion, kind) now, so no job pays for it; the ones the server
+        does not serve, returned (a job that needs one fails with the server's answer).
+
+        Why: the dynamic client learns a kind from discovery the first time it is used, and a
+        kind its discovery cache lacks sends it through every API group of the server, one
+        GET each (17 on the test control plane, ~200 ms at 10 ms a request), on the thread
+        of the job that used it. A worker's first claim paid that before its deciding write.
+        """
+        missing = []
+        for api_version, kind in kinds:
+            try:
+                self._res(api_version, kind)
+            except ResourceNotFoundError:
+                missing.append((api_version, kind))
+        return missing
 
     def serves(self, api_version: str, kind: str) -> bool:
         """Whether the API server serves `kind` of `api_version` (its CRD is installed)."""

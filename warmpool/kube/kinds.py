@@ -21,6 +21,7 @@ from warmpool.kube.api import Kube
 from warmpool.pool import lines
 from warmpool.pool import vocabulary as v
 from warmpool.pool.builders import ROUTES_SETTING, PoolSettings
+from warmpool.pool.parts import PARTS
 
 #: (apiVersion, kind, what to do when it is missing)
 Kind = tuple[str, str, str]
@@ -46,6 +47,17 @@ def required(settings: PoolSettings) -> list[Kind]:
                       "with the cluster's Gateway API implementation); or set WARMPOOL_ROUTES to "
                       "ingress or none"))
     return kinds
+
+
+def used_by_jobs(settings: PoolSettings) -> list[tuple[str, str]]:
+    """Every (apiVersion, kind) a job reads or writes under `settings`: what a worker looks up
+    before it takes jobs (`Kube.resolve`), so that no claim waits for discovery."""
+    pairs = [(api_version, kind) for api_version, kind, _ in required(settings)]
+    pairs += [(p.api_version, p.kind) for p in PARTS]
+    pairs += [("v1", "Pod"), ("apps/v1", "ReplicaSet"), ("v1", "Event"), SCHEDULES[:2]]
+    if settings.ingress:
+        pairs.append(("networking.k8s.io/v1", "Ingress"))
+    return list(dict.fromkeys(pairs))
 
 
 def settle_routes(kube: Kube, settings: PoolSettings, environ: Mapping[str, str]
