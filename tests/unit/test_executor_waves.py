@@ -39,6 +39,25 @@ def test_a_claims_completing_patches_go_together_then_refresh_and_annotation() -
         [refresh], [patch(Part.EMAIL_CONFIGMAP, "email")]]
 
 
+def test_the_holders_route_goes_with_the_refresh_never_with_the_completing_writes() -> None:
+    rest = [patch(Part.DEPLOYMENT, "dep"), patch(Part.EMAIL_CONFIGMAP, "email")]
+    annotate = AnnotateSession("s1", {"x": "1"}, "5")
+    refresh = RefreshPods("app")
+    route = Create(Part.ROUTE, {"metadata": {"name": "r"}})
+    status = SetSessionStatus("s1", {"operatorStatus": "HANDLED"}, uid="u")
+    assert _waves([*rest, refresh, annotate, route, status]) == [
+        rest, [refresh, annotate, route], [status]]
+    # A made instance has nothing to refresh: the annotation and the route still go together.
+    assert _waves([*rest, annotate, route, status]) == [rest, [annotate, route], [status]]
+    # Never before the completing writes are answered, whatever the plan's order.
+    assert _waves([route, *rest]) == [[route], rest]
+    # A stray route's delete keeps its place; two route writes never share a run.
+    stray = Delete(Part.ROUTE, "old", "u9", "1", "stray")
+    assert _waves([*rest, refresh, stray, route]) == [rest, [refresh], [stray], [route]]
+    again = Patch(Part.ROUTE, "r", "2", {}, "test")
+    assert _waves([refresh, route, again]) == [[refresh, route], [again]]
+
+
 def test_deletes_and_resets_keep_their_order_behind_the_external_service() -> None:
     ext = Delete(Part.EXTERNAL_SERVICE, "ext", "u1", "1", "retire")
     others = [Delete(Part.DEPLOYMENT, "dep", "u2", "1", "retire"),

@@ -16,6 +16,7 @@ from warmpool.pool.actions import (
     Delete,
     Patch,
     ProbeUrl,
+    RefreshPods,
     Report,
     SetSessionStatus,
 )
@@ -73,12 +74,16 @@ def test_the_route_comes_after_the_allow_list_and_before_handled() -> None:
     assert body["spec"]["parentRefs"] == SHARED["spec"]["parentRefs"]
     # The shared route has no hostnames: the instances host, then each prefix before it.
     assert body["spec"]["hostnames"] == ["ide.example.org"]
-    # The executor sends it alone, after everything before it has been answered.
+    # The executor sends it once the allow-list's write has been answered, with the
+    # annotation (and the pod refresh, if any), and before the status.
     waves = _waves(plan.actions)
-    alone = next(w for w in waves if route in w)
-    assert alone == [route]
-    assert waves.index(alone) > next(i for i, w in enumerate(waves)
-                                     if any(isinstance(a, AnnotateSession) for a in w))
+    with_route = next(i for i, w in enumerate(waves) if route in w)
+    allow_list = next((i for i, w in enumerate(waves)
+                       if any(getattr(a, "part", None) is Part.EMAIL_CONFIGMAP for a in w)), -1)
+    assert allow_list < with_route < next(i for i, w in enumerate(waves)
+                                          if any(isinstance(a, SetSessionStatus) for a in w))
+    assert all(isinstance(a, AnnotateSession | RefreshPods) for a in waves[with_route]
+               if a is not route)
 
 
 def test_paths_keep_the_raw_name_and_follow_use_paths() -> None:

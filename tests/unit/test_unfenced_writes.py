@@ -8,6 +8,8 @@ import copy
 import dataclasses
 
 from tests.unit.pool_fixtures import SETTINGS, appdef, instance, session, with_objects
+from warmpool.controller.guard import Unguarded
+from warmpool.kube.executor import Executor
 from warmpool.pool.actions import Patch, RefreshPods, ResetPods, SetSessionStatus
 from warmpool.pool.decide import decide_instance
 from warmpool.pool.meta import meta_of
@@ -211,3 +213,38 @@ def test_without_the_annotation_or_with_a_forged_claimed_for_the_session_holds_n
     ext["metadata"]["annotations"]["warmpool.io/claimed-for"] = naming.claimed_for(
         s.uid, "mallory@example.com")
     assert plan(with_objects(bare, EXTERNAL_SERVICE=ext), a, [s]).holder is None
+
+
+class _ListingKube:
+    """Answers the executor's pod and ReplicaSet LISTs; the watch cache's ReplicaSets (any
+    resourceVersion but None) lag behind etcd's; records each LIST and each pod patch."""
+
+    def __init__(self, pods, cached_sets, etcd_sets) -> None:
+        self.pods, self.cached_sets, self.etcd_sets = pods, cached_sets, etcd_sets
+        self.lists: list[tuple[str, str | None]] = []
+        self.patched: list[str] = []
+
+    def list(self, api_version, kind, namespace, label_selector=None, resource_version=None):
+        self.lists.append((kind, resource_version))
+        if kind == "Pod":
+            return self.pods, "9"
+        return (self.etcd_sets if resource_version is None else self.cached_sets), "9"
+
+    def merge_patch(self, api_version, kind, namespace, name, patch, resource_version=None):
+        self.patched.append(name)
+        return {"metadata": {"name": name, "resourceVersion": "10"}}
+
+
+def test_a_pod_whose_replicaset_the_watch_cache_lacks_yet_is_still_refreshed() -> None:
+    new_rs = _rs("dep-new", "rs-2", "dep", "dep-uid", "new")
+    pod = _pod("p-new", "dep-new", "rs-2", "new")
+    kube = _ListingKube([pod], cached_sets=[], etcd_sets=[new_rs])
+    Executor(kube, "ns", Unguarded()).apply([RefreshPods("java-app-1", "dep", "dep-uid")])
+    # Not taken for a foreign pod (no Warning, no skip): the owners read again from etcd.
+    assert kube.patched == ["p-new"]
+    assert sorted(kube.lists, key=str) == sorted(
+        [("Pod", "0"), ("ReplicaSet", "0"), ("ReplicaSet", None)], key=str)
+    # With every owner in the cached list, nothing more is read.
+    kube = _ListingKube([pod], cached_sets=[new_rs], etcd_sets=[new_rs])
+    Executor(kube, "ns", Unguarded()).apply([RefreshPods("java-app-1", "dep", "dep-uid")])
+    assert kube.patched == ["p-new"] and len(kube.lists) == 2

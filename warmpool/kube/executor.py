@@ -38,10 +38,10 @@ from warmpool.pool.actions import (
 from warmpool.pool.availability import ProbeTarget
 from warmpool.pool.fence import fence_reports, read_fences
 from warmpool.pool.instances import InstanceView
-from warmpool.pool.meta import name_of, resource_version_of, uid_of
+from warmpool.pool.meta import meta_of, name_of, resource_version_of, uid_of
 from warmpool.pool.model import Session
 from warmpool.pool.parts import Part
-from warmpool.pool.pods import foreign_pod_message, split_pods
+from warmpool.pool.pods import controller_of, foreign_pod_message, split_pods
 
 log = logging.getLogger(__name__)
 
@@ -123,19 +123,32 @@ _POD_ATTEMPTS = 3
 
 #: The writes of one run (`_waves`) are sent from here; shared by a process's worker threads.
 _FAN_OUT = ThreadPoolExecutor(32, thread_name_prefix="write")
+#: A refresh's or reset's ReplicaSet LIST, sent beside its pod LIST (`_own_pods`). Apart from
+#: `_FAN_OUT`, whose threads wait on these: a task here never waits on another.
+_READS = ThreadPoolExecutor(16, thread_name_prefix="read")
 
 
 def _waves(actions: list[Action]) -> list[list[Action]]:
     """Split a plan into runs that may be sent at once, keeping the plan's order between runs.
 
-    Patches and creates of distinct objects other than the external Service share a run: the
-    external Service's writes are the ones a plan's deletes and pod resets are guarded by (a
-    claim's deciding write, a retirement's first delete), so they stand alone, in their
-    place. A pod refresh starts a run of its own after the writes before it (it asks the pods
-    to re-read what those wrote), which only a Session's annotation may join: the annotation
-    follows the completing patches (I1), and nothing orders it against the refresh. Deletes,
-    pod resets, status writes and events each stand alone, in order. Two writes to one object
-    never share a run (the second is guarded by the first one's answer).
+    Patches and creates of distinct objects other than the external Service and the route
+    share a run: the external Service's writes are the ones a plan's deletes and pod resets
+    are guarded by (a claim's deciding write, a retirement's first delete), so they stand
+    alone, in their place. What follows a claim's completing writes (`_follows_completion`:
+    the pod refresh, the Session's annotation, the holder's route) is one run of its own, each
+    at most once: each needs the completing writes answered first and none needs another.
+    - The refresh asks the pods to re-read the allow-list those wrote.
+    - The annotation follows them (I1).
+    - The route: a path to the instance must never reach an allow-list that lets anyone
+      else in. Once the completing writes are answered the ConfigMap is the holder's, and a
+      pod that has not re-read it yet holds the list its instance was freed with, which is
+      empty: a release empties the list, then deletes every pod that could hold an older one,
+      then frees the external Service, and only then can a deciding write take the instance.
+      Until the pod re-reads, the path answers 403 to everyone, and the holder learns its URL
+      only from the status, which comes after this run. (Sending the route after the
+      refresh was answered never meant the pod had re-read: its kubelet does that later.)
+    Deletes, pod resets, status writes and events each stand alone, in order. Two writes to
+    one object never share a run (the second is guarded by the first one's answer).
     """
     waves: list[list[Action]] = []
     run: list[Action] = []
@@ -148,19 +161,16 @@ def _waves(actions: list[Action]) -> list[list[Action]]:
         run, seen = [], set()
 
     for action in actions:
-        if isinstance(action, RefreshPods):
-            close()
-            run.append(action)
-            continue
-        if isinstance(action, AnnotateSession):
-            # Joins a refresh run alone, never writes (I1), and ends its run.
-            if not (len(run) == 1 and isinstance(run[0], RefreshPods)):
+        follows = _follows_completion(action)
+        if follows is not None:
+            if not all(_follows_completion(a) not in (None, follows) for a in run):
                 close()
             run.append(action)
-            close()
             continue
+        if any(_follows_completion(a) is not None for a in run):
+            close()
         target = _parallel_target(action)
-        if target is None or target in seen or any(isinstance(a, RefreshPods) for a in run):
+        if target is None or target in seen:
             close()
             if target is None:
                 waves.append([action])
@@ -169,6 +179,31 @@ def _waves(actions: list[Action]) -> list[list[Action]]:
         seen.add(target)
     close()
     return waves
+
+
+def _owner_missing(pods: Iterable[Mapping[str, Any]], sets: Iterable[Mapping[str, Any]]
+                   ) -> bool:
+    """Whether a pod (not being deleted) is controlled by a ReplicaSet `sets` lacks."""
+    listed = {uid_of(rs) for rs in sets}
+    for pod in pods:
+        ctrl = controller_of(pod)
+        if (ctrl is not None and ctrl[0] == "ReplicaSet" and ctrl[2] not in listed
+                and not meta_of(pod).get("deletionTimestamp")):
+            return True
+    return False
+
+
+def _follows_completion(action: Action) -> str | None:
+    """Which of the writes that follow a claim's completing writes `action` is (`_waves`):
+    "refresh", "annotation" or "route"; None for any other."""
+    match action:
+        case RefreshPods():
+            return "refresh"
+        case AnnotateSession():
+            return "annotation"
+        case Create(part=Part.ROUTE) | Patch(part=Part.ROUTE):
+            return "route"
+    return None
 
 
 def _parallel_target(action: Action) -> tuple[str, str] | None:
@@ -181,9 +216,9 @@ def _parallel_target(action: Action) -> tuple[str, str] | None:
     return None
 
 
-#: Parts whose writes stand alone, in their place: the external Service (what a plan's
-#: deletes and resets are guarded by) and the route (made only once all before it is done:
-#: a path must never reach an allow-list that is not yet the holder's).
+#: Parts whose writes never join a run of other parts' writes: the external Service (what a
+#: plan's deletes and resets are guarded by), the route (it runs only with what follows the
+#: completing writes: `_waves`) and the shared Ingress (one object for every instance).
 _ALONE = (Part.EXTERNAL_SERVICE, Part.ROUTE, Part.INGRESS)
 
 
@@ -281,10 +316,18 @@ class Executor:
         API server's watch cache (`_since` says how fresh, and why that is enough)."""
         self.guard.ensure_held()  # the lease, checked again right before the pods are read
         since = self._since(action)
+        # Both at once: one round trip on a claim's path, not two. Each list is at `since`
+        # or later, but the two watch caches lag apart: a pod listed whose ReplicaSet the
+        # other list lacks (both made within that lag) would count as foreign, so the
+        # ReplicaSets are then read from etcd (rare: the usual list has every owner).
+        sets_read = _READS.submit(contextvars.copy_context().run, self._replica_sets,
+                                  action.app_selector, since)
         pods = self._pods(action.app_selector, since)
+        sets = sets_read.result()
         if not pods:
             return []
-        sets = self._replica_sets(action.app_selector, since)
+        if since is not None and _owner_missing(pods, sets):
+            sets = self._replica_sets(action.app_selector, None)
         split = split_pods(pods, sets, action.deployment, action.deployment_uid)
         for pod in split.foreign:
             self._apply(Report("ForeignPod", foreign_pod_message(
@@ -381,8 +424,9 @@ class Executor:
 
         Order is kept where it has a meaning: each run of writes that nothing orders among
         themselves (`_waves`) is sent at once, and a run starts only after the one before it
-        has been answered. A claim's four completing patches are one run, its pod refresh and
-        its annotation the next: its latency is then about five round trips, not nine. A
+        has been answered. A claim's four completing patches are one run; its pod refresh (two
+        LISTs at once, then the pod's patch), annotation and route the next; then its
+        status: about six round trips, not eleven. A
         failure in a run is raised once the whole run has been answered (the writes that
         went through are recorded, as a sequential plan's earlier writes are); the next
         attempt reads again.

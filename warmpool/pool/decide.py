@@ -428,10 +428,12 @@ def _route(
     """Append what brings the holder's route to its desired state (session-lifecycle §1);
     whether the holder is routed once they are applied.
 
-    After everything else of the claim in `actions`: a path must never reach an allow-list
-    that is not yet the holder's. Another Session's route to this instance (a released one
-    the garbage collector has not taken yet) is deleted. While the shared route is missing an
-    existing route is left as it is (it still names its Gateway) and none is made.
+    After everything else of the claim in `actions`; the executor sends it once the completing
+    writes are answered, with the pod refresh (`warmpool.kube.executor._waves` says why a
+    path then never reaches an allow-list that lets anyone but the holder in). Another
+    Session's route to this instance (a released one the garbage collector has not taken
+    yet) is deleted. While the shared route is missing an existing route is left as it is
+    (it still names its Gateway) and none is made.
     """
     mine = routes.route_name(holder.uid)
     for stray in routes.stray_routes(instance.routes, holder.uid):
