@@ -4,6 +4,7 @@ on the monotonic clock, never the host's wall clock (issue #29)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -67,6 +68,31 @@ def test_the_clock_is_the_servers_carried_on_the_monotonic_clock_not_the_wall_cl
     mono.t += 18.0  # older than max_age: sampled again
     kube.header = "Fri, 04 Dec 2026 10:17:47 GMT"
     assert clock.now() == EPOCH + 31 and kube.requests == 2
+
+
+def test_a_sample_past_half_its_age_is_renewed_ahead_once_and_the_caller_does_not_wait(
+) -> None:
+    kube = DateKube(DATE)
+    mono = Monotonic()
+    queued: list[Callable[[], None]] = []
+    clock = ApiServerClock(kube, max_age=10, monotonic=mono,  # type: ignore[arg-type]
+                           refresh_ahead=queued.append)
+    assert clock.now() == EPOCH and kube.requests == 1
+    mono.t += 4.0
+    assert clock.now() == EPOCH + 4 and not queued  # younger than half: nothing
+    mono.t += 2.0
+    # Past half: the caller gets the carried time, one renewal is queued, however many ask.
+    assert clock.now() == EPOCH + 6 and clock.now() == EPOCH + 6
+    assert kube.requests == 1 and len(queued) == 1
+    kube.header = "Fri, 04 Dec 2026 10:17:23 GMT"
+    queued.pop()()
+    assert kube.requests == 2 and clock.now() == EPOCH + 7
+    # A renewal that fails changes nothing and lets the next one be queued.
+    mono.t += 6.0
+    kube.header = RuntimeError("connection refused")
+    assert clock.now() == EPOCH + 13
+    queued.pop()()
+    assert clock.now() == EPOCH + 13 and len(queued) == 1
 
 
 @pytest.mark.parametrize("answer", ["not a date", None, RuntimeError("connection refused")])
