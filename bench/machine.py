@@ -137,17 +137,19 @@ class CpuMeter:
                      if after[r] - self._before.get(r, 0.0) > 0}
         return self
 
-    def describe(self, per: int = 0, what: str = "") -> str:
-        """"kube-apiserver 68 s (0.85 cores, 93 ms / Session), ..." largest first."""
+    def describe(self, per: int = 0, what: str = "", digits: int = 0) -> str:
+        """"kube-apiserver 68 s (0.85 cores, 93 ms / Session), ..." largest first; `digits`
+        after the point for a window of a second or two."""
         if not self.used:
             return "n/a"
         parts = []
         for role, sec in sorted(self.used.items(), key=lambda x: -x[1]):
-            part = f"{role} {sec:.0f} s ({sec / max(self.wall, 1e-9):.2f} cores"
+            part = f"{role} {sec:.{digits}f} s ({sec / max(self.wall, 1e-9):.2f} cores"
             if per:
                 part += f", {sec / per * 1000:.0f} ms / {what}"
             parts.append(part + ")")
-        return (f"CPU over {self.wall:.0f} s on {os.cpu_count()} cores: " + ", ".join(parts))
+        return (f"CPU over {self.wall:.{digits}f} s on {os.cpu_count()} cores: "
+                + ", ".join(parts))
 
 
 def proc_status(pid: int) -> dict[str, int]:

@@ -35,6 +35,7 @@ HANDLED seen), p95 <= 250 ms.
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -304,6 +305,18 @@ def run(instances: int = 30, rate: float = 2.0, hold: float = 2.0, window: float
                     together, together_pool), [warm, at_once]
 
 
+def _cpu_bound(t: ChurnResult) -> str:
+    """How busy the machine was from the first create to the last HANDLED: near 100 % of its
+    cores, the latency is bounded by the CPU the claims (and all else running) need, not by
+    any wait of the controller's."""
+    if not t.cpu.used or t.cpu.wall <= 0:
+        return ""
+    total, cores = sum(t.cpu.used.values()), os.cpu_count() or 1
+    return (f"; the cores were {100 * total / (cores * t.cpu.wall):.0f} % busy from the "
+            f"first create to the last HANDLED (every process: {total:.2f} CPU-s in "
+            f"{t.cpu.wall:.2f} s on {cores} cores); {t.cpu.describe(digits=2)}")
+
+
 def rows_for(warm: WarmResult, at_once: WarmResult | None, instances: int, rate: float,
              hold: float, start_delay: float, together: int,
              together_pool: int) -> list[Row]:
@@ -341,7 +354,7 @@ def rows_for(warm: WarmResult, at_once: WarmResult | None, instances: int, rate:
             f"rest made for their claims ({cold} of {len(at_once.claims)} claims cold); "
             f"Sessions created together and kept; "
             f"{dur_summary('create -> HANDLED', t.served)}; {len(t.violations)} invariant "
-            f"violations after; load {t.load}"))
+            f"violations after; load {t.load}{_cpu_bound(t)}"))
     return rows
 
 
