@@ -95,6 +95,35 @@ def test_a_sample_past_half_its_age_is_renewed_ahead_once_and_the_caller_does_no
     assert clock.now() == EPOCH + 13 and len(queued) == 1
 
 
+class OverhearingKube(DateKube):
+    """A client that has received answers: `latest_date` as `Kube` keeps it."""
+
+    def __init__(self, header: str | None) -> None:
+        super().__init__(header)
+        self.latest: tuple[str, float] | None = None
+
+    def latest_date(self) -> tuple[str, float] | None:
+        return self.latest
+
+
+def test_a_busy_clients_own_answers_keep_the_clock_fresh_without_a_get() -> None:
+    kube = OverhearingKube(DATE)
+    queued: list[Callable[[], None]] = []
+    clock = ApiServerClock(kube, max_age=3600, refresh_ahead=queued.append)  # type: ignore[arg-type]
+    # An answer that arrived 2,000 s ago (of this host's monotonic clock): carried forward.
+    kube.latest = (DATE, time.monotonic() - 2000)
+    assert EPOCH + 2000 <= clock.now() < EPOCH + 2001 and kube.requests == 0
+    assert len(queued) == 1  # older than half its age: a renewal ahead was queued
+    # One that arrived before the sample changes nothing; nor does one that is no date.
+    kube.latest = ("Fri, 04 Dec 2026 11:00:00 GMT", time.monotonic() - 2500)
+    assert EPOCH + 2000 <= clock.now() < EPOCH + 2001
+    kube.latest = ("not a date", time.monotonic())
+    assert EPOCH + 2000 <= clock.now() < EPOCH + 2001
+    # A fresher answer is taken as it is, with no request and nothing more queued.
+    kube.latest = ("Fri, 04 Dec 2026 10:17:17 GMT", time.monotonic())
+    assert EPOCH + 1 <= clock.now() < EPOCH + 2 and kube.requests == 0 and len(queued) == 1
+
+
 @pytest.mark.parametrize("answer", ["not a date", None, RuntimeError("connection refused")])
 def test_no_usable_date_is_no_time_at_all(answer: str | Exception | None) -> None:
     kube = DateKube(DATE)

@@ -11,6 +11,7 @@ import builtins
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -159,6 +160,7 @@ class Kube:
         self._events = Recorded()  # the Events this client wrote last (`event`)
         self._line: lines.TheiaLine | None = None
         self._line_lock = threading.Lock()
+        self._date_seen: tuple[str, float] | None = None  # (Date, monotonic at arrival)
 
     def bounded(self, limit: float) -> Kube:
         """A client on the same connection whose every call gives up within `limit` seconds
@@ -264,9 +266,23 @@ class Kube:
             resp = fn(*args, serialize=False, **kwargs)
         except DynamicApiError as exc:
             raise _wrap(exc) from None
+        self._note_date(resp)
         # Every call through here answers a JSON object: the resource, a list, or a Status.
         body: Obj = json.loads(resp.data)
         return body
+
+    def _note_date(self, resp: Any) -> None:
+        """Keep the ``Date`` of an answer with when it arrived (`latest_date`)."""
+        headers = getattr(resp, "headers", None)
+        date = headers.get("Date") if headers is not None else None
+        if isinstance(date, str):
+            self._date_seen = (date, time.monotonic())
+
+    def latest_date(self) -> tuple[str, float] | None:
+        """The ``Date`` header of the last answer this client received, with this host's
+        `time.monotonic()` at its arrival; None before any. Every answer of the API server
+        carries its clock's time: a busy client knows it without asking (`ApiServerClock`)."""
+        return self._date_seen
 
     def date_header(self) -> str | None:
         """The ``Date`` header of a response of the API server (a GET of ``/version``: no RBAC

@@ -111,9 +111,28 @@ class ApiServerClock:
         self._sample = (server, received)
         return server
 
+    def _overheard(self) -> None:
+        """Take the ``Date`` of the client's last answer (`Kube.latest_date`) as the sample
+        when it arrived after ours: a busy worker's own requests keep its clock fresh, with
+        no GET of its own. Used only where this clock runs on `time.monotonic` (the clock
+        the client stamps arrivals with)."""
+        if self.monotonic is not time.monotonic:
+            return
+        latest = getattr(self.kube, "latest_date", None)
+        seen = latest() if latest is not None else None
+        if seen is None or (self._sample is not None and seen[1] <= self._sample[1]):
+            return
+        server = parse_http_date(seen[0])
+        if server is not None:
+            self._sample = (server, seen[1])
+
     def now(self) -> float:
         sample = self._sample
         age = None if sample is None else self.monotonic() - sample[1]
+        if sample is None or age is None or age > self.max_age / 2:
+            self._overheard()
+            sample = self._sample
+            age = None if sample is None else self.monotonic() - sample[1]
         if sample is None or age is None or age > self.max_age:
             self.sync()
             sample = self._sample
