@@ -155,11 +155,16 @@ def _ready_for_jobs() -> None:
     """What a process's first jobs would each do first, done before it takes any: every kind
     a job uses looked up (`Kube.resolve`: else the first claim sends one discovery GET per
     API group, ~200 ms on the test control plane), and the server's clock read once."""
-    missing = kube().resolve(kinds.used_by_jobs(pool_settings()))
+    try:
+        missing = kube().resolve(kinds.used_by_jobs(pool_settings()))
+        server_clock().now()
+    except Exception as exc:  # an API server down at start: the jobs look up and read later
+        log.warning("could not prepare for jobs (they look kinds up and read the clock "
+                    "themselves): %s", exc)
+        return
     if missing:
         log.info("not served by the API server (the jobs that need one fail): %s",
                  ", ".join(f"{kind} ({api_version})" for api_version, kind in missing))
-    server_clock().now()
 
 
 @functools.cache

@@ -85,7 +85,9 @@ class ApiServerClock:
     has: a busy worker's jobs then never wait for the GET, and no sample is ever older than
     `max_age` (past that, the caller samples itself, as before). Why: the read sat on a claim's
     path, between its deciding write and its completing writes, once per `max_age` per
-    process, and two jobs that found it stale at once both sent it."""
+    process, and two jobs that found it stale at once both sent it. Before either, the
+    ``Date`` of the client's own last answer is taken when newer (`_overheard`): a busy
+    worker needs no GET at all."""
 
     def __init__(self, kube: Kube, *, max_age: float = 30.0,
                  monotonic: Callable[[], float] = time.monotonic,

@@ -163,7 +163,9 @@ def _waves(actions: list[Action]) -> list[list[Action]]:
     for action in actions:
         follows = _follows_completion(action)
         if follows is not None:
-            if not all(_follows_completion(a) not in (None, follows) for a in run):
+            # Joins a run of the other follow-ups only: never one of writes, never its twin.
+            in_run = [_follows_completion(a) for a in run]
+            if None in in_run or follows in in_run:
                 close()
             run.append(action)
             continue
@@ -319,7 +321,9 @@ class Executor:
         # Both at once: one round trip on a claim's path, not two. Each list is at `since`
         # or later, but the two watch caches lag apart: a pod listed whose ReplicaSet the
         # other list lacks (both made within that lag) would count as foreign, so the
-        # ReplicaSets are then read from etcd (rare: the usual list has every owner).
+        # ReplicaSets are then read from etcd (rare: the usual list has every owner; a
+        # foreign pod naming a ReplicaSet that does not exist costs its own instance's
+        # refreshes and resets that one LIST each, and is reported as foreign).
         sets_read = _READS.submit(contextvars.copy_context().run, self._replica_sets,
                                   action.app_selector, since)
         pods = self._pods(action.app_selector, since)
