@@ -305,21 +305,31 @@ class HostileEdits:
                 self.history.add("hostile", f"{ns} {obj['kind']}/{obj['metadata']['name']}: "
                                  f"no {field} {key} to edit")
                 return None
+            # Taking the generation label away takes the object out of the pool's selector:
+            # a watch by it says DELETED. Marked before the patch is sent, since that event
+            # may reach the watchdog before the patch's answer reaches this thread (seed 7
+            # once judged a still-present Service deleted in that gap).
+            hides = (field == "label" and key == v.LABEL_GENERATION and edit.after is None
+                     and edit.uid not in self.hidden)
+            if hides:
+                self.hidden.add(edit.uid)
             try:
                 written = self.kube.merge_patch(
                     edit.api_version, edit.kind, ns, edit.name, self._patch(edit, obj),
                     resource_version=obj["metadata"]["resourceVersion"])
             except Conflict:
+                if hides:
+                    self.hidden.discard(edit.uid)
                 continue  # written meanwhile: read again, edit what is there now
             except KubeError as exc:
+                if hides:
+                    self.hidden.discard(edit.uid)
                 if exc.status == 404:
                     return None
                 self._record(edit)
                 self._end(edit, f"{REFUSED} ({exc.status})", self.history.now())
                 return edit
             edit.rv = str(written["metadata"].get("resourceVersion") or "")
-            if field == "label" and key == v.LABEL_GENERATION and edit.after is None:
-                self.hidden.add(edit.uid)
             self._record(edit)
             return edit
         return None
