@@ -252,13 +252,7 @@ class Kube:
 
     def serves(self, api_version: str, kind: str) -> bool:
         """Whether the API server serves `kind` of `api_version` (its CRD is installed)."""
-        from kubernetes.dynamic.exceptions import ResourceNotFoundError
-
-        try:
-            self._res(api_version, kind)
-        except ResourceNotFoundError:
-            return False
-        return True
+        return not self.resolve([(api_version, kind)])
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Obj:
         kwargs.setdefault("_request_timeout", self.request_timeout)

@@ -129,20 +129,22 @@ class ApiServerClock:
             self._sample = (server, seen[1])
 
     def now(self) -> float:
-        sample = self._sample
-        age = None if sample is None else self.monotonic() - sample[1]
-        if sample is None or age is None or age > self.max_age / 2:
+        if self._age() > self.max_age / 2:
             self._overheard()
-            sample = self._sample
-            age = None if sample is None else self.monotonic() - sample[1]
-        if sample is None or age is None or age > self.max_age:
+        age = self._age()
+        if age > self.max_age:
             self.sync()
-            sample = self._sample
-            assert sample is not None
         elif age > self.max_age / 2 and self._renewing.acquire(blocking=False):
             self._ahead(self._renew)
+        sample = self._sample
+        assert sample is not None
         server, received = sample
         return server + max(0.0, self.monotonic() - received)
+
+    def _age(self) -> float:
+        """Seconds since the sample's answer arrived; infinite before any."""
+        sample = self._sample
+        return float("inf") if sample is None else self.monotonic() - sample[1]
 
     def _renew(self) -> None:
         """A renewal ahead: a failure is left to the caller that finds the sample too old."""
