@@ -109,14 +109,22 @@ class Deletions:
 def system(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterator[System]:
     """`namespace` served by one scheduler (its periodic resync an hour away: no resync is
     what meets a deadline) and two worker processes, through the API proxy."""
-    with System(cluster, namespaces=[namespace], workers=2, threads=4, proxy=True,
-                resync_period=3600, redis=resolve_redis_url(),
-                env={"WARMPOOL_URL_PROBE": "off"}, log_dir=tmp_path) as system:
+    system = System(cluster, namespaces=[namespace], workers=2, threads=4, proxy=True,
+                    resync_period=3600, redis=resolve_redis_url(),
+                    env={"WARMPOOL_URL_PROBE": "off"}, log_dir=tmp_path)
+    # The clock is moved before any process starts: a worker's clock takes the Date of any
+    # answer it had (its start-up discovery too), and one from before the move would put it
+    # AHEAD seconds behind the cluster's, each edge's run that much late.
+    system.start(workers=False, schedulers=False)
+    try:
         assert system.proxy is not None
-        # Before any job reads the clock (each worker samples it at its first use).
         system.proxy.set(clock_offset=AHEAD)
+        system.start_workers()
+        system.start_schedulers()
         yield system
         assert system.dead() == [], "a controller process died"
+    finally:
+        system.stop()
 
 
 def windows(count: int, first: datetime, offset: timedelta) -> list[dict[str, Any]]:
