@@ -56,6 +56,16 @@ def instance_count(kube: Kube, ns: str, k: int, appdef: str = "java") -> int:
     return len(instance_objects(kube, ns, appdef, k))
 
 
+def deployment_ready(objects: dict[str, dict[str, Any]]) -> bool:
+    """Among an instance's objects (`instance_objects`), a Deployment reports its pod ready
+    (`readyReplicas`, written by the Deployment controller after the pod's Ready condition):
+    a claim then counts the instance warm, and takes the lowest warm id before any starting
+    one (`warmpool.pool.claim.claimable_ids`)."""
+    return any(key.startswith("Deployment/")
+               and int((obj.get("status") or {}).get("readyReplicas") or 0) >= 1
+               for key, obj in objects.items())
+
+
 def emails(kube: Kube, ns: str, appdef: str, k: int) -> str | None:
     for key, obj in instance_objects(kube, ns, appdef, k).items():
         labels = obj["metadata"].get("labels") or {}

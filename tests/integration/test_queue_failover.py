@@ -41,7 +41,7 @@ from tests.chaos.world import PinnedKube, snapshot
 from tests.integration.sentinel_cluster import SentinelCluster, sentinel_cluster
 from tests.integration.test_pool_concurrency import Watchdog, _uids
 from tests.integration.test_scheduler_processes import Stack, instance_count
-from tests.pool_world import held_instance, session
+from tests.pool_world import deployment_ready, held_instance, instance_objects, session
 from tests.redis_server import isolated_settings
 from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
@@ -149,8 +149,15 @@ def statuses(kube: Kube, ns: str, names: list[str]) -> dict[str, tuple[str, str,
 
 def build_pool(system: System, kube: Kube, ns: str) -> dict[int, dict[str, str]]:
     create_appdef(kube, ns, min_instances=POOL, max_instances=POOL)
-    system.converge(lambda: all(instance_count(kube, ns, k) == 5
-                                for k in range(1, POOL + 1)), what="the pool of 10 built")
+    # Built means warm too: claims take the lowest warm id first, so a pod still starting
+    # (the fake kubelet's, on a loaded machine) would send a claim past it, and the
+    # scale-down test's claims would not be instances 1 to 5.
+    def built(k: int) -> bool:
+        objects = instance_objects(kube, ns, "java", k)
+        return len(objects) == 5 and deployment_ready(objects)
+
+    system.converge(lambda: all(built(k) for k in range(1, POOL + 1)),
+                    what="the pool of 10 built, its pods ready")
     return {k: _uids(kube, ns, k) for k in range(1, POOL + 1)}
 
 
