@@ -121,8 +121,28 @@ def control_planes(
 
 @pytest.fixture(scope="session")
 def crds() -> str:
-    """The CRD set of `cluster`; tests.crd_sets.BOTH_CRD_SETS parametrizes it."""
+    """The CRD set of `cluster`: every test that uses it is parametrized on it
+    (`pytest_generate_tests`), so this default is never what a test gets."""
     return "warmpool"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize `crds` (session scope) on every test that uses a control plane and does not
+    already (tests.crd_sets.BOTH_CRD_SETS), with warmpool's own set.
+
+    Why: pytest caches a session fixture by its parameter. A test that took the fixture's
+    default got the `cluster` still cached from the last parametrized test, so after
+    `[upstream]` tests it ran on upstream Theia Cloud's control plane (seen: the migration
+    test after test_ingress_mode, in ingress mode there). With a parameter of its own, a
+    change of set tears the cached plane's dependants down, as between two parameters."""
+    if "crds" not in metafunc.fixturenames:
+        return
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0]
+        listed = names.replace(" ", "").split(",") if isinstance(names, str) else list(names)
+        if "crds" in listed:
+            return
+    metafunc.parametrize("crds", ["warmpool"], scope="session")
 
 
 @pytest.fixture(scope="session")
