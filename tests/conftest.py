@@ -138,7 +138,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "crds" not in metafunc.fixturenames:
         return
     for marker in metafunc.definition.iter_markers("parametrize"):
-        names = marker.args[0]
+        names = marker.args[0] if marker.args else marker.kwargs.get("argnames", "")
         listed = names.replace(" ", "").split(",") if isinstance(names, str) else list(names)
         if "crds" in listed:
             return
