@@ -30,10 +30,10 @@ class PinnedKube(Kube):
 
     def list(self, api_version: str, kind: str, namespace: str | None, *,
              label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
-        res = self._res(api_version, kind)
-        extra = ({"resource_version": self.rv, "resource_version_match": "Exact"}
-                 if self.rv else {})
-        body = self._call(res.get, namespace=namespace, label_selector=label_selector, **extra)
+        query = [("labelSelector", label_selector)] if label_selector is not None else []
+        if self.rv:
+            query += [("resourceVersion", self.rv), ("resourceVersionMatch", "Exact")]
+        body = self._send("GET", self._path(api_version, kind, namespace), query)
         rv = str((body.get("metadata") or {}).get("resourceVersion"))
         if self.rv is None:
             self.rv = rv

@@ -1,8 +1,15 @@
-"""The controller's window on the Kubernetes API: plain dicts over the official DynamicClient.
+"""The controller's window on the Kubernetes API: plain dicts over the official client.
 
 Decisions are computed on dicts exactly as the API server returns them, so one thin layer here
 turns calls into dicts and API errors into the few outcomes the controller distinguishes
 (not found, conflict, everything else), and nothing else in the code base imports the client.
+
+The official DynamicClient finds each kind's path (discovery) and streams watches; a request
+itself goes straight to the client's own connection pool (`Kube._send`), with its
+configuration's credentials. Why: every request through the DynamicClient walked its body
+and parameters for serialization, built its query from a table of every parameter any verb
+takes, and parsed its URL again: about as much CPU as the HTTP exchange itself, and 12 % of a
+worker's CPU under churn (issue #28's profile), spent once for every one of a claim's writes.
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
+import urllib3
 from kubernetes import config as kube_config
 from kubernetes import watch as kube_watch
 from kubernetes.client import ApiClient, Configuration, VersionApi
@@ -57,6 +66,27 @@ def _wrap(exc: DynamicApiError) -> Exception:
     if exc.status == 410:
         return Gone(exc.summary())
     return KubeError(exc.status, exc.summary())
+
+
+def _refusal(status: int, data: bytes, reason: str | None) -> Exception:
+    """What an answer of `status` >= 400 raises: the server's message (its Status' `message`,
+    else the body as sent, else the HTTP reason), as the DynamicClient's errors said it."""
+    message = ""
+    try:
+        status_body = json.loads(data) if data else None
+    except ValueError:
+        status_body = None
+    if isinstance(status_body, dict) and isinstance(status_body.get("message"), str):
+        message = status_body["message"]
+    elif data:
+        message = data.decode("utf-8", "replace")
+    else:
+        message = f"{status} Reason: {reason}"
+    if status == 409:
+        return Conflict(message)
+    if status == 410:
+        return Gone(message)
+    return KubeError(status, message)
 
 
 def not_served(exc: BaseException) -> bool:
@@ -123,6 +153,10 @@ _EVENT_ATTEMPTS = 4
 # s beyond a watch's server-side timeout before the client gives up reading from it
 WATCH_READ_MARGIN = 30
 
+#: Seconds a client keeps its configuration's bearer token before reading it again
+#: (`Kube._credentials`).
+CREDENTIALS_SECONDS = 10.0
+
 #: (connect, read) seconds of every call but watches, unless a caller bounds it tighter.
 REQUEST_TIMEOUT = (5.0, 60.0)
 
@@ -156,6 +190,9 @@ class Kube:
         # (connect, read) seconds for every call but watches (which time out server-side): an
         # API server that drops packets must fail a job, not hang a worker thread forever.
         self.request_timeout = request_timeout
+        self._timeout = urllib3.Timeout(connect=request_timeout[0], read=request_timeout[1])
+        self._auth: tuple[float, tuple[str, str] | None] | None = None  # (read at, header)
+        self._clock = time.monotonic  # when the credentials were read (tests inject theirs)
         self._resources: dict[tuple[str, str], Any] = {}
         self._events = Recorded()  # the Events this client wrote last (`event`)
         self._line: lines.TheiaLine | None = None
@@ -223,7 +260,7 @@ class Kube:
 
     def _get_path(self, path: str) -> Obj:
         """GET a discovery document (the dynamic client's request: credentials included)."""
-        body = self._call(self.dyn.request, "GET", path)
+        body = self._send("GET", path)
         return body if isinstance(body, dict) else {}
 
     def _res(self, api_version: str, kind: str) -> Any:
@@ -254,16 +291,69 @@ class Kube:
         """Whether the API server serves `kind` of `api_version` (its CRD is installed)."""
         return not self.resolve([(api_version, kind)])
 
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Obj:
-        kwargs.setdefault("_request_timeout", self.request_timeout)
+    def _send(
+        self, method: str, path: str, query: builtins.list[tuple[str, str]] | None = None,
+        body: Any = None, content_type: str = "application/json",
+    ) -> Obj:
+        """One request on the client's connection pool; the answer as a dict (every answer of
+        the API server here is a JSON object: the resource, a list, or a Status).
+
+        As the official client sends it: its host, default headers (User-Agent) and
+        credentials (`_credentials`), the pool's retries of a failed connection, and
+        (connect, read) timeouts. An answer >= 400 raises (`_refusal`); a connection that
+        fails raises urllib3's error, as before."""
+        cfg = self.api_client.configuration
+        headers = {**self.api_client.default_headers, "Accept": "application/json"}
+        credentials = self._credentials()
+        if credentials is not None:
+            headers[credentials[0]] = credentials[1]
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body).encode()
+        url = cfg.host + path + (f"?{urlencode(query)}" if query else "")
         try:
-            resp = fn(*args, serialize=False, **kwargs)
-        except DynamicApiError as exc:
-            raise _wrap(exc) from None
+            resp = self.api_client.rest_client.pool_manager.urlopen(
+                method, url, body=data, headers=headers, timeout=self._timeout,
+                redirect=False)
+        except urllib3.exceptions.SSLError as exc:  # the client's ApiException(status=0)
+            raise KubeError(0, f"{type(exc).__name__}: {exc}") from None
         self._note_date(resp)
-        # Every call through here answers a JSON object: the resource, a list, or a Status.
-        body: Obj = json.loads(resp.data)
-        return body
+        if resp.status >= 400:
+            if resp.status == 401:
+                self._auth = None  # a token that expired or rotated: the next call reads anew
+            raise _refusal(resp.status, resp.data, resp.reason)
+        answer: Obj = json.loads(resp.data)
+        return answer
+
+    def _credentials(self) -> tuple[str, str] | None:
+        """The bearer token header of the client's configuration, read at most once every
+        `CREDENTIALS_SECONDS` (and again after a 401); None with client certificates alone.
+
+        Why not on every request, as the official client does: its configuration's refresh
+        hook (`refresh_api_key_hook`, set by the kubeconfig loader) assigns the host again,
+        and that setter scans the whole process environment for proxy variables: 4 % of a
+        worker's CPU under churn (issue #28's profile). Tokens rotate on a scale of minutes
+        (a service account's projected token is renewed at 80 % of its hour; an exec
+        plugin's carries its expiry, and the hook runs the plugin again once it passed), and
+        client-go itself keeps a token file's contents for a minute."""
+        now = self._clock()
+        cached = self._auth
+        if cached is None or now - cached[0] >= CREDENTIALS_SECONDS:
+            bearer = self.api_client.configuration.auth_settings().get("BearerToken")
+            header = ((str(bearer["key"]), str(bearer["value"]))
+                      if bearer and bearer.get("value") else None)
+            self._auth = cached = (now, header)
+        return cached[1]
+
+    def _path(self, api_version: str, kind: str, namespace: str | None,
+              name: str | None = None, subresource: str | None = None) -> str:
+        """The URL path of a kind's collection or of one object (discovery says it)."""
+        res = self._res(api_version, kind)
+        if subresource:
+            res = res.subresources[subresource]
+        path: str = res.path(name=name, namespace=namespace)
+        return path
 
     def _note_date(self, resp: Any) -> None:
         """Keep the ``Date`` of an answer with when it arrived (`latest_date`)."""
@@ -292,7 +382,7 @@ class Kube:
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
         try:
-            return self._call(self._res(api_version, kind).get, name=name, namespace=namespace)
+            return self._send("GET", self._path(api_version, kind, namespace, name))
         except KubeError as exc:
             if exc.status == 404:
                 return None
@@ -318,17 +408,17 @@ class Kube:
         within 3 s answers 504 ("Too large resource version"): the LIST is then sent to etcd,
         so the answer is never older than asked, only dearer."""
         _check_preconditions(kind, "(list)", resource_version=resource_version)
-        res = self._res(api_version, kind)
-        extra = {} if resource_version is None else {"resource_version": resource_version}
+        path = self._path(api_version, kind, namespace)
+        query = [("labelSelector", label_selector)] if label_selector is not None else []
         try:
-            body = self._call(res.get, namespace=namespace, label_selector=label_selector,
-                              **extra)
+            body = self._send("GET", path, query + (
+                [] if resource_version is None else [("resourceVersion", resource_version)]))
         except KubeError as exc:
-            if not extra or exc.status != 504:
+            if resource_version is None or exc.status != 504:
                 raise
             log.info("%s LIST at %s: the watch cache is behind (%s); asking etcd", kind,
                      resource_version, exc)
-            body = self._call(res.get, namespace=namespace, label_selector=label_selector)
+            body = self._send("GET", path, query)
         return self._typed(body, api_version, kind), str(meta_of(body).get("resourceVersion"))
 
     def _typed(self, body: Obj, api_version: str, kind: str) -> builtins.list[Obj]:
@@ -353,14 +443,16 @@ class Kube:
         the last page is the one to watch from. A continuation that expired (410) raises
         Gone; the caller lists again from the start.
         """
-        res = self._res(api_version, kind)
+        path = self._path(api_version, kind, namespace)
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"limit": page_size}
+            query = [(k, val) for k, val in (("labelSelector", label_selector),
+                                             ("fieldSelector", field_selector))
+                     if val is not None]
+            query.append(("limit", str(page_size)))
             if token:
-                kwargs["_continue"] = token
-            body = self._call(res.get, namespace=namespace, label_selector=label_selector,
-                              field_selector=field_selector, **kwargs)
+                query.append(("continue", token))
+            body = self._send("GET", path, query)
             meta = meta_of(body)
             yield self._typed(body, api_version, kind), str(meta.get("resourceVersion"))
             token = meta.get("continue")
@@ -371,9 +463,9 @@ class Kube:
         # A Theia Cloud object goes at the cluster's version of its kind, said in its body too
         # (the server refuses a body whose apiVersion is not the endpoint's).
         api_version = self.served_api_version(body["apiVersion"], body["kind"])
-        res = self._res(api_version, body["kind"])
-        return self._call(res.create, body={**body, "apiVersion": api_version},
-                          namespace=namespace_of(body) or None)  # None: cluster-scoped
+        path = self._path(api_version, body["kind"],
+                          namespace_of(body) or None)  # None: cluster-scoped
+        return self._send("POST", path, body={**body, "apiVersion": api_version})
 
     def merge_patch(
         self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any],
@@ -389,11 +481,9 @@ class Kube:
         body = dict(patch)
         if resource_version is not None:
             body["metadata"] = {**body.get("metadata", {}), "resourceVersion": resource_version}
-        res = self._res(api_version, kind)
-        if status:
-            res = res.subresources["status"]
-        return self._call(res.patch, body=body, name=name, namespace=namespace,
-                          content_type=MERGE_PATCH, **({"dry_run": "All"} if dry_run else {}))
+        path = self._path(api_version, kind, namespace, name, "status" if status else None)
+        return self._send("PATCH", path, [("dryRun", "All")] if dry_run else None, body,
+                          MERGE_PATCH)
 
     def json_patch(
         self, api_version: str, kind: str, namespace: str, name: str,
@@ -401,11 +491,8 @@ class Kube:
     ) -> Obj:
         """An RFC 6902 JSON patch: its `test` operations are preconditions on any field (the
         status subresource honours no metadata in a merge patch); a failed test is a 422."""
-        res = self._res(api_version, kind)
-        if status:
-            res = res.subresources["status"]
-        return self._call(res.patch, body=ops, name=name, namespace=namespace,
-                          content_type=JSON_PATCH)
+        path = self._path(api_version, kind, namespace, name, "status" if status else None)
+        return self._send("PATCH", path, body=ops, content_type=JSON_PATCH)
 
     def delete(
         self, api_version: str, kind: str, namespace: str, name: str, *,
@@ -422,8 +509,7 @@ class Kube:
         if preconditions:
             body["preconditions"] = preconditions
         try:
-            self._call(self._res(api_version, kind).delete, name=name, namespace=namespace,
-                       body=body)
+            self._send("DELETE", self._path(api_version, kind, namespace, name), body=body)
         except KubeError as exc:
             if exc.status == 404:
                 return False
