@@ -240,3 +240,48 @@ def test_the_subscriber_comes_back_after_its_connection_is_killed(
     finally:
         bell.stop()
     assert bell._thread is None and not bell.listening
+
+
+# --- a full consumer waits for room (issue #28: no polling while its prefetch is full) ----
+
+
+def test_a_full_consumer_waits_for_an_ack_and_fetches_right_after_it(
+    broker: KeyedRedisBroker, long_idle: QueueSettings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Prefetch 1, one message held: `next` neither polls nor returns until the held one is
+    acked; then the next message is fetched. The fallback (`ROOM_FALLBACK`) is set ten
+    minutes away, so only the ack can have woken it."""
+    monkeypatch.setattr("warmpool.queue.broker.ROOM_FALLBACK", LONG)
+    jobs = keyed_middleware(broker).jobs
+    jobs.queue.add_many(["k1", "k2"])
+    consumer = broker.consume(long_idle.queue_name, prefetch=1, timeout=20)
+    assert isinstance(consumer, _Consumer)
+    first = None
+    while first is None:
+        first = next(consumer)
+    fetches: list[int] = []
+    fetch = broker.do_fetch
+
+    def counted(queue: str, room: int) -> list[bytes]:
+        fetches.append(room)
+        return fetch(queue, room)
+
+    broker.do_fetch = counted  # type: ignore[method-assign]
+    got: list[object] = []
+
+    def consume() -> None:
+        while not got:
+            message = next(consumer)
+            if message is not None:
+                got.append(message.args[0])
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    wait_for(lambda: bool(consumer._room._waiters), 10,  # type: ignore[attr-defined]
+             message="the full consumer never waited for room")
+    assert fetches == [] and got == []  # full: no fetch, nothing delivered
+    consumer.ack(first)
+    thread.join(30)
+    assert not thread.is_alive(), "the ack did not wake the full consumer"
+    assert got == [{"k1", "k2"}.difference({first.args[0]}).pop()]
+    assert fetches == [1]

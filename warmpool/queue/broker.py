@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import redis
 from dramatiq.broker import MessageProxy
@@ -124,6 +125,11 @@ def _rid(message: MessageProxy) -> str:
     return str(message.options.get("redis_message_id") or "")
 
 
+#: The longest a consumer whose prefetch is full waits for an ack or a nack (`_wait_for_room`)
+#: before it looks again anyway.
+ROOM_FALLBACK = 1.0
+
+
 class _Consumer(_RedisConsumer):
     """dramatiq's Redis consumer, minus the ack round trip for deliveries already acked by
     the keyed `done` script (which performs exactly dispatch.lua's ack writes), with the
@@ -132,6 +138,12 @@ class _Consumer(_RedisConsumer):
     fetch it can reclaim the deliveries of its ack set it never received."""
 
     broker: KeyedRedisBroker
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]  # dramatiq: unannotated
+        # Notified by every ack and nack (worker threads make them, dramatiq 2.x): a consumer
+        # whose prefetch is full waits here for room (`_wait_for_room`).
+        self._room = threading.Condition()
 
     def __next__(self) -> MessageProxy | None:
         if not self.message_cache:
@@ -161,7 +173,7 @@ class _Consumer(_RedisConsumer):
                     return MessageProxy(message)
                 room = self.prefetch - self.outstanding_message_count
                 if room <= 0:  # nothing fetched: the queue need not be empty
-                    self._backoff()
+                    self._wait_for_room()
                     return None
                 bell = self.broker.doorbell
                 if bell is not None:
@@ -187,13 +199,34 @@ class _Consumer(_RedisConsumer):
         does. A delay queue's consumer that holds messages waiting for their eta polls too:
         its thread moves them on only between two calls of `__next__`."""
         bell = self.broker.doorbell
-        holds_etas = (self.queue_name == dq_name(q_name(self.queue_name))
-                      and self.outstanding_message_count > 0)
-        if bell is not None and not holds_etas and bell.wait(self._list,
+        if bell is not None and not self._holds_etas() and bell.wait(self._list,
                                                              self.broker.idle_timeout):
             self.misses = 0
             return
         self._backoff()
+
+    def _holds_etas(self) -> bool:
+        """A delay queue's consumer holding messages until their eta: only its own thread
+        moves them on, between two calls of `__next__`, so it must come back in time."""
+        return bool(self.queue_name == dq_name(q_name(self.queue_name))
+                    and self.outstanding_message_count > 0)
+
+    def _wait_for_room(self) -> None:
+        """Prefetch full: wait for an ack or nack to make room, instead of dramatiq's
+        backoff (sleeps from 5 ms doubling to `timeout`, 20 ms, and a look each time): under
+        churn every busy consumer looked 50 times a second (3 % of a worker's CPU, issue
+        #28's profile), and a look came up to 20 ms after the ack that made room. A delay
+        queue's consumer holding etas still comes back within `timeout` ms, as before (its
+        thread moves due messages on); any other waits up to `ROOM_FALLBACK` seconds, a
+        fallback only: nothing but an ack or a nack, which notify, makes room."""
+        limit = self.timeout / 1000 if self._holds_etas() else ROOM_FALLBACK
+        with self._room:
+            if self.prefetch - self.outstanding_message_count <= 0:
+                self._room.wait(limit)
+
+    def _made_room(self) -> None:
+        with self._room:
+            self._room.notify_all()
 
     def _backoff(self) -> None:
         """dramatiq's idle sleep: doubling from 5 ms up to `timeout` ms."""
@@ -225,6 +258,7 @@ class _Consumer(_RedisConsumer):
                 super().ack(message)  # type: ignore[no-untyped-call]  # dramatiq: unannotated
         finally:
             self.queued_message_ids.discard(message.message_id)
+            self._made_room()
         self.broker.held.discard(self.queue_name, [_rid(message)])  # only once acked
 
     def nack(self, message: MessageProxy) -> None:
@@ -233,6 +267,7 @@ class _Consumer(_RedisConsumer):
                 self._nack(message)
         finally:
             self.queued_message_ids.discard(message.message_id)
+            self._made_room()
         self.broker.held.discard(self.queue_name, [_rid(message)])  # only once nacked
 
     def _nack(self, message: MessageProxy) -> None:
