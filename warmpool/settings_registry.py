@@ -246,7 +246,9 @@ _QUEUE_MEANINGS = {
     "audit_period": "How often dirty keys that lost their message are repaired.",
     "heartbeat_timeout": "A worker process silent this long is dead; its messages are requeued.",
     "poll_timeout": "The longest an idle consumer sleeps between fetches (part of a claim's "
-                    "latency) when the doorbell is off or down, or its prefetch is full.",
+                    "latency) when the doorbell is off or down, or a delay queue's consumer "
+                    "holds messages for their eta (a consumer whose prefetch is full waits "
+                    "for an ack instead).",
     "idle_poll_timeout": "With the doorbell (pub/sub), the longest an idle consumer or the "
                          "delayed-key promoter sleeps without a notification (what a lost one "
                          "costs); at or below the poll timeout the doorbell is off.",

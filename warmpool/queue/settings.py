@@ -46,8 +46,9 @@ class QueueSettings:
         first claim waits up to this long before anyone fetches it (dramatiq backs off to
         it after empty fetches), so it is part of a claim's latency; 20 ms costs each
         idle process about a hundred one-script fetches a second. With the doorbell
-        listening (see `idle_poll_timeout`) it applies only while a consumer cannot fetch
-        (its prefetch is full) or the doorbell is down.
+        listening (see `idle_poll_timeout`) it applies only while the doorbell is down, or
+        to a delay queue's consumer holding messages for their eta (a consumer whose
+        prefetch is full waits for an ack instead).
     idle_poll_timeout: with the doorbell (`warmpool.queue.doorbell`), how long an idle
         consumer, and the promoter of delayed keys, sleeps at most when no notification
         comes: what a lost notification (a reconnect, a failover) costs, at most. At or
