@@ -259,7 +259,7 @@ class Kube:
         return f"{group}/{version}"
 
     def _get_path(self, path: str) -> Obj:
-        """GET a discovery document (the dynamic client's request: credentials included)."""
+        """GET a discovery document (`_send`: the client's credentials included)."""
         body = self._send("GET", path)
         return body if isinstance(body, dict) else {}
 
