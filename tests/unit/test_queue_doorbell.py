@@ -165,14 +165,9 @@ def entered_wait(bell: Doorbell) -> threading.Event:
     return entered
 
 
-def test_an_idle_consumer_wakes_on_an_enqueue_without_waiting_out_its_fallback(
-    broker: KeyedRedisBroker, long_idle: QueueSettings,
-) -> None:
-    assert broker.doorbell is not None
-    entered = entered_wait(broker.doorbell)
-    consumer = broker.consume(long_idle.queue_name, prefetch=1, timeout=int(LONG * 1000))
-    assert isinstance(consumer, _Consumer)
-    consumer.misses = 32  # long idle: dramatiq's own backoff would now sleep `timeout`
+def consuming(consumer: _Consumer) -> tuple[threading.Thread, list[object]]:
+    """A thread calling `next(consumer)` until one message comes, and the list it puts that
+    message's key in."""
     got: list[object] = []
 
     def consume() -> None:
@@ -183,6 +178,18 @@ def test_an_idle_consumer_wakes_on_an_enqueue_without_waiting_out_its_fallback(
 
     thread = threading.Thread(target=consume, daemon=True)
     thread.start()
+    return thread, got
+
+
+def test_an_idle_consumer_wakes_on_an_enqueue_without_waiting_out_its_fallback(
+    broker: KeyedRedisBroker, long_idle: QueueSettings,
+) -> None:
+    assert broker.doorbell is not None
+    entered = entered_wait(broker.doorbell)
+    consumer = broker.consume(long_idle.queue_name, prefetch=1, timeout=int(LONG * 1000))
+    assert isinstance(consumer, _Consumer)
+    consumer.misses = 32  # long idle: dramatiq's own backoff would now sleep `timeout`
+    thread, got = consuming(consumer)
     assert entered.wait(10), "the consumer never went idle"
     keyed_middleware(broker).jobs.queue.add("k1")
     thread.join(30)
@@ -267,16 +274,7 @@ def test_a_full_consumer_waits_for_an_ack_and_fetches_right_after_it(
         return fetch(queue, room)
 
     broker.do_fetch = counted  # type: ignore[method-assign]
-    got: list[object] = []
-
-    def consume() -> None:
-        while not got:
-            message = next(consumer)
-            if message is not None:
-                got.append(message.args[0])
-
-    thread = threading.Thread(target=consume, daemon=True)
-    thread.start()
+    thread, got = consuming(consumer)
     wait_for(lambda: bool(consumer._room._waiters), 10,  # type: ignore[attr-defined]
              message="the full consumer never waited for room")
     assert fetches == [] and got == []  # full: no fetch, nothing delivered
