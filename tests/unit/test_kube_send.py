@@ -124,3 +124,12 @@ def test_client_certificates_alone_send_no_authorization_header(kube: Any) -> No
     tokens.auth_settings = lambda: {}  # type: ignore[method-assign]
     k._send("GET", "/x")
     assert "authorization" not in pool.sent[0]["headers"]
+
+
+def test_a_huge_refusal_body_is_cut(kube: Any) -> None:
+    k, pool, _, _ = kube
+    pool.answers.append(Answer(502, raw=b"<html>" + b"x" * 100_000))
+    with pytest.raises(KubeError) as err:
+        k._send("GET", "/x")
+    assert len(str(err.value)) < api.REFUSAL_CHARS + 100
+    assert str(err.value).endswith("…")

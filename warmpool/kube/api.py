@@ -68,6 +68,10 @@ def _wrap(exc: DynamicApiError) -> Exception:
     return KubeError(exc.status, exc.summary())
 
 
+#: The longest refusal message kept (`_refusal`), in characters.
+REFUSAL_CHARS = 1000
+
+
 def _refusal(status: int, data: bytes, reason: str | None) -> Exception:
     """What an answer of `status` >= 400 raises: the server's message (its Status' `message`,
     else the body as sent, else the HTTP reason), as the DynamicClient's errors said it."""
@@ -82,6 +86,10 @@ def _refusal(status: int, data: bytes, reason: str | None) -> Exception:
         message = data.decode("utf-8", "replace")
     else:
         message = f"{status} Reason: {reason}"
+    # What answered may be a proxy or a load balancer (an HTML page of any size): the
+    # message goes into logs, events and statuses, so it is cut.
+    if len(message) > REFUSAL_CHARS:
+        message = message[:REFUSAL_CHARS - 1] + "…"
     if status == 409:
         return Conflict(message)
     if status == 410:
