@@ -146,6 +146,48 @@ def test_events_are_mapped_and_added(make) -> None:
     wait_for(lambda: "session/ns1/s3" in rec.added, timeout=5)
 
 
+def test_a_status_write_maps_to_nothing_and_each_event_is_hashed_once(make, monkeypatch) -> None:
+    """A Deployment's status write (the deployment controller's, many per instance change)
+    adds no key; a change of its spec adds its instance's. Each event's object is hashed
+    once, when its reflector keeps the stub: the comparison reads that stub's digest."""
+    from scheduler import mapping
+
+    hashed: list[str] = []
+    real = mapping.digest
+
+    def counted(obj: Any) -> str:
+        hashed.append(str(obj.get("metadata", {}).get("resourceVersion")))
+        return real(obj)
+
+    monkeypatch.setattr(mapping, "digest", counted)
+    rec = Recorder()
+    s, kube = make(rec)
+    s.start()
+    wait_for(lambda: len(rec.added) == 3, timeout=5)
+    owner = [{"apiVersion": v.APPDEF_API_VERSION, "kind": "AppDefinition", "name": "java",
+              "uid": "u-java"}]
+
+    def deployment(k: int, rv: str, image: str, ready: int) -> dict[str, Any]:
+        return {"metadata": meta(f"instance-{k}-java-x", resourceVersion=rv,
+                                 ownerReferences=owner),
+                "spec": {"template": {"spec": {"containers": [{"image": image}]}}},
+                "status": {"readyReplicas": ready}}
+
+    with kube.lock:
+        kube.events["Deployment"] += [{"type": "ADDED", "object": deployment(2, "7", "a", 0)},
+                                      {"type": "ADDED", "object": deployment(3, "8", "a", 0)}]
+    wait_for(lambda: "instance/ns1/java/3" in rec.added, timeout=5)
+    hashed.clear()
+    mark = rec.mark()
+    with kube.lock:  # in one watch, in order: a status write of 2, a spec change of 3
+        kube.events["Deployment"] += [
+            {"type": "MODIFIED", "object": deployment(2, "9", "a", 1)},
+            {"type": "MODIFIED", "object": deployment(3, "10", "b", 0)}]
+    wait_for(lambda: rec.since(mark), timeout=5)
+    assert rec.since(mark) == ["instance/ns1/java/3"]
+    assert hashed == ["9", "10"]
+
+
 def test_periodic_resync(make) -> None:
     rec = Recorder()
     s, _ = make(rec, resync_period=0.3)
