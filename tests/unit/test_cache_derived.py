@@ -177,9 +177,22 @@ def test_what_the_cache_keeps_derived_matches_a_computation_from_scratch(seed: i
     assert seen == {"clean", "held", "warm", "failing"}  # the sequence reached each case
 
 
-def test_pool_sets_are_derived_again_only_after_an_event_of_the_pool() -> None:
-    """The memo of `ClusterCache.derived`: the same value while nothing of the pool changed
-    (a Session's event changes none of it), a new one after a pod's event."""
+def _ready_pod(w: World, k: int, ready: bool) -> None:
+    deployment = builders.object_name(w.a, Part.DEPLOYMENT, k)
+    name = f"{deployment}-h-0"
+    w.put({"kind": "Pod", "apiVersion": "v1", "metadata": {
+        "name": name, "uid": f"pod-{name}",
+        "labels": {v.LABEL_APP: f"app-{k}", "pod-template-hash": "h", v.LABEL_GENERATION: "1"},
+        "ownerReferences": [{"kind": "ReplicaSet", "name": f"{deployment}-h", "uid": "rs",
+                             "controller": True}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                   "containerStatuses": [{"name": "c", "state": {"running": {}}}]}})
+
+
+def test_pool_sets_are_derived_again_only_after_a_change_of_what_they_read() -> None:
+    """The memo of `ClusterCache.derived`: the same value while neither a mark nor an
+    instance's warmth changed (a Session's event, a Deployment's or a pod's status write
+    that changes neither: most of a pool's events), a new one after a change of either."""
     a = dataclasses.replace(appdef(min_instances=3), namespace=NS)
     w = World(a)
     calls: list[int] = []
@@ -188,12 +201,28 @@ def test_pool_sets_are_derived_again_only_after_an_event_of_the_pool() -> None:
         calls.append(1)
         return frozenset(w.cache.instance_marks(NS, "Service", _name_rests(a, Part.DEPLOYMENT)))
 
+    def deployment(replicas: int) -> None:
+        obj = builders.build(Part.DEPLOYMENT, a, 1, holder=None, proxy_template=None,
+                             settings=SETTINGS)
+        w.put({**obj, "kind": "Deployment", "status": {"readyReplicas": replicas},
+               "metadata": {**obj["metadata"], "uid": "u-deployment-1"}})
+
+    deployment(0)
+    _ready_pod(w, 1, ready=False)
     first = w.cache.derived(NS, "key", compute)
     assert w.cache.derived(NS, "key", compute) is first and len(calls) == 1
     _session_event(w, random.Random(0))
+    deployment(1)  # the deployment controller's status write: no mark changes
+    _ready_pod(w, 1, ready=False)  # the kubelet's, still not Ready: the same warmth
     assert w.cache.derived(NS, "key", compute) is first and len(calls) == 1
-    _pod_event(w, random.Random(3))
-    assert w.cache.items("Pod", NS)
+    _ready_pod(w, 1, ready=True)  # now warm
     w.cache.derived(NS, "key", compute)
     assert len(calls) == 2
-    assert w.cache.derived("elsewhere", "key", compute) is not None and len(calls) == 3
+    w.cache.offer_gone("Pod", NS, f"{builders.object_name(a, Part.DEPLOYMENT, 1)}-h-0",
+                       "pod-" + f"{builders.object_name(a, Part.DEPLOYMENT, 1)}-h-0")
+    w.cache.derived(NS, "key", compute)
+    assert len(calls) == 3  # its pod gone: starting again
+    w.drop("Deployment", builders.object_name(a, Part.DEPLOYMENT, 1))  # a mark gone
+    w.cache.derived(NS, "key", compute)
+    assert len(calls) == 4
+    assert w.cache.derived("elsewhere", "key", compute) is not None and len(calls) == 5

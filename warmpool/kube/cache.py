@@ -21,9 +21,10 @@ Indexes, kept up to date by every change:
 
 Derived from those, so that a claim does not pass over the whole pool each time (issue #28):
 each AppDefinition's Sessions as a tuple, each instance's pods' warmth combined, and what
-a reader computes from the marks and the pods (`derived`: kept until the next event of the
-namespace's pool). Each is changed or dropped under the lock, in the same place as what it
-is derived from, and handed out as an immutable value or as a copy.
+a reader computes from the marks and the pods (`derived`: kept until an event of the
+namespace's pool changes a mark or an instance's warmth). Each is changed or dropped under
+the lock, in the same place as what it is derived from, and handed out as an immutable
+value or as a copy.
 
 Why reading from here is safe although it may lag behind the API server: every write the
 controller makes carries a precondition (resourceVersion, uid, or "must not exist"), so a
@@ -194,8 +195,8 @@ class ClusterCache:
         # updated with `_pod_states` (`_index_pods`, under the lock) for the instances an
         # event touches: a claim copies each instance's answer rather than combining its pods.
         self._warmth: dict[tuple[str, str], dict[int, tuple[str, str]]] = {}
-        # namespace -> a count of the events that may have changed `_marks` or `_pod_states`
-        # there (bumped in `_index`, under the lock): what `derived` tells a current value by.
+        # namespace -> a count of the events that changed `_marks` or `_warmth` there (bumped
+        # in `_index`, under the lock): what `derived` tells a current value by.
         self._pool_generation: dict[str, int] = {}
         # (namespace, key) -> (generation, value) of `derived`: immutable values only.
         self._derived: dict[tuple[str, Hashable], tuple[int, object]] = {}
@@ -334,10 +335,11 @@ class ClusterCache:
             return out
 
     def derived(self, namespace: str, key: Hashable, compute: Callable[[], T]) -> T:
-        """`compute()`, remembered under (namespace, key) until an event may have changed
-        the instance marks or the pods' states of `namespace` (`instance_marks`,
+        """`compute()`, remembered under (namespace, key) until an event changes the
+        instance marks or an instance's warmth in `namespace` (`instance_marks`,
         `pod_warmth`): what a claim derives from the whole pool is derived once per change
-        of the pool, not once per claim.
+        of the pool, not once per claim, and not again for the status writes of the
+        deployment controller and the kubelets, which change neither.
 
         Safe because `compute` runs under the lock (the RLock: it may call those methods),
         so the generation read with it is the one its value reflects; it must read nothing
@@ -531,10 +533,7 @@ class ClusterCache:
                 self._tombstones.move_to_end(key)
                 while len(self._tombstones) > TOMBSTONES:
                     self._tombstones.popitem(last=False)
-            if watched in POOL_WATCHES or watched is PODS:
-                # Before the indexes change, under the same lock: a `derived` value computed
-                # from them afterwards is stored with the new count.
-                self._pool_generation[ns] = self._pool_generation.get(ns, 0) + 1
+            pool_changed = False
             if watched is SESSIONS:
                 self._index_session(event_type, ns, name, obj)
             elif watched is SERVICES:
@@ -542,27 +541,41 @@ class ClusterCache:
             elif watched is ROUTES:
                 self._index_routes(event_type, ns, name, obj, old)
             elif watched is PODS:
-                self._index_pods(event_type, ns, name, obj, old)
+                pool_changed = self._index_pods(event_type, ns, name, obj, old)
             if watched in POOL_WATCHES:
-                self._index_marks(event_type, ns, watched.kind, name, obj)
+                pool_changed = self._index_marks(event_type, ns, watched.kind, name, obj)
                 self._index_traces(event_type, ns, watched.kind, name, obj, old)
+            if pool_changed:
+                # Only when what `derived` values are computed from changed (a mark, an
+                # instance's warmth): the deployment controller's status writes and the
+                # kubelets' are most of the pool's events, and change neither. Under the
+                # lock `derived` computes under, so no value is stored between the change
+                # and the new count.
+                self._pool_generation[ns] = self._pool_generation.get(ns, 0) + 1
             self._changed.notify_all()
 
-    def _index_marks(self, event_type: str, ns: str, kind: str, name: str, obj: Obj) -> None:
+    def _index_marks(self, event_type: str, ns: str, kind: str, name: str, obj: Obj) -> bool:
+        """Keep the object's mark (`instance_marks`); whether the marks changed."""
         split = naming.split_instance_name(name)
         part = classify(obj)
         if split is None or part is None:
-            return
+            return False
         k, rest = split
         key = (ns, kind, rest)
         if event_type == DELETED:
             marks = self._marks.get(key)
-            if marks is not None:
-                marks.pop(k, None)
-                if not marks:
-                    del self._marks[key]
-            return
-        self._marks.setdefault(key, {})[k] = holder_trace(part, obj)
+            if marks is None or k not in marks:
+                return False
+            del marks[k]
+            if not marks:
+                del self._marks[key]
+            return True
+        marks = self._marks.setdefault(key, {})
+        mark = holder_trace(part, obj)
+        if k in marks and marks[k] == mark:
+            return False
+        marks[k] = mark
+        return True
 
     def _index_traces(
         self, event_type: str, ns: str, kind: str, name: str, obj: Obj, old: Obj | None
@@ -597,7 +610,9 @@ class ClusterCache:
 
     def _index_pods(
         self, event_type: str, ns: str, name: str, obj: Obj, old: Obj | None
-    ) -> None:
+    ) -> bool:
+        """Keep the pod in `_pods_by_app` and `_pod_states`; whether an instance's warmth
+        (`pod_warmth`) changed."""
         for o in (old, obj):
             app = labels_of(o or {}).get(v.LABEL_APP)
             names = self._pods_by_app.get((ns, app)) if app is not None else None
@@ -626,20 +641,29 @@ class ClusterCache:
         if event_type != DELETED and split is not None:
             self._pod_states.setdefault((ns, split[1]), {}).setdefault(split[0], {})[name] = (
                 pod_state(obj))
+        changed = False
         for k, rest in touched:
-            self._combine_pods(ns, k, rest)
+            changed |= self._combine_pods(ns, k, rest)
+        return changed
 
-    def _combine_pods(self, ns: str, k: int, rest: str) -> None:
-        """`_warmth` of one instance again, from its pods in `_pod_states` (after a change)."""
+    def _combine_pods(self, ns: str, k: int, rest: str) -> bool:
+        """`_warmth` of one instance again, from its pods in `_pod_states` (after a change);
+        whether it changed."""
         pods = self._pod_states.get((ns, rest), {}).get(k)
         if pods:
-            self._warmth.setdefault((ns, rest), {})[k] = combine(pods.values())
-            return
-        by_k = self._warmth.get((ns, rest))
-        if by_k is not None:
-            by_k.pop(k, None)
-            if not by_k:
-                del self._warmth[(ns, rest)]
+            states = self._warmth.setdefault((ns, rest), {})
+            state = combine(pods.values())
+            if states.get(k) == state:
+                return False
+            states[k] = state
+            return True
+        kept = self._warmth.get((ns, rest))
+        if kept is None or k not in kept:
+            return False
+        del kept[k]
+        if not kept:
+            del self._warmth[(ns, rest)]
+        return True
 
     def _index_session(self, event_type: str, ns: str, name: str, obj: Obj) -> None:
         previous = self._sessions.pop((ns, name), None)
