@@ -240,7 +240,7 @@ class Scheduler:
             keys = mapping.keys_for(kind, event_type, obj, old,
                                     session_appdef_of=self._session_appdef,
                                     routed_by=self._routed_by,
-                                    digest=_kept_digest(reflector, event_type, obj))
+                                    kept_digest=_kept_digest(reflector, event_type, obj))
             if log.isEnabledFor(logging.DEBUG):
                 meta = obj.get("metadata") or {}
                 log.debug("%s %s %s/%s -> %s", event_type, kind, meta.get("namespace"),

@@ -138,10 +138,10 @@ def _digest_of(obj: Obj) -> str:
     return str(obj["digest"]) if "digest" in obj else digest(obj)
 
 
-def changed(obj: Obj, old: Obj | None, digest: str | None = None) -> bool:
-    """False only when `old` is known and differs from `obj` in status alone. `digest`:
-    `obj`'s, where the caller has it already (the stub its watch cache just kept)."""
-    return old is None or (digest or _digest_of(obj)) != _digest_of(old)
+def changed(obj: Obj, old: Obj | None, kept_digest: str | None = None) -> bool:
+    """False only when `old` is known and differs from `obj` in status alone. `kept_digest`:
+    `obj`'s `digest`, where the caller has it already (the stub its watch cache just kept)."""
+    return old is None or (kept_digest or _digest_of(obj)) != _digest_of(old)
 
 
 def instance_id(obj: Obj | None) -> int | None:
@@ -189,18 +189,18 @@ def keys_for(
     *,
     session_appdef_of: SessionAppdef | None = None,
     routed_by: RoutedBy | None = None,
-    digest: str | None = None,
+    kept_digest: str | None = None,
 ) -> list[Key]:
     """The keys to add for one watch event (or one difference found by a relist).
 
     `obj` is the object as the event carries it (for a deletion found by a relist: the stub
     the cache kept); `old_obj` the previous state the cache kept (a stub or a full object),
     None if unknown. `session_appdef_of` looks up a Session's AppDefinition for pool objects
-    owned only by Sessions. `digest`: `obj`'s (`digest`), if the caller has it already.
+    owned only by Sessions. `kept_digest`: `obj`'s `digest`, if the caller has it already.
     """
     if event_type not in EVENT_TYPES:
         return []
-    if event_type == MODIFIED and not changed(obj, old_obj, digest):
+    if event_type == MODIFIED and not changed(obj, old_obj, kept_digest):
         return []
     ns = meta_of(obj).get("namespace") or meta_of(old_obj).get("namespace")
     if not ns:
