@@ -530,13 +530,16 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                     if claims:
                         out.isolated.append(isolated_claims(direct, ns, stack, proxy, claims,
                                                             instances, "iso-large"))
-                    profiler = None
+                    profiler = apiserver = None
                     if profile_dir is not None:
+                        from bench.pprof import capture_async
                         from bench.profiling import Profiler
 
                         assert stack.scheduler is not None
                         profiler = Profiler([*stack.worker_pids(), stack.scheduler.pid],
                                             profile_dir, "claim")
+                        # The API server too, over the window the Sessions are created in.
+                        apiserver = capture_async(info, max(1, int(window)))
                     m = _Measured(direct, ns, stack, counter, proxy, info, hold, grace)
                     try:
                         out.workers = m.churn(small, rate, window, "w")
@@ -545,6 +548,9 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                             from bench.profiling import summarize
 
                             out.profile = summarize(profiler.stop())
+                        if apiserver is not None and profile_dir is not None:
+                            out.profile += ["", *apiserver.result(
+                                profile_dir / "kube-apiserver-churn.pprof")]
                     if steady_rate:
                         out.steady = m.churn(None, steady_rate, min(window, 30.0), "q")
                     _later_churns(m, out, instances, small, rate, slow_rate, sweep, window,
