@@ -28,7 +28,7 @@ def test_a_claims_completing_patches_go_together_then_refresh_and_annotation() -
     refresh = RefreshPods("app")
     status = SetSessionStatus("s1", {"operatorStatus": "HANDLED"}, uid="u")
     assert _waves([ext, *rest, refresh, annotate, status]) == [
-        [ext], rest, [annotate], [status, refresh]]
+        [ext], rest, [refresh, annotate], [status]]
     # The annotation never goes with the completing patches (I1), before or after it, with or
     # without a refresh.
     assert _waves([*rest, annotate, status]) == [rest, [annotate], [status]]
@@ -46,9 +46,7 @@ def test_the_holders_route_goes_with_the_refresh_never_with_the_completing_write
     route = Create(Part.ROUTE, {"metadata": {"name": "r"}})
     status = SetSessionStatus("s1", {"operatorStatus": "HANDLED"}, uid="u")
     assert _waves([*rest, refresh, annotate, route, status]) == [
-        rest, [annotate, route], [status, refresh]]
-    # Without a status write to go beside, the refresh runs with the other follow-ups.
-    assert _waves([*rest, refresh, annotate, route]) == [rest, [refresh, annotate, route]]
+        rest, [refresh, annotate, route], [status]]
     # A made instance has nothing to refresh: the annotation and the route still go together.
     assert _waves([*rest, annotate, route, status]) == [rest, [annotate, route], [status]]
     # Never before the completing writes are answered, whatever the plan's order.
@@ -76,19 +74,3 @@ def test_two_writes_to_one_object_never_share_a_run() -> None:
     other = patch(Part.PROXY_CONFIGMAP, "proxy")
     create = Create(Part.INTERNAL_SERVICE, {"metadata": {"name": "int"}})
     assert _waves([first, other, second, create]) == [[first, other], [second, create]]
-
-
-def test_a_refresh_goes_beside_the_status_write_that_ends_its_follow_ups() -> None:
-    """The user's status is not held for the refresh's reads: the refresh is sent with it."""
-    rest = [patch(Part.DEPLOYMENT, "dep"), patch(Part.EMAIL_CONFIGMAP, "email")]
-    refresh = RefreshPods("app")
-    status = SetSessionStatus("s1", {"operatorStatus": "HANDLED"}, uid="u")
-    assert _waves([*rest, refresh, status]) == [rest, [status, refresh]]
-    # Anything else between them (a stray route's delete, a write) keeps the plan's order.
-    stray = Delete(Part.ROUTE, "old", "u9", "1", "stray")
-    assert _waves([*rest, refresh, stray, status]) == [rest, [refresh], [stray], [status]]
-    email = patch(Part.EMAIL_CONFIGMAP, "email")
-    assert _waves([refresh, email, status]) == [[refresh], [email], [status]]
-    # One refresh per status write: the one right before it; another keeps its place.
-    second = RefreshPods("other")
-    assert _waves([refresh, second, status]) == [[refresh], [status, second]]
