@@ -532,14 +532,14 @@ def run(instances: int = 1000, small: int = 100, rate: float = 20.0, hold: float
                                                             instances, "iso-large"))
                     profiler = apiserver = None
                     if profile_dir is not None:
-                        from bench.pprof import capture_async
+                        from bench.pprof import Capture
                         from bench.profiling import Profiler
 
                         assert stack.scheduler is not None
                         profiler = Profiler([*stack.worker_pids(), stack.scheduler.pid],
                                             profile_dir, "claim")
                         # The API server too, over the window the Sessions are created in.
-                        apiserver = capture_async(info, max(1, int(window)))
+                        apiserver = Capture(info, max(1, int(window)))
                     m = _Measured(direct, ns, stack, counter, proxy, info, hold, grace)
                     try:
                         out.workers = m.churn(small, rate, window, "w")

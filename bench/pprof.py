@@ -6,7 +6,7 @@ which of the controller's requests cost the most. kube-apiserver serves Go's ppr
 ``/debug/pprof/profile?seconds=N`` (``--profiling``, on by default): one GET, as the cluster's
 admin, records N seconds of CPU samples and answers a gzip'd ``profile.proto``.
 
-`capture_async` starts that GET on a thread at the start of a window and hands back the bytes
+`Capture` starts that GET on a thread at the start of a window and hands back the bytes
 when it ends; `summarize` reads them without Go's toolchain (this machine has none once the
 control plane is built): the functions with the most samples on top of the stack (flat), and
 those most often on it at all (cumulative), as `go tool pprof -top` prints them. The decoder
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import gzip
 import threading
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmpool.cluster.local import ClusterInfo, insecure_ctx
+from warmpool.cluster.apimetrics import read_as_admin
+from warmpool.cluster.local import ClusterInfo
 
 # --- the protobuf wire format: just what profile.proto needs ---------------------------------
 
@@ -221,7 +221,7 @@ def summarize(data: bytes, top: int = 15) -> list[str]:
 
 
 class Capture:
-    """One pprof CPU profile of the API server, recorded on a thread (`capture_async`)."""
+    """One pprof CPU profile of the API server, recorded on a thread from its creation."""
 
     def __init__(self, info: ClusterInfo, seconds: int) -> None:
         self.data: bytes | None = None
@@ -231,12 +231,9 @@ class Capture:
         self._thread.start()
 
     def _run(self, info: ClusterInfo, seconds: int) -> None:
-        req = urllib.request.Request(f"{info.server}/debug/pprof/profile?seconds={seconds}")
-        req.add_header("Authorization", f"Bearer {info.token}")
         try:
-            with urllib.request.urlopen(req, timeout=seconds + 60,
-                                        context=insecure_ctx()) as resp:
-                self.data = resp.read()
+            self.data = read_as_admin(info, f"/debug/pprof/profile?seconds={seconds}",
+                                      timeout=seconds + 60)
         except OSError as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 
@@ -252,7 +249,3 @@ class Capture:
             return summarize(self.data)
         except (ValueError, IndexError, OSError, EOFError) as exc:
             return [f"kube-apiserver profile: unreadable ({type(exc).__name__}: {exc})"]
-
-
-def capture_async(info: ClusterInfo, seconds: int) -> Capture:
-    return Capture(info, seconds)

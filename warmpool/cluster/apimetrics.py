@@ -33,12 +33,18 @@ def etcd_counts(text: str, operation: str = "list") -> Counter[str]:
     return out
 
 
-def read_metrics(info: ClusterInfo, timeout: float = 10.0) -> str:
-    """The API server's /metrics, as the cluster's admin (loopback, self-signed cert)."""
-    req = urllib.request.Request(f"{info.server}/metrics")
+def read_as_admin(info: ClusterInfo, path: str, timeout: float = 10.0) -> bytes:
+    """The body of a GET of `path` on the API server, as the cluster's admin (loopback,
+    self-signed cert): its /metrics, or its pprof profile (`bench.pprof`)."""
+    req = urllib.request.Request(f"{info.server}{path}")
     req.add_header("Authorization", f"Bearer {info.token}")
     with urllib.request.urlopen(req, timeout=timeout, context=insecure_ctx()) as resp:
-        return str(resp.read().decode())
+        return bytes(resp.read())
+
+
+def read_metrics(info: ClusterInfo, timeout: float = 10.0) -> str:
+    """The API server's /metrics, as the cluster's admin."""
+    return read_as_admin(info, "/metrics", timeout).decode()
 
 
 def etcd_lists(info: ClusterInfo) -> Counter[str]:
