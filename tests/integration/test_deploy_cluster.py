@@ -296,8 +296,9 @@ WORKER_ALLOWED = [
     # watch: the worker cache keeps the pool's pods (warm-first claims, issue #28)
     *[(verb, "pods") for verb in ("list", "watch", "patch", "delete")],
     # Which ReplicaSets an instance's Deployment controls (a reset or refresh touches only
-    # its pods, issue #27)
+    # its pods, issue #27); watch: the worker cache keeps them (issue #28)
     ("list", "replicasets.apps"),
+    ("watch", "replicasets.apps"),
     # Session routes (session-lifecycle §1): the shared route is only read
     *[(verb, "httproutes.gateway.networking.k8s.io")
       for verb in ("get", "create", "patch", "delete")],
@@ -326,8 +327,7 @@ DENIED_HERE = [
                                         "rolebindings.rbac.authorization.k8s.io",
                                         "serviceaccounts") for verb in ("create", "patch")],
     ("create", "serviceaccounts", "token"),
-    *[(verb, "replicasets.apps") for verb in ("get", "watch", "create", "update", "patch",
-                                              "delete")],
+    *[(verb, "replicasets.apps") for verb in ("get", "create", "update", "patch", "delete")],
     ("patch", "statefulsets.apps"),
     ("create", "ingresses.networking.k8s.io"),
 ]

@@ -168,7 +168,7 @@ def test_freshness_waits_for_the_version_or_the_deletion_that_caused_a_job(make_
     assert not c.fresh(NS, {f"{v.SESSION_KIND}/gone-before": "25"})
     assert not c.fresh(NS, {f"{v.SESSION_KIND}/other": "25"})  # held: its own version counts
     # Kinds the cache does not keep are nothing to wait for.
-    assert c.fresh(NS, {"ReplicaSet/r": "100"})
+    assert c.fresh(NS, {"StatefulSet/r": "100"})
 
 
 def test_an_offered_write_is_read_back_until_the_watch_brings_it(make_cache) -> None:

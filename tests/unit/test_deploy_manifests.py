@@ -226,6 +226,11 @@ def _watched(verb: str) -> set[Grant]:
     return _with(WATCHED, verb)
 
 
+def _worker_watched(verb: str) -> set[Grant]:
+    """What only the workers' caches watch besides `WATCHED`."""
+    return {("", "pods", verb), ("apps", "replicasets", verb)}
+
+
 #: Every call of Kube (warmpool/kube/api.py) in the deployed code, found by
 #: `test_every_kube_call_is_in_the_table`: (module, function) -> {role: the grants it needs}.
 #: A role absent from a call's entry does not reach that call (checked against the import
@@ -236,10 +241,11 @@ KUBE_CALLS: dict[tuple[str, str], dict[str, set[Grant]]] = {
     # Discovery only (whether HTTPRoutes are served; the Theia Cloud line): no rule wanted.
     ("warmpool.kube.kinds", "settle_routes"): {"scheduler": set(), "worker": set()},
     ("warmpool.kube.reflector", "Reflector.list_and_sync"): {
-        "scheduler": _watched("list"), "worker": _watched("list") | {("", "pods", "list")}},
-    # The workers' caches watch the pool's pods too: warm first (issue #28).
+        "scheduler": _watched("list"), "worker": _watched("list") | _worker_watched("list")},
+    # The workers' caches watch the pool's pods too (warm first), and its ReplicaSets (a
+    # claim's pod refresh reads no LIST), issue #28.
     ("warmpool.kube.reflector", "Reflector.watch_once"): {
-        "scheduler": _watched("watch"), "worker": _watched("watch") | {("", "pods", "watch")}},
+        "scheduler": _watched("watch"), "worker": _watched("watch") | _worker_watched("watch")},
     ("scheduler.leader", "LeaderElector._get"): {"scheduler": {(LEASES, "leases", "get")}},
     ("scheduler.leader", "LeaderElector.try_acquire_or_renew"): {
         "scheduler": _grants(LEASES, "leases", "create patch")},

@@ -60,6 +60,10 @@ class _Kube:
         self._note(f"patch {kind}")
         return {"kind": kind, "metadata": {"name": name, "resourceVersion": "9"}}
 
+    def event(self, namespace: str, regarding: dict[str, str], reason: str, message: str,
+              **_: Any) -> None:
+        self._note(f"event {reason}")
+
     def json_patch(self, api_version: str, kind: str, namespace: str, name: str,
                    ops: Any, **_: Any) -> dict[str, Any]:
         self._note("status")
@@ -94,3 +98,44 @@ def test_a_refused_annotation_still_lets_the_refresh_finish_then_fails_the_plan(
     # The pod was stamped (its allow-list is the holder's: the plan decided again finds
     # nothing to refresh), and no status was written after the refused run.
     assert "patch Pod" in kube.calls and "status" not in kube.calls
+
+
+class _Cache:
+    """A worker's cache as the executor asks it: the instance's pods and ReplicaSets."""
+
+    def __init__(self, pods: list[dict[str, Any]], sets: list[dict[str, Any]]) -> None:
+        self.pods, self.sets = pods, sets
+        self.asked: list[str] = []
+
+    def instance_pods(self, namespace: str, app_selector: str
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        self.asked.append(app_selector)
+        return list(self.pods), list(self.sets)
+
+
+def test_a_refresh_stamps_the_cached_own_pod_without_a_list() -> None:
+    kube = _Kube()
+    cache = _Cache([dict(POD)], [dict(RS)])
+    Executor(kube, "ns", Unguarded(), pods=cache).apply(  # type: ignore[arg-type]
+        [RefreshPods("app-1", "dep", "dep-uid")])
+    assert cache.asked == ["app-1"]
+    assert kube.calls == ["patch Pod"]
+
+
+def test_a_cached_pod_of_another_deployment_is_not_stamped() -> None:
+    kube = _Kube()
+    other = {"metadata": {**RS["metadata"], "ownerReferences": [  # type: ignore[dict-item]
+        {"kind": "Deployment", "name": "dep", "uid": "someone-else", "controller": True}]}}
+    Executor(kube, "ns", Unguarded(), pods=_Cache([dict(POD)], [other])).apply(  # type: ignore[arg-type]
+        [RefreshPods("app-1", "dep", "dep-uid")])
+    assert kube.calls == ["event ForeignPod"]  # reported, not stamped, and no LIST
+
+
+def test_a_cached_pod_whose_replica_set_the_cache_lacks_is_listed() -> None:
+    # Both made within the cache's lag: the LISTs decide, and the pod is the Deployment's.
+    kube = _Kube()
+    kube.status_written.set()
+    Executor(kube, "ns", Unguarded(), pods=_Cache([dict(POD)], [])).apply(  # type: ignore[arg-type]
+        [RefreshPods("app-1", "dep", "dep-uid")])
+    assert "list Pod" in kube.calls and "list ReplicaSet" in kube.calls
+    assert kube.calls[-1] == "patch Pod"

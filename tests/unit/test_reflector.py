@@ -51,18 +51,25 @@ class ScriptedKube:
         self.watch_rvs: list[str] = []
         self.list_calls = 0
         self.timeouts: list[int] = []
+        self.metadata_only: list[tuple[str, bool]] = []  # (list|watch, asked metadata only)
+
+    def served_api_version(self, api_version: str, kind: str) -> str:
+        return api_version
 
     def list_pages(self, api_version: str, kind: str, namespace: str | None, *,
                    label_selector: str | None = None, field_selector: str | None = None,
-                   page_size: int = 500) -> Any:
+                   page_size: int = 500, metadata_only: bool = False) -> Any:
         self.list_calls += 1
+        self.metadata_only.append(("list", metadata_only))
         items, rv = self.lists.popleft()
         for start in range(0, max(1, len(items)), page_size):
             yield [dict(i) for i in items[start:start + page_size]], rv
 
     def watch(self, api_version: str, kind: str, namespace: str | None, *,
               resource_version: str, label_selector: str | None = None,
-              field_selector: str | None = None, timeout_seconds: int = 300) -> Any:
+              field_selector: str | None = None, timeout_seconds: int = 300,
+              metadata_only: bool = False) -> Any:
+        self.metadata_only.append(("watch", metadata_only))
         self.watch_rvs.append(resource_version)
         self.timeouts.append(timeout_seconds)
         script = self.watches.popleft() if self.watches else []
@@ -312,3 +319,35 @@ def test_watches_failing_at_once_back_off_exponentially(run_reflector) -> None:
     r = run_reflector(kube, rec)
     wait_for(lambda: r.stats.errors == 2, timeout=5)
     assert r.backoff._delay > r.backoff.initial
+
+
+def _partial(name: str, rv: int) -> dict[str, Any]:
+    """A ReplicaSet as a metadata-only list or watch sends it."""
+    return {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": name, "namespace": NS, "resourceVersion": str(rv)}}
+
+
+def test_a_metadata_only_watch_asks_for_metadata_and_keeps_the_watched_kind() -> None:
+    kube = ScriptedKube()
+    kube.lists.append(([_partial("a", 5)], "10"))
+    kube.watches.append([ev("ADDED", _partial("b", 11))])
+    rec = Recorder()
+    kept: list[tuple[str, str]] = []
+
+    def keep(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        kept.append((obj["kind"], obj["apiVersion"]))
+        return obj
+
+    r = Reflector(kube, Watched("ReplicaSet", "apps/v1", "sel", metadata_only=True),  # type: ignore[arg-type]
+                  NS, rec, summarize=keep, backoff=Backoff(initial=0.01, cap=0.02),
+                  report_first_list=True)
+    stop = threading.Event()
+    r.start(stop)
+    try:
+        wait_for(lambda: len(rec.events) == 2, timeout=5)
+    finally:
+        stop.set()
+        r.join(5)
+    assert kube.metadata_only[:2] == [("list", True), ("watch", True)]
+    assert kept == [("ReplicaSet", "apps/v1")] * 2
+    assert r.get(NS, "b")["kind"] == "ReplicaSet"  # type: ignore[index]

@@ -43,12 +43,13 @@ class StaticKube:
 
     def list_pages(self, api_version: str, kind: str, namespace: str | None, *,
                    label_selector: str | None = None, field_selector: str | None = None,
-                   page_size: int = 500) -> Any:
+                   page_size: int = 500, metadata_only: bool = False) -> Any:
         yield [dict(o) for o in OBJECTS[kind]], "1"
 
     def watch(self, api_version: str, kind: str, namespace: str | None, *,
               resource_version: str, label_selector: str | None = None,
-              field_selector: str | None = None, timeout_seconds: int = 300) -> Any:
+              field_selector: str | None = None, timeout_seconds: int = 300,
+              metadata_only: bool = False) -> Any:
         time.sleep(0.02)  # stimulus: each fake watch lasts a moment, as a quiet server's
         with self.lock:
             pending, self.events[kind] = self.events[kind], []

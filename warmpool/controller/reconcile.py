@@ -179,7 +179,7 @@ def reconcile_instance(
                 a for a in plan.actions
                 if not (isinstance(a, ResetPods) and a.app_selector in reset)])
         executor = Executor(kube, ns, guard, sink=reader, prober=prober,
-                            pacer=pacer if _bulk(plan) else None)
+                            pacer=pacer if _bulk(plan) else None, pods=reader)
         try:
             executor.apply(plan.actions)
         except RouteWriteFailed as exc:

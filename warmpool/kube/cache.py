@@ -2,10 +2,11 @@
 
 controller-runtime's default client reads from shared informer caches and writes to the API
 server; this is that cache for warmpool. One per worker process, shared by its threads: the
-AppDefinitions, the Sessions, the PoolSchedules, the pool's Services, Deployments and
-ConfigMaps, and the namespace's oauth2-proxy template, each kept by a `Reflector` (list in
-pages, watch with bookmarks, relist on 410) and stripped on arrival to the fields the
-decisions read (an informer's transform), so a pool of thousands costs megabytes, not hundreds.
+AppDefinitions, the Sessions, the PoolSchedules, the pool's Services, Deployments,
+ConfigMaps, pods and ReplicaSets (their metadata alone), and the namespace's oauth2-proxy
+template, each kept by a `Reflector` (list in pages, watch with bookmarks, relist on 410)
+and stripped on arrival to the fields the decisions read (an informer's transform), so a
+pool of thousands costs megabytes, not hundreds.
 
 Indexes, kept up to date by every change:
 - (namespace, AppDefinition name) -> its Sessions, parsed once per version; (namespace,
@@ -78,7 +79,14 @@ SCHEDULES = Watched(v.SCHEDULE_KIND, v.SCHEDULE_API_VERSION)
 # claim takes a warm instance first (`warmpool.pool.pods.warmth`), and the pool's status
 # counts the starting and failing ones, without a LIST per claim.
 PODS = Watched("Pod", "v1", POOL_SELECTOR)
-WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, *POOL_WATCHES, PROXY_TEMPLATE, PODS)
+# The pool's ReplicaSets (they carry their pod template's labels), their metadata alone: which
+# Deployment controls each, so a claim's pod refresh finds the instance's own pods here
+# (`warmpool.pool.pods.split_pods`) instead of two LISTs per claim (issue #28).
+REPLICA_SETS = Watched("ReplicaSet", "apps/v1", POOL_SELECTOR, metadata_only=True)
+WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, *POOL_WATCHES, PROXY_TEMPLATE, PODS,
+                                REPLICA_SETS)
+#: The kinds indexed by their `app=` label (an instance's pods and ReplicaSets).
+_BY_APP = (PODS, REPLICA_SETS)
 
 #: Deletions remembered per cache, for freshness checks (the oldest are forgotten first).
 TOMBSTONES = 20_000
@@ -185,8 +193,9 @@ class ClusterCache:
         self._marks: dict[tuple[str, str, str], dict[int, bool]] = {}
         # (namespace, Service name) -> names of the session routes that send to it.
         self._routes_to: dict[tuple[str, str], set[str]] = {}
-        # (namespace, `app=` label) -> names of the pods carrying it: an instance's pods.
-        self._pods_by_app: dict[tuple[str, str], set[str]] = {}
+        # (kind, namespace, `app=` label) -> names of the pods (ReplicaSets) carrying it: an
+        # instance's.
+        self._by_app: dict[tuple[str, str, str], set[str]] = {}
         # (namespace, Deployment name after ``instance-<k>-``) -> k -> pod name -> its state:
         # the current pods of each instance's Deployment (`pods.deployment_of`), so a claim
         # reads which free instances are warm without naming each one's pods.
@@ -247,6 +256,8 @@ class ClusterCache:
             return SESSIONS
         if kind == PODS.kind:
             return PODS
+        if kind == REPLICA_SETS.kind:
+            return REPLICA_SETS
         if kind == PROXY_TEMPLATE.kind and name == v.NAMESPACE_PROXY_TEMPLATE:
             return PROXY_TEMPLATE
         if kind in _POOL_WATCH:
@@ -314,9 +325,17 @@ class ClusterCache:
     def pods_of(self, namespace: str, app_selector: str) -> list[Obj]:
         """The cached (stripped) pods labelled ``app=<app_selector>``: one instance's,
         and whatever else carries its label (`warmpool.pool.pods` tells them apart)."""
+        return self._of_app(PODS, namespace, app_selector)
+
+    def replica_sets_of(self, namespace: str, app_selector: str) -> list[Obj]:
+        """The cached ReplicaSets (their metadata) labelled ``app=<app_selector>``: what
+        `warmpool.pool.pods.split_pods` checks the pods of `pods_of` against."""
+        return self._of_app(REPLICA_SETS, namespace, app_selector)
+
+    def _of_app(self, watched: Watched, namespace: str, app_selector: str) -> list[Obj]:
         with self._lock:
-            names = sorted(self._pods_by_app.get((namespace, app_selector), ()))
-        return [o for n in names if (o := self.get(PODS.kind, namespace, n)) is not None]
+            names = sorted(self._by_app.get((watched.kind, namespace, app_selector), ()))
+        return [o for n in names if (o := self.get(watched.kind, namespace, n)) is not None]
 
     def pod_warmth(
         self, namespace: str, names: Sequence[tuple[int | None, str]]
@@ -540,7 +559,9 @@ class ClusterCache:
                 self._index_holders(event_type, ns, name, obj, old)
             elif watched is ROUTES:
                 self._index_routes(event_type, ns, name, obj, old)
-            elif watched is PODS:
+            if watched in _BY_APP:
+                self._index_app(watched.kind, event_type, ns, name, obj, old)
+            if watched is PODS:
                 pool_changed = self._index_pods(event_type, ns, name, obj, old)
             if watched in POOL_WATCHES:
                 pool_changed = self._index_marks(event_type, ns, watched.kind, name, obj)
@@ -611,18 +632,8 @@ class ClusterCache:
     def _index_pods(
         self, event_type: str, ns: str, name: str, obj: Obj, old: Obj | None
     ) -> bool:
-        """Keep the pod in `_pods_by_app` and `_pod_states`; whether an instance's warmth
-        (`pod_warmth`) changed."""
-        for o in (old, obj):
-            app = labels_of(o or {}).get(v.LABEL_APP)
-            names = self._pods_by_app.get((ns, app)) if app is not None else None
-            if names is not None:
-                names.discard(name)
-                if not names:
-                    del self._pods_by_app[(ns, str(app))]
-        app = labels_of(obj).get(v.LABEL_APP)
-        if event_type != DELETED and app:
-            self._pods_by_app.setdefault((ns, app), set()).add(name)
+        """Keep the pod in `_pod_states`; whether an instance's warmth (`pod_warmth`)
+        changed."""
         touched: set[tuple[int, str]] = set()
         for o in (old, obj):
             split = naming.split_instance_name(deployment_of(o or {}) or "")
@@ -645,6 +656,21 @@ class ClusterCache:
         for k, rest in touched:
             changed |= self._combine_pods(ns, k, rest)
         return changed
+
+    def _index_app(
+        self, kind: str, event_type: str, ns: str, name: str, obj: Obj, old: Obj | None
+    ) -> None:
+        """Keep the object under its `app=` label in `_by_app`."""
+        for o in (old, obj):
+            app = labels_of(o or {}).get(v.LABEL_APP)
+            names = self._by_app.get((kind, ns, app)) if app is not None else None
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self._by_app[(kind, ns, str(app))]
+        app = labels_of(obj).get(v.LABEL_APP)
+        if event_type != DELETED and app:
+            self._by_app.setdefault((kind, ns, app), set()).add(name)
 
     def _combine_pods(self, ns: str, k: int, rest: str) -> bool:
         """`_warmth` of one instance again, from its pods in `_pod_states` (after a change);

@@ -112,6 +112,15 @@ class WriteSink(Protocol):
     def deleted(self, kind: str, namespace: str, name: str, uid: str) -> None: ...
 
 
+class PodSource(Protocol):
+    """Where a refresh finds an instance's pods without a request: a worker's cache
+    (`warmpool.kube.reader.Reader.instance_pods`)."""
+
+    def instance_pods(
+        self, namespace: str, app_selector: str
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None: ...
+
+
 class Prober(Protocol):
     """Who watches a holder's URL until its instance answers (the process's probe runner)."""
 
@@ -232,11 +241,13 @@ class Executor:
     def __init__(
         self, kube: Kube, namespace: str, guard: Guard, sink: WriteSink | None = None,
         prober: Prober | None = None, pacer: Pacer | None = None,
+        pods: PodSource | None = None,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
         self.guard = guard
         self.sink = sink
+        self.pods = pods  # None: a refresh LISTs the pods (a tool, a test, no cache)
         self.prober = prober  # None: URL probes are not this caller's (a tool, a test)
         # Bulk work's writes wait here while claims do (`warmpool.kube.pacing`); None: a
         # claim's, or a caller's that is never paced (a tool, a test, pacing off).
@@ -313,10 +324,20 @@ class Executor:
 
     def _own_pods(self, action: ResetPods | RefreshPods) -> list[Mapping[str, Any]]:
         """The pods of the Deployment the decision saw (`warmpool.pool.pods.split_pods`); a
-        Warning for each other pod that carries the instance's label. Two LISTs by that
-        label (pods, ReplicaSets), each the size of one instance's pods, answered by the
-        API server's watch cache (`_since` says how fresh, and why that is enough)."""
+        Warning for each other pod that carries the instance's label. A refresh reads them
+        from the worker's cache (`self.pods`) where it has them; a reset, and a refresh
+        without, sends two LISTs by that label (pods, ReplicaSets), each the size of one
+        instance's pods, answered by the API server's watch cache (`_since` says how fresh,
+        and why that is enough)."""
         self.guard.ensure_held()  # the lease, checked again right before the pods are read
+        cached = (self.pods.instance_pods(self.namespace, action.app_selector)
+                  if isinstance(action, RefreshPods) and self.pods is not None else None)
+        if cached is not None and (not cached[0] or not _owner_missing(*cached)):
+            # A refresh may act on any state a cache once held (`_since`: the API server's
+            # watch cache as it is would do as well), so the worker's own serves, and a
+            # claim costs no LIST. A pod whose ReplicaSet the cache has not seen yet (both
+            # made within its lag) is not taken for foreign: the LISTs below decide.
+            return self._split_own(action, *cached)
         since = self._since(action)
         # Both at once: one round trip on a claim's path, not two. Each list is at `since`
         # or later, but the two watch caches lag apart: a pod listed whose ReplicaSet the
@@ -332,6 +353,13 @@ class Executor:
             return []
         if since is not None and _owner_missing(pods, sets):
             sets = self._replica_sets(action.app_selector, None)
+        return self._split_own(action, pods, sets)
+
+    def _split_own(
+        self, action: ResetPods | RefreshPods, pods: list[dict[str, Any]],
+        sets: list[dict[str, Any]],
+    ) -> list[Mapping[str, Any]]:
+        """The Deployment's own of `pods`, by `sets`; a Warning for each of the others."""
         split = split_pods(pods, sets, action.deployment, action.deployment_uid)
         for pod in split.foreign:
             self._apply(Report("ForeignPod", foreign_pod_message(

@@ -201,6 +201,14 @@ class Reader(Protocol):
 
     def deleted(self, kind: str, namespace: str, name: str, uid: str) -> None: ...
 
+    def instance_pods(
+        self, namespace: str, app_selector: str
+    ) -> tuple[list[Obj], list[Obj]] | None:
+        """(pods, ReplicaSets) labelled ``app=<app_selector>`` as a watch-fed cache last saw
+        them, possibly old (what a claim's pod refresh may act on:
+        `warmpool.kube.executor.Executor._own_pods`); None without such a cache."""
+        ...
+
 
 class LiveReader:
     """Every read is a request to the API server (always current, cost grows with the pool)."""
@@ -348,6 +356,11 @@ class LiveReader:
         return None
 
     def deleted(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        return None
+
+    def instance_pods(
+        self, namespace: str, app_selector: str
+    ) -> tuple[list[Obj], list[Obj]] | None:
         return None
 
 
@@ -766,3 +779,9 @@ class CachedReader:
 
     def deleted(self, kind: str, namespace: str, name: str, uid: str) -> None:
         self.cache.offer_gone(kind, namespace, name, uid)
+
+    def instance_pods(
+        self, namespace: str, app_selector: str
+    ) -> tuple[list[Obj], list[Obj]] | None:
+        return (self.cache.pods_of(namespace, app_selector),
+                self.cache.replica_sets_of(namespace, app_selector))

@@ -58,12 +58,15 @@ class Watched:
 
     For Theia Cloud's AppDefinition and Session the apiVersion names the kind's group; the
     version listed and watched is the cluster's (`Kube.served_api_version`), and the items
-    come with it (`Kube.list_pages`)."""
+    come with it (`Kube.list_pages`). `metadata_only`: list and watch the objects' metadata
+    alone (`warmpool.kube.api.METADATA_ONLY`), for a reader that keeps nothing else of them:
+    the server encodes, and this process decodes, a fraction of each object."""
 
     kind: str
     api_version: str
     label_selector: str | None = None
     field_selector: str | None = None
+    metadata_only: bool = False
 
 
 class Backoff:
@@ -298,11 +301,11 @@ class Reflector:
         for items, page_rv in self.kube.list_pages(w.api_version, w.kind, self.namespace,
                                                    label_selector=w.label_selector,
                                                    field_selector=w.field_selector,
-                                                   page_size=self.page_size):
+                                                   page_size=self.page_size,
+                                                   metadata_only=w.metadata_only):
             rv = page_rv
             for item in items:
-                item.setdefault("kind", w.kind)
-                item.setdefault("apiVersion", w.api_version)
+                self._type(item)
                 fresh[_cache_key(item)] = self.summarize(w.kind, item)
         self.stats.lists += 1
         report = self.synced.is_set() or self.report_first_list
@@ -338,7 +341,8 @@ class Reflector:
                                          resource_version=self.last_rv,
                                          label_selector=w.label_selector,
                                          field_selector=w.field_selector,
-                                         timeout_seconds=timeout):
+                                         timeout_seconds=timeout,
+                                         metadata_only=w.metadata_only):
                 if self._stop.is_set():
                     return
                 self._on_event(event)
@@ -356,8 +360,7 @@ class Reflector:
         if etype not in EVENT_TYPES:
             log.debug("%s: ignoring event type %s", self.name, etype)
             return
-        obj.setdefault("kind", self.watched.kind)
-        obj.setdefault("apiVersion", self.watched.api_version)
+        self._type(obj)
         key = _cache_key(obj)
         with self._lock:
             old = self.cache.get(key)
@@ -384,6 +387,17 @@ class Reflector:
         # indexes" (ClusterCache.fresh reads it).
         if rv:
             self.last_rv = rv
+
+    def _type(self, obj: dict[str, Any]) -> None:
+        """Say the watched kind on `obj`: a list's items and a watch's objects of a built-in
+        kind may leave it out; a metadata-only one's say PartialObjectMetadata."""
+        w = self.watched
+        if w.metadata_only:
+            obj["kind"] = w.kind
+            obj["apiVersion"] = self.kube.served_api_version(w.api_version, w.kind)
+        else:
+            obj.setdefault("kind", w.kind)
+            obj.setdefault("apiVersion", w.api_version)
 
     def _emit(self, etype: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         try:
