@@ -53,9 +53,6 @@ class ScriptedKube:
         self.timeouts: list[int] = []
         self.metadata_only: list[tuple[str, bool]] = []  # (list|watch, asked metadata only)
 
-    def served_api_version(self, api_version: str, kind: str) -> str:
-        return api_version
-
     def list_pages(self, api_version: str, kind: str, namespace: str | None, *,
                    label_selector: str | None = None, field_selector: str | None = None,
                    page_size: int = 500, metadata_only: bool = False) -> Any:

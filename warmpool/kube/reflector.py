@@ -60,7 +60,9 @@ class Watched:
     version listed and watched is the cluster's (`Kube.served_api_version`), and the items
     come with it (`Kube.list_pages`). `metadata_only`: list and watch the objects' metadata
     alone (`warmpool.kube.api.METADATA_ONLY`), for a reader that keeps nothing else of them:
-    the server encodes, and this process decodes, a fraction of each object."""
+    the server encodes, and this process decodes, a fraction of each object. Built-in kinds
+    only: their objects are typed with `api_version` as given (a Theia Cloud kind's is the
+    cluster's line, and its readers keep its spec anyway)."""
 
     kind: str
     api_version: str
@@ -393,8 +395,7 @@ class Reflector:
         kind may leave it out; a metadata-only one's say PartialObjectMetadata."""
         w = self.watched
         if w.metadata_only:
-            obj["kind"] = w.kind
-            obj["apiVersion"] = self.kube.served_api_version(w.api_version, w.kind)
+            obj["kind"], obj["apiVersion"] = w.kind, w.api_version
         else:
             obj.setdefault("kind", w.kind)
             obj.setdefault("apiVersion", w.api_version)
