@@ -394,6 +394,16 @@ class IsolatedClaims:
     released: int = 0
     releases: Traffic = field(default_factory=Traffic)
     release_jobs: Counter[str] = field(default_factory=Counter)
+    # (verb, resource, status) -> requests, of the claims' windows and of the releases'.
+    shapes: Counter[tuple[str, str, int]] = field(default_factory=Counter)
+    release_shapes: Counter[tuple[str, str, int]] = field(default_factory=Counter)
+
+    def top_shapes(self, of_releases: bool = False, n: int = 6) -> str:
+        """The most frequent requests per claim (or per release), as in the churn rows."""
+        shapes, per = ((self.release_shapes, self.released) if of_releases
+                       else (self.shapes, self.served))
+        return ", ".join(f"{verb} {res} {status} {count / max(1, per):.1f}"
+                         for (verb, res, status), count in shapes.most_common(n))
 
     def requests(self) -> float:
         return tr.requests_per(self.traffic, self.served)
@@ -433,7 +443,7 @@ def isolated_claims(direct: Kube, ns: str, stack: Stack, proxy: ApiProxy, claims
     while res.served < claims and attempt < 2 * claims:
         attempt += 1
         name = f"{label}-{attempt}"
-        before = proxy.traffic()
+        before, shapes = proxy.traffic(), proxy.shapes()
         t0 = time.monotonic()
         create_session(direct, ns, name, f"iso{attempt}@example.com", APPDEF)
         handled = _wait_handled(direct, ns, name, timeout)
@@ -448,15 +458,17 @@ def isolated_claims(direct: Kube, ns: str, stack: Stack, proxy: ApiProxy, claims
         else:
             res.served += 1
             res.traffic += window
+            res.shapes += proxy.shapes() - shapes
             res.jobs += kinds
             res.latencies.append(took)
-        before = proxy.traffic()
+        before, shapes = proxy.traffic(), proxy.shapes()
         direct.delete(v.SESSION_API_VERSION, v.SESSION_KIND, ns, name)
         stack.wait_idle(120, settle=settle)
         kinds, since = _new_starts(stack, since)
         if not kinds["pool"]:
             res.released += 1
             res.releases += proxy.traffic() - before
+            res.release_shapes += proxy.shapes() - shapes
             res.release_jobs += kinds
     say(f"claim cost at {instances}: {tr.describe(res.traffic, res.served, 'claim')} "
         f"({res.served} claims, {res.excluded} windows with a resync left out)")
@@ -826,8 +838,10 @@ def cost_rows(isolated: list[IsolatedClaims]) -> list[Row]:
         note = (f"{c.served} claims, each from its create to HANDLED and until the queue is "
                 f"idle 1 s; bytes by verb: {tr.bytes_by_verb(c.traffic, c.served)}; "
                 f"{tr.watch_note(c.traffic, c.served, 'claim')}; jobs / claim: {per_job}; "
-                f"{dur_summary('create -> HANDLED', c.latencies)}; releases apart: "
-                f"{tr.describe(c.releases, c.released, 'release')}")
+                f"{dur_summary('create -> HANDLED', c.latencies)}; the most frequent "
+                f"(verb resource status per claim): {c.top_shapes()}; releases apart: "
+                f"{tr.describe(c.releases, c.released, 'release')}, the most frequent: "
+                f"{c.top_shapes(of_releases=True)}")
         if c.excluded or c.unserved:
             note += (f"; left out: {c.excluded} windows with a resync, {c.unserved} claims "
                      "not HANDLED in 60 s")
