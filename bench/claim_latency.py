@@ -121,9 +121,7 @@ class ChurnResult:
     etcd_lists: Counter[str] = field(default_factory=Counter)
 
     def top_shapes(self, n: int = 8) -> str:
-        per = max(1, len(self.served))
-        return ", ".join(f"{verb} {res} {status} {count / per:.1f}"
-                         for (verb, res, status), count in self.shapes.most_common(n))
+        return tr.top_shapes(self.shapes, len(self.served), n)
 
     def percentile(self, q: float) -> tuple[float, bool]:
         """(value, exact): with unserved Sessions counted as +inf, the q-quantile is either a
@@ -400,10 +398,9 @@ class IsolatedClaims:
 
     def top_shapes(self, of_releases: bool = False, n: int = 6) -> str:
         """The most frequent requests per claim (or per release), as in the churn rows."""
-        shapes, per = ((self.release_shapes, self.released) if of_releases
-                       else (self.shapes, self.served))
-        return ", ".join(f"{verb} {res} {status} {count / max(1, per):.1f}"
-                         for (verb, res, status), count in shapes.most_common(n))
+        if of_releases:
+            return tr.top_shapes(self.release_shapes, self.released, n)
+        return tr.top_shapes(self.shapes, self.served, n)
 
     def requests(self) -> float:
         return tr.requests_per(self.traffic, self.served)

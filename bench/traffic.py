@@ -8,6 +8,8 @@ scheduler was sent, not reads a claim or a reconcile chose to make.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from warmpool.testing.apiproxy import VERBS, Traffic
 
 #: The order verbs are written in (reads first, then writes).
@@ -60,3 +62,10 @@ def watch_note(t: Traffic, per: float, unit: str) -> str:
     opened = t.requests.get("WATCH", 0)
     return (f"watch streams: {kb(t.bytes.get('WATCH', 0) / per)} of events / {unit}, "
             f"{opened} opened in the window (not counted above)") if per else ""
+
+
+def top_shapes(shapes: Counter[tuple[str, str, int]], per: float, n: int) -> str:
+    """"PATCH services 200 2.0, ..." : the `n` most frequent (verb, resource, status) of a
+    window (`ApiProxy.shapes`) per unit of work."""
+    return ", ".join(f"{verb} {res} {status} {count / max(1.0, per):.1f}"
+                     for (verb, res, status), count in shapes.most_common(n))
