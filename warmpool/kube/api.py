@@ -436,21 +436,15 @@ class Kube:
             body = self._send("GET", path, query)
         return self._typed(body, api_version, kind), str(meta_of(body).get("resourceVersion"))
 
-    def _typed(
-        self, body: Obj, api_version: str, kind: str, *, retype: bool = False,
-    ) -> builtins.list[Obj]:
+    def _typed(self, body: Obj, api_version: str, kind: str) -> builtins.list[Obj]:
         """A list's items, each saying its kind and the apiVersion it was served at (a list
         of a built-in kind leaves both out): the model copies a Theia Cloud object's into
-        owner references to it. `retype`: a metadata-only list's items, which each say
-        PartialObjectMetadata, say `kind` instead."""
+        owner references to it."""
         served = self.served_api_version(api_version, kind)
         items = body.get("items") or []
         for item in items:
-            if retype:
-                item["apiVersion"], item["kind"] = served, kind
-            else:
-                item.setdefault("apiVersion", served)
-                item.setdefault("kind", kind)
+            item.setdefault("apiVersion", served)
+            item.setdefault("kind", kind)
         return items
 
     def list_pages(
@@ -463,7 +457,8 @@ class Kube:
         Every page of one list is served from the same snapshot, so the resourceVersion of
         the last page is the one to watch from. A continuation that expired (410) raises
         Gone; the caller lists again from the start. `metadata_only`: each item's metadata
-        alone (`METADATA_ONLY_LIST`), typed as `kind` all the same.
+        alone (`METADATA_ONLY_LIST`), a PartialObjectMetadata as the server sends it (the
+        caller types it, as a metadata-only watch's objects: `Reflector`).
         """
         path = self._path(api_version, kind, namespace)
         token: str | None = None
@@ -477,8 +472,7 @@ class Kube:
             body = self._send("GET", path, query, accept=(
                 METADATA_ONLY_LIST if metadata_only else "application/json"))
             meta = meta_of(body)
-            yield self._typed(body, api_version, kind, retype=metadata_only), str(
-                meta.get("resourceVersion"))
+            yield self._typed(body, api_version, kind), str(meta.get("resourceVersion"))
             token = meta.get("continue")
             if not token:
                 return

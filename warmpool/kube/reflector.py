@@ -392,7 +392,8 @@ class Reflector:
 
     def _type(self, obj: dict[str, Any]) -> None:
         """Say the watched kind on `obj`: a list's items and a watch's objects of a built-in
-        kind may leave it out; a metadata-only one's say PartialObjectMetadata."""
+        kind may leave it out; a metadata-only list's and watch's say PartialObjectMetadata
+        (`Kube` hands both over as the server sent them): the one place they are typed."""
         w = self.watched
         if w.metadata_only:
             obj["kind"], obj["apiVersion"] = w.kind, w.api_version
