@@ -27,6 +27,10 @@ def test_the_oldest_take_the_free_ones_and_the_rest_make_spare_ids_in_age_order(
     assert isinstance(last, ClaimWait) and "all 5 instances" in last.message
     assert last.reason is WaitReason.MAX_INSTANCES
     assert "maxInstances" in last.message
+    # Free instances, yet it waits: the log (never the status) names who it read as ahead.
+    assert last.behind == ("behind 5 older waiting Sessions (s1, s2, s3, s4, s5); "
+                           "free [1, 2], coming []")
+    assert all(last.behind not in d.message for d in decisions if isinstance(d, ClaimWait))
     assert capacity(a, pool_facts(pool), burst=True) == 5
     assert capacity(a, pool_facts(pool), burst=False) == 2
 

@@ -54,6 +54,7 @@ def test_no_free_instance_waits_with_a_reason() -> None:
     new = session("new", created="2026-01-01T00:00:09Z")
     decision = decide_claim(new, a, pool(a, holders={1: held}), [held, new])
     assert isinstance(decision, ClaimWait) and "free instance" in decision.message
+    assert decision.behind == ""  # nothing free: nothing unusual to log
 
 
 def test_oldest_waiting_session_is_served_first() -> None:

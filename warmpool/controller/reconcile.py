@@ -844,7 +844,9 @@ def _carry_out(
             return Result(Outcome.SKIPPED, message=reason)
         case ClaimError(message=message, code=code):
             return _refuse(reader, kube, key, settings, read.session, message, code)
-        case ClaimWait(message=message, reason=wait):
+        case ClaimWait(message=message, reason=wait, behind=behind):
+            if behind:  # a free instance, yet it waits: who it read as ahead of it
+                log.info("Session %s waits %s", key.session, behind)
             return _wait(reader, kube, key, settings, read, message, wait)
         case ClaimHeld(instance_id=k):
             return _serve_held(reader, kube, leases, settings, read, k, prober)

@@ -50,10 +50,13 @@ class WaitReason(StrEnum):
 @dataclass(frozen=True, slots=True)
 class ClaimWait:
     """No instance for now: status HANDLING with this message; re-offered when one frees.
-    `reason`: why, as the metrics read it (never the message's text)."""
+    `reason`: why, as the metrics read it (never the message's text). `behind`: where some
+    instance is free but older Sessions come first, who and which (`queue_note`), for the
+    log only: it changes with every claim around it, so it never goes into the status."""
 
     message: str
     reason: WaitReason = WaitReason.OTHER
+    behind: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,20 +374,31 @@ def decide_claim(
         # case the target is taken under our feet.
         target = free[position]
         return ClaimTry((target, *(k for k in free if k != target)))
+    coming = coming_ids(appdef, facts)
+    behind = queue_note(queue[:position], free, coming) if free else ""
     if not burst:
-        return ClaimWait(_waiting_message(appdef, facts), WaitReason.MIN_INSTANCES)
+        return ClaimWait(_waiting_message(appdef, facts), WaitReason.MIN_INSTANCES, behind)
     # The same fairness past the free ones: the next ones wait for the instances about to be
     # free; the r-th of the rest makes the r-th spare id, so claims running at once do not
     # collide, and ids never pass maxInstances.
-    coming = coming_ids(appdef, facts)
     if position < len(free) + len(coming):
-        return ClaimWait(_waiting_message(appdef, facts), WaitReason.MIN_INSTANCES)
+        return ClaimWait(_waiting_message(appdef, facts), WaitReason.MIN_INSTANCES, behind)
     spare = burst_ids(appdef, facts)
     if position - len(free) - len(coming) < len(spare):
         return ClaimBurst(spare[position - len(free) - len(coming)])
     return ClaimWait(f"Waiting for a free instance of {appdef.name}: all "
                      f"{appdef.max_instances} instances it may have (maxInstances) are taken "
-                     "or starting", WaitReason.MAX_INSTANCES)
+                     "or starting", WaitReason.MAX_INSTANCES, behind)
+
+
+def queue_note(
+    ahead: Sequence[Session], free: Sequence[int], coming: Sequence[int], shown: int = 5,
+) -> str:
+    """Why a Session waits while an instance is free: the older waiting Sessions it reads as
+    ahead of it (each has a free, coming or spare id first), by name, never by user."""
+    names = ", ".join(s.name for s in ahead[:shown]) + (", ..." if len(ahead) > shown else "")
+    return (f"behind {len(ahead)} older waiting Sessions ({names}); free {list(free)}, "
+            f"coming {list(coming)}")
 
 
 def _waiting_message(appdef: AppDefinition, facts: PoolFacts) -> str:
