@@ -179,6 +179,36 @@ def test_another_sessions_route_is_deleted_but_not_one_someone_else_also_owns() 
     assert isinstance(plan.actions[0], Patch) and plan.actions[0].part is Part.EXTERNAL_SERVICE
 
 
+def test_a_claim_its_appdefinition_outlived_fails_and_its_route_goes_first() -> None:
+    """A burst claim routes before its status; its AppDefinition is deleted in between (the
+    CI chaos tier, seed 2): the instance job fails the claim, and the route must go with it,
+    guarded by the external Service, or it outlives its holder until the Session ends."""
+    s1 = session("s1", status=v.STATUS_HANDLING)  # deciding write made, not yet annotated
+    route = _stored(routes.desired_route(appdef(), 1, s1, SHARED, ROUTING))
+    view = dataclasses.replace(instance(appdef(), 1, holder=s1), routes=(route,))
+    for gone in (None, dataclasses.replace(appdef(), deleting=True)):
+        plan = decide_instance(view, "java", gone, [s1], proxy_template=None,
+                               settings=ROUTING, shared_route=SHARED)
+        guard, delete, *rest = _writes(plan)
+        assert isinstance(guard, Patch) and guard.part is Part.EXTERNAL_SERVICE
+        assert guard.patch == {}
+        assert isinstance(delete, Delete) and delete.name == route["metadata"]["name"]
+        (status,) = [a for a in rest if isinstance(a, SetSessionStatus)]
+        assert status.status["operatorStatus"] == v.STATUS_ERROR
+    # Already ERROR (its status written, the delete failed): the route still goes.
+    failed = dataclasses.replace(s1, status=v.STATUS_ERROR)
+    plan = decide_instance(view, "java", None, [failed], proxy_template=None,
+                           settings=ROUTING, shared_route=SHARED)
+    assert [d.name for d in plan.actions if isinstance(d, Delete)] == [
+        route["metadata"]["name"]]
+    # A holder whose claim completed keeps its route while it runs.
+    done = session("s1", instance=1, status=v.STATUS_HANDLED)
+    kept = dataclasses.replace(instance(appdef(), 1, holder=done), routes=(route,))
+    plan = decide_instance(kept, "java", None, [done], proxy_template=None,
+                           settings=ROUTING, shared_route=SHARED)
+    assert not plan.actions
+
+
 def test_without_routes_nothing_of_them_is_planned() -> None:
     s1 = session("s1", instance=None, status="HANDLING")
     plan = _decide(instance(appdef(), 1, holder=s1), [s1],

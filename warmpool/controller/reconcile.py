@@ -234,7 +234,7 @@ def _observe_and_decide(
     appdef = None if isinstance(read, Invalid) else read
     sessions = reader.sessions(ns, key.appdef)
     view = reader.instance(ns, key.appdef, appdef, key.id, sessions, fresh=fresh)
-    if invalid is not None and settings.routing:
+    if appdef is None and settings.routing:  # invalid or gone: read without routes
         view = _routes_by_service(reader, ns, view, fresh=fresh)
     if fresh:
         for s in holders(view, key.appdef, sessions):
@@ -325,10 +325,11 @@ def _fence_reporter(kube: Kube, namespace: str) -> Callable[[list[Report]], None
 def _routes_by_service(
     reader: Reader, namespace: str, view: InstanceView, *, fresh: bool
 ) -> InstanceView:
-    """`view` (read without its AppDefinition, so without routes) with its session routes:
-    those sending to its external Service, by the name that Service has, and its holders'.
-    `fresh`: each read again from the server (a route delete carries its uid and version,
-    so a stale one is refused all the same; the fresh read is what the retry decides on)."""
+    """`view` (read without its AppDefinition, invalid or gone, so without routes) with its
+    session routes: those sending to its external Service, by the name that Service has,
+    and its holders'. `fresh`: each read again from the server (a route delete carries its
+    uid and version, so a stale one is refused all the same; the fresh read is what the
+    retry decides on)."""
     ext = view.get(Part.EXTERNAL_SERVICE)
     if ext is None:
         return view

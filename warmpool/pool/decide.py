@@ -208,7 +208,20 @@ def _held_without_definition(
     """A held instance whose AppDefinition is gone (or going): its spec cannot rebuild
     anything, so what exists is kept and only the allow-list is kept right; the release
     deletes the instance when the Session ends. A claim it interrupted is finished (HANDLED)
-    or failed (ERROR), so that the Session does not wait forever."""
+    or failed (ERROR), so that the Session does not wait forever.
+
+    Routes go first, as in a release (session-lifecycle §3): every one but the holder's, and
+    the holder's too once it is (or is now made) ERROR: a failed Session is sent nowhere, and
+    nothing else would delete its route before the Session ends (a burst claim routes before
+    its status, so an AppDefinition deleted in between leaves a route behind). The deletes
+    are guarded by the external Service (`_guard_route_deletes`): a claim since refuses them.
+    """
+    complete = holder.instance_id == instance.id and instance.complete
+    fails = holder.status == v.STATUS_ERROR or not (complete or (
+        holder.instance_id == instance.id and holder.status == v.STATUS_HANDLED))
+    actions.extend(_delete(Part.ROUTE, r, f"instance {instance.id}: its AppDefinition is gone"
+                           + (" and its holder failed" if fails else ""))
+                   for r in routes.stray_routes(instance.routes, None if fails else holder.uid))
     email = instance.get(Part.EMAIL_CONFIGMAP)
     unvouched = (instance.get(Part.EXTERNAL_SERVICE) is None
                  and not emails_of(email).strip())
@@ -218,7 +231,6 @@ def _held_without_definition(
     if email is not None and emails_of(email) != emails and not unvouched:
         actions.append(_patch(Part.EMAIL_CONFIGMAP, email, {"data": {v.EMAILS_KEY: emails}},
                               "allow-list of the holder"))
-    complete = holder.instance_id == instance.id and instance.complete
     if complete and holder.status not in (v.STATUS_HANDLED, v.STATUS_ERROR):
         # The claim had done everything but its status (a write that failed, then the
         # AppDefinition went): the Session holds a whole instance, so it is HANDLED (it
@@ -230,8 +242,7 @@ def _held_without_definition(
                                "its AppDefinition was deleted: kept until the Session ends"},
             uid=holder.uid, first=holder.status == v.STATUS_NEW,
             resource_version=holder.resource_version))
-    elif holder.status != v.STATUS_ERROR and (holder.instance_id != instance.id
-                                              or holder.status != v.STATUS_HANDLED):
+    elif fails and holder.status != v.STATUS_ERROR:
         # The claim was in flight (deciding write made, Session not yet annotated, or an
         # object still missing): it cannot be completed, and without a word the Session
         # would wait forever.
