@@ -179,34 +179,41 @@ def test_another_sessions_route_is_deleted_but_not_one_someone_else_also_owns() 
     assert isinstance(plan.actions[0], Patch) and plan.actions[0].part is Part.EXTERNAL_SERVICE
 
 
-def test_a_claim_its_appdefinition_outlived_fails_and_its_route_goes_first() -> None:
+def test_a_claim_its_appdefinition_outlived_fails_then_loses_its_route() -> None:
     """A burst claim routes before its status; its AppDefinition is deleted in between (the
     CI chaos tier, seed 2): the instance job fails the claim, and the route must go with it,
-    guarded by the external Service, or it outlives its holder until the Session ends."""
+    or it outlives its holder until the Session ends. After the ERROR, whose write tests the
+    Session's version: a claim completed since refuses it, and keeps its route."""
     s1 = session("s1", status=v.STATUS_HANDLING)  # deciding write made, not yet annotated
     route = _stored(routes.desired_route(appdef(), 1, s1, SHARED, ROUTING))
-    view = dataclasses.replace(instance(appdef(), 1, holder=s1), routes=(route,))
+    # A released Session's route too: not the holder's, so it goes first, as in a release.
+    stray = _stored(routes.desired_route(appdef(), 1, session("s0"), SHARED, ROUTING))
+    view = dataclasses.replace(instance(appdef(), 1, holder=s1), routes=(route, stray))
     for gone in (None, dataclasses.replace(appdef(), deleting=True)):
         plan = decide_instance(view, "java", gone, [s1], proxy_template=None,
                                settings=ROUTING, shared_route=SHARED)
-        guard, delete, *rest = _writes(plan)
+        guard, first, *rest, status, delete = _writes(plan)
         assert isinstance(guard, Patch) and guard.part is Part.EXTERNAL_SERVICE
         assert guard.patch == {}
-        assert isinstance(delete, Delete) and delete.name == route["metadata"]["name"]
-        (status,) = [a for a in rest if isinstance(a, SetSessionStatus)]
+        assert isinstance(first, Delete) and first.name == stray["metadata"]["name"]
+        assert isinstance(status, SetSessionStatus)
         assert status.status["operatorStatus"] == v.STATUS_ERROR
+        assert status.resource_version == s1.resource_version
+        assert isinstance(delete, Delete) and delete.name == route["metadata"]["name"]
+        assert not any(isinstance(a, Delete | SetSessionStatus) for a in rest)
     # Already ERROR (its status written, the delete failed): the route still goes.
     failed = dataclasses.replace(s1, status=v.STATUS_ERROR)
     plan = decide_instance(view, "java", None, [failed], proxy_template=None,
                            settings=ROUTING, shared_route=SHARED)
     assert [d.name for d in plan.actions if isinstance(d, Delete)] == [
-        route["metadata"]["name"]]
+        stray["metadata"]["name"], route["metadata"]["name"]]
     # A holder whose claim completed keeps its route while it runs.
     done = session("s1", instance=1, status=v.STATUS_HANDLED)
-    kept = dataclasses.replace(instance(appdef(), 1, holder=done), routes=(route,))
+    kept = dataclasses.replace(instance(appdef(), 1, holder=done), routes=(route, stray))
     plan = decide_instance(kept, "java", None, [done], proxy_template=None,
                            settings=ROUTING, shared_route=SHARED)
-    assert not plan.actions
+    assert [d.name for d in plan.actions if isinstance(d, Delete)] == [
+        stray["metadata"]["name"]]
 
 
 def test_without_routes_nothing_of_them_is_planned() -> None:

@@ -210,18 +210,18 @@ def _held_without_definition(
     deletes the instance when the Session ends. A claim it interrupted is finished (HANDLED)
     or failed (ERROR), so that the Session does not wait forever.
 
-    Routes go first, as in a release (session-lifecycle §3): every one but the holder's, and
-    the holder's too once it is (or is now made) ERROR: a failed Session is sent nowhere, and
+    Every route but the holder's goes first, as in a release (session-lifecycle §3), guarded
+    by the external Service (`_guard_route_deletes`: a claim since refuses them). The
+    holder's own route goes once the holder is ERROR: a failed Session is sent nowhere, and
     nothing else would delete its route before the Session ends (a burst claim routes before
-    its status, so an AppDefinition deleted in between leaves a route behind). The deletes
-    are guarded by the external Service (`_guard_route_deletes`): a claim since refuses them.
+    its status, so an AppDefinition deleted in between leaves one behind).
     """
     complete = holder.instance_id == instance.id and instance.complete
     fails = holder.status == v.STATUS_ERROR or not (complete or (
         holder.instance_id == instance.id and holder.status == v.STATUS_HANDLED))
-    actions.extend(_delete(Part.ROUTE, r, f"instance {instance.id}: its AppDefinition is gone"
-                           + (" and its holder failed" if fails else ""))
-                   for r in routes.stray_routes(instance.routes, None if fails else holder.uid))
+    others = routes.stray_routes(instance.routes, holder.uid)
+    actions.extend(_delete(Part.ROUTE, r, f"instance {instance.id} is not its Session's")
+                   for r in others)
     email = instance.get(Part.EMAIL_CONFIGMAP)
     unvouched = (instance.get(Part.EXTERNAL_SERVICE) is None
                  and not emails_of(email).strip())
@@ -254,6 +254,15 @@ def _held_without_definition(
                                         first=holder.status == v.STATUS_NEW,
                                         resource_version=holder.resource_version))
         actions.append(Report("ClaimNotCompleted", f"Session {holder.name}: {message}"))
+    if fails:
+        # After the ERROR just planned, never before: that write tests the Session's
+        # resourceVersion, so on a stale read (its claim completed since) it is refused
+        # and this delete is not reached. A holder read as ERROR is ERROR now: without an
+        # AppDefinition nothing writes a Session out of ERROR, and a re-created one's
+        # reconcile would make the route again. The delete carries the route's uid and
+        # version.
+        actions.extend(_delete(Part.ROUTE, r, f"instance {instance.id}: its holder failed")
+                       for r in routes.stray_routes(instance.routes, None) if r not in others)
 
 
 def _holders_objects(
