@@ -326,19 +326,14 @@ def _routes_by_service(
     reader: Reader, namespace: str, view: InstanceView, *, fresh: bool
 ) -> InstanceView:
     """`view` (read without its AppDefinition, invalid or gone, so without routes) with its
-    session routes: those sending to its external Service, by the name that Service has,
-    and its holders'. `fresh`: each read again from the server (a route delete carries its
-    uid and version, so a stale one is refused all the same; the fresh read is what the
-    retry decides on)."""
+    session routes (`Reader.instance_routes`), found by the name its external Service has.
+    `fresh`: each read again from the server (a route delete carries its uid and version,
+    so a stale one is refused all the same; the fresh read is what the retry decides on)."""
     ext = view.get(Part.EXTERNAL_SERVICE)
     if ext is None:
         return view
-    found = routes.routes_to_instance(reader.session_routes(namespace), name_of(ext),
-                                      holder_uids(view))
-    if fresh:
-        found = tuple(r for route in found
-                      if (r := reader.route(namespace, name_of(route), fresh=True)) is not None)
-    return dataclasses.replace(view, routes=found)
+    return dataclasses.replace(view, routes=reader.instance_routes(
+        namespace, name_of(ext), holder_uids(view), fresh=fresh))
 
 
 def _invalid_ingress(

@@ -191,6 +191,15 @@ class Reader(Protocol):
         """Every session route of `namespace` (Theia Cloud's session labels)."""
         ...
 
+    def instance_routes(
+        self, namespace: str, service: str, holder_uids: Iterable[str], *, fresh: bool = False,
+    ) -> tuple[Mapping[str, Any], ...]:
+        """The session routes of one instance (`routes.routes_to_instance`): those sending to
+        its external Service `service`, and the route of each of `holder_uids` by name.
+        `fresh`: each read from the server (a route created since that a cache lacks is a
+        holder's, found by its name; another one's is seen by its event)."""
+        ...
+
     def ingress(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
         """An Ingress by name (the shared one of upstream's mode), or None."""
         ...
@@ -286,9 +295,8 @@ class LiveReader:
             view = observe.observe_instance(self.kube, appdef, k)
             if not self.routes:
                 return view
-            return dataclasses.replace(view, routes=routes.routes_to_instance(
-                observe.list_session_routes(self.kube, namespace),
-                builders.object_name(appdef, Part.EXTERNAL_SERVICE, k),
+            return dataclasses.replace(view, routes=self.instance_routes(
+                namespace, builders.object_name(appdef, Part.EXTERNAL_SERVICE, k),
                 observe.holder_uids(view)))
         pool = observe.observe_pool(self.kube, namespace, appdef_name, None, sessions)
         return pool.get(k, InstanceView(k, {}))
@@ -348,6 +356,11 @@ class LiveReader:
 
     def session_routes(self, namespace: str) -> list[Obj]:
         return observe.list_session_routes(self.kube, namespace) if self.routes else []
+
+    def instance_routes(
+        self, namespace: str, service: str, holder_uids: Iterable[str], *, fresh: bool = False,
+    ) -> tuple[Mapping[str, Any], ...]:
+        return routes.routes_to_instance(self.session_routes(namespace), service, holder_uids)
 
     def ingress(self, namespace: str, name: str, *, fresh: bool = False) -> Obj | None:
         return observe.read_ingress(self.kube, namespace, name) if name else None
@@ -613,15 +626,24 @@ class CachedReader:
         self, namespace: str, appdef: AppDefinition, view: InstanceView, cached: InstanceView,
         *, fresh: bool,
     ) -> InstanceView:
-        """`view` with its session routes, from the cache's index; `fresh`: each of those
-        and each holder's route read by name from the server (a route created since that the
-        cache lacks is a holder's, found by its name; another one's is seen by its event)."""
+        """`view` with its session routes (`instance_routes`), its holders' and the cached
+        view's."""
         if not self.cache.routes:
             return view
         service = builders.object_name(appdef, Part.EXTERNAL_SERVICE, view.id)
         uids = observe.holder_uids(view) | observe.holder_uids(cached)
+        return dataclasses.replace(
+            view, routes=self.instance_routes(namespace, service, uids, fresh=fresh))
+
+    def instance_routes(
+        self, namespace: str, service: str, holder_uids: Iterable[str], *, fresh: bool = False,
+    ) -> tuple[Mapping[str, Any], ...]:
+        """From the cache's index of routes by the Service they send to: no scan."""
+        if not self.cache.routes:
+            return ()
+        uids = sorted(set(holder_uids))
         candidates = [*self.cache.routes_to(namespace, service),
-                      *(r for uid in sorted(uids) if (r := self.cache.get(
+                      *(r for uid in uids if (r := self.cache.get(
                           v.ROUTE_KIND, namespace, routes.route_name(uid))) is not None)]
         if fresh:
             names = {name_of(r) for r in candidates}
@@ -631,8 +653,7 @@ class CachedReader:
                 obj = self.route(namespace, name, fresh=True)
                 if obj is not None:
                     candidates.append(obj)
-        return dataclasses.replace(
-            view, routes=routes.routes_to_instance(candidates, service, uids))
+        return routes.routes_to_instance(candidates, service, uids)
 
     def _offer_view(self, namespace: str, view: InstanceView, cached: InstanceView) -> None:
         """Teach the cache what a direct read of one instance found, absences included."""
