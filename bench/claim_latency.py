@@ -119,6 +119,8 @@ class ChurnResult:
     #: LISTs etcd answered in the same window, by stored type (the API server's own
     #: counters, `warmpool.cluster.apimetrics`): issue #28 wants none on the claim path
     etcd_lists: Counter[str] = field(default_factory=Counter)
+    #: Bytes of the watch streams' events by resource (`ApiProxy.watch_bytes`).
+    watch_bytes: Counter[str] = field(default_factory=Counter)
 
     def top_shapes(self, n: int = 8) -> str:
         return tr.top_shapes(self.shapes, len(self.served), n)
@@ -315,6 +317,7 @@ def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, ra
     churn.start()
     before = proxy.traffic() if proxy is not None else Traffic()
     shapes_before = proxy.shapes() if proxy is not None else Counter()
+    watch_before = proxy.watch_bytes() if proxy is not None else Counter()
     res.cpu.start()
     t0 = time.monotonic()
     gen: int | None = None
@@ -352,6 +355,7 @@ def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, ra
         if proxy is not None:
             res.traffic = proxy.traffic() - before
             res.shapes = proxy.shapes() - shapes_before
+            res.watch_bytes = proxy.watch_bytes() - watch_before
         if cluster is not None:
             res.etcd_lists = apimetrics.lists_between(lists_before,
                                                       apimetrics.etcd_lists(cluster))
@@ -395,6 +399,8 @@ class IsolatedClaims:
     # (verb, resource, status) -> requests, of the claims' windows and of the releases'.
     shapes: Counter[tuple[str, str, int]] = field(default_factory=Counter)
     release_shapes: Counter[tuple[str, str, int]] = field(default_factory=Counter)
+    #: The claims' windows' watch bytes by resource (`ApiProxy.watch_bytes`).
+    watch_bytes: Counter[str] = field(default_factory=Counter)
 
     def top_shapes(self, of_releases: bool = False, n: int = 6) -> str:
         """The most frequent requests per claim (or per release), as in the churn rows."""
@@ -440,7 +446,7 @@ def isolated_claims(direct: Kube, ns: str, stack: Stack, proxy: ApiProxy, claims
     while res.served < claims and attempt < 2 * claims:
         attempt += 1
         name = f"{label}-{attempt}"
-        before, shapes = proxy.traffic(), proxy.shapes()
+        before, shapes, watched = proxy.traffic(), proxy.shapes(), proxy.watch_bytes()
         t0 = time.monotonic()
         create_session(direct, ns, name, f"iso{attempt}@example.com", APPDEF)
         handled = _wait_handled(direct, ns, name, timeout)
@@ -456,6 +462,7 @@ def isolated_claims(direct: Kube, ns: str, stack: Stack, proxy: ApiProxy, claims
             res.served += 1
             res.traffic += window
             res.shapes += proxy.shapes() - shapes
+            res.watch_bytes += proxy.watch_bytes() - watched
             res.jobs += kinds
             res.latencies.append(took)
         before, shapes = proxy.traffic(), proxy.shapes()
@@ -730,7 +737,8 @@ def rows_for(out: ClaimBench, instances: int, small: int, rate: float,
                      f"scale-down and releases included): "
                      f"{tr.describe(res.traffic, len(res.served), 'Session')}; the most "
                      f"frequent (verb resource status per Session served): "
-                     f"{res.top_shapes()}")
+                     f"{res.top_shapes()}; " + tr.watch_note(
+                         res.traffic, len(res.served), "Session served", res.watch_bytes))
         if res.cpu.used:
             note += f"; {res.cpu.describe(len(res.served), 'Session served')}"
         if res.served:
@@ -834,7 +842,8 @@ def cost_rows(isolated: list[IsolatedClaims]) -> list[Row]:
         per_job = ", ".join(f"{k} {n / c.served:.1f}" for k, n in sorted(c.jobs.items()))
         note = (f"{c.served} claims, each from its create to HANDLED and until the queue is "
                 f"idle 1 s; bytes by verb: {tr.bytes_by_verb(c.traffic, c.served)}; "
-                f"{tr.watch_note(c.traffic, c.served, 'claim')}; jobs / claim: {per_job}; "
+                f"{tr.watch_note(c.traffic, c.served, 'claim', c.watch_bytes)}; "
+                f"jobs / claim: {per_job}; "
                 f"{dur_summary('create -> HANDLED', c.latencies)}; the most frequent "
                 f"(verb resource status per claim): {c.top_shapes()}; releases apart: "
                 f"{tr.describe(c.releases, c.released, 'release')}, the most frequent: "

@@ -57,11 +57,20 @@ def describe(t: Traffic, per: float, unit: str) -> str:
             f"{kb(bytes_per(t, per))} / {unit}")
 
 
-def watch_note(t: Traffic, per: float, unit: str) -> str:
-    """The watch streams' share of a window, reported beside (not in) the per-unit cost."""
+def watch_note(t: Traffic, per: float, unit: str,
+               by_resource: Counter[str] | None = None) -> str:
+    """The watch streams' share of a window, reported beside (not in) the per-unit cost;
+    with `by_resource` (`ApiProxy.watch_bytes`), which kinds' events those bytes were, the
+    largest first: what every watching process decodes."""
+    if not per:
+        return ""
     opened = t.requests.get("WATCH", 0)
-    return (f"watch streams: {kb(t.bytes.get('WATCH', 0) / per)} of events / {unit}, "
-            f"{opened} opened in the window (not counted above)") if per else ""
+    kinds = ""
+    if by_resource:
+        kinds = " (" + ", ".join(f"{res} {kb(n / per)}" for res, n in by_resource.most_common()
+                                 if n > 0) + ")"
+    return (f"watch streams: {kb(t.bytes.get('WATCH', 0) / per)} of events / {unit}{kinds}, "
+            f"{opened} opened in the window (not counted above)")
 
 
 def top_shapes(shapes: Counter[tuple[str, str, int]], per: float, n: int) -> str:

@@ -61,6 +61,7 @@ def test_list_and_watch_stream_through_the_proxy(
 ) -> None:
     items, rv = via.list("v1", "ConfigMap", namespace)
     assert isinstance(items, list) and rv
+    watched_before = proxy.watch_bytes()
     events: list[tuple[str, str]] = []
 
     def watch() -> None:
@@ -84,6 +85,10 @@ def test_list_and_watch_stream_through_the_proxy(
     assert events == [("ADDED", f"w{i}") for i in range(3)]
     stats = proxy.stats()
     assert stats["watches"] >= 1 and stats["requests"] >= 2
+    # The events' bytes are counted by the resource watched, and only there.
+    watched = proxy.watch_bytes() - watched_before
+    assert set(watched) == {"configmaps"}
+    assert watched["configmaps"] >= 3 * len('{"type":"ADDED","object":{}}')
 
 
 def test_large_list_and_writes_pass_unchanged(via: Kube, kube: Kube, namespace: str) -> None:

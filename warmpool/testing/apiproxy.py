@@ -177,6 +177,14 @@ def _resource_path(path: str) -> tuple[list[str], bool] | None:
     return rest, watch
 
 
+def _resource_of(path: str) -> str:
+    """The resource a request names: the kind's plural with its subresource
+    ("sessions/status"), "(other)" for a path that names none (discovery)."""
+    res = _resource_path(path)
+    segments = res[0] if res is not None else []
+    return "/".join([segments[0], *segments[2:3]]) if segments else "(other)"
+
+
 def verb_of(method: str, path: str) -> str:
     """The API verb of one request, from its method and URL: a GET of a collection
     (`/api/v1/namespaces/ns/configmaps`, `/api/v1/namespaces`) is a LIST, any GET with
@@ -405,6 +413,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
         self.proxy._count_bytes(self.client, self.verb, len(data))
+        if self.verb == "WATCH":
+            self.proxy._count_watch_bytes(self.path, len(data))
 
     def _stream(self, resp: http.client.HTTPResponse, watch: bool,
                 cut_after: float | None) -> None:
@@ -715,6 +725,7 @@ class ApiProxy:
         self._requests: Counter[tuple[str, str]] = Counter()  # (client, verb) -> requests
         self._bytes: Counter[tuple[str, str]] = Counter()  # (client, verb) -> body bytes
         self._shapes: Counter[tuple[str, str, int]] = Counter()  # see `shapes`
+        self._watch_bytes: Counter[str] = Counter()  # see `watch_bytes`
         # Objects the proxied clients deleted (2xx from the server): path without query -> the
         # uids of the deletes' preconditions (None for a delete without one). A name is reused
         # by the next object of that name; the uid tells the two apart.
@@ -968,12 +979,22 @@ class ApiProxy:
         with self._lock:
             return Counter(self._shapes)
 
-    def _count_shape(self, verb: str, path: str, status: int) -> None:
-        res = _resource_path(path)
-        segments = res[0] if res is not None else []
-        resource = "/".join([segments[0], *segments[2:3]]) if segments else "(other)"
+    def watch_bytes(self) -> Counter[str]:
+        """Bytes of events the watch streams relayed so far, by resource (the kind's
+        plural, "pods"), every client's: which kinds' events the watchers decode. A watch
+        for metadata alone counts what it was sent, its objects' metadata. Snapshots
+        subtract."""
         with self._lock:
-            self._shapes[(verb, resource, status)] += 1
+            return Counter(self._watch_bytes)
+
+    def _count_shape(self, verb: str, path: str, status: int) -> None:
+        with self._lock:
+            self._shapes[(verb, _resource_of(path), status)] += 1
+
+    def _count_watch_bytes(self, path: str, n: int) -> None:
+        resource = _resource_of(path)
+        with self._lock:
+            self._watch_bytes[resource] += n
 
     def traffic(self, client: str | None = None) -> Traffic:
         """Requests and response bytes by verb so far, of one client (None: all of them)."""
