@@ -1371,6 +1371,11 @@ def test_a_session_ended_while_its_appdefinition_is_invalid_loses_access_at_once
     wait_for(lambda: _app_pods(kube, ns, selector) - old_pods, timeout=SETTLE,
              message=f"the pod of {app}-a reset")
     assert not _app_pods(kube, ns, selector) & old_pods, "the ended user's pod still runs"
+    # By the Deployment's own selector, as the server has it (a worker's cache keeps a
+    # Deployment's metadata alone), never reported as unreadable on the way.
+    deployment = next(name.split("/", 1)[1] for name in instance_objects(kube, ns, app, ka)
+                      if name.startswith("Deployment/"))
+    assert not events_about(kube, ns, deployment, "PodsNotReset")
     assert kube.get(v.ROUTE_API_VERSION, v.ROUTE_KIND, ns, f"{a_uid}-route") is None
     released = events_about(kube, ns, app, "ReleasedWithoutDefinition")
     assert any(case.message in m for m in released), released

@@ -89,6 +89,12 @@ def test_strip_keeps_what_decisions_read_and_drops_the_rest() -> None:
     proxy = strip("ConfigMap", obj("ConfigMap", "p", 1, data={"cfg": "big"},
                                    meta={"labels": {v.LABEL_TEMPLATE_PURPOSE: v.PURPOSE_PROXY}}))
     assert "data" not in proxy
+    # A Deployment read whole (a fresh read offered to the cache) is kept as its watch sends
+    # it, metadata alone: no decision on a cached view reads its spec (issue #28).
+    dep = strip("Deployment", obj("Deployment", "d", 1, spec={
+        "selector": {"matchLabels": {v.LABEL_APP: "java-1"}}, "template": {}},
+        status={"readyReplicas": 1}))
+    assert set(dep) == {"apiVersion", "kind", "metadata"}
 
 
 def test_sessions_are_indexed_by_appdefinition_and_follow_changes(make_cache) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -72,11 +71,10 @@ def test_every_watcher_of_the_pool_objects_watches_those_kinds() -> None:
 
     assert [(w.api_version, w.kind, w.label_selector) for w in POOL_WATCHES] == [
         (api, kind, POOL_SELECTOR) for api, kind in POOL_KINDS]
+    # The scheduler and the workers' caches watch the same: a Service's and a Deployment's
+    # metadata alone (all `strip` keeps of them), a ConfigMap whole (its data is read).
     assert set(POOL_WATCHES) <= set(WATCHED)
-    # The workers' caches watch the same, a Service's metadata alone (all `strip` keeps).
-    assert [dataclasses.replace(w, metadata_only=False) for w in cache.CACHE_POOL_WATCHES
-            ] == list(POOL_WATCHES)
-    assert set(cache.CACHE_POOL_WATCHES) <= set(cache.WATCHES)
-    assert [w.kind for w in cache.CACHE_POOL_WATCHES if w.metadata_only] == ["Service"]
+    assert set(POOL_WATCHES) <= set(cache.WATCHES)
+    assert [w.kind for w in POOL_WATCHES if w.metadata_only] == ["Service", "Deployment"]
     assert cache.SERVICES.kind == "Service" and cache.SERVICES.metadata_only
     assert [w.kind for w in WATCHED] == list(WATCHED_KINDS)

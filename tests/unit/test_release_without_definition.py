@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import Any, cast
 
 from tests.unit.pool_fixtures import appdef, instance, observed, session, with_objects
+from warmpool.controller.reconcile import _with_own_selector
 from warmpool.kube.cache import strip
+from warmpool.kube.reader import Reader
 from warmpool.pool import builders
 from warmpool.pool.actions import Create, Delete, Patch, Report, ResetPods
 from warmpool.pool.decide import State, unguarded_deletes
@@ -161,13 +164,37 @@ def test_the_ingress_rule_is_found_by_the_external_services_name() -> None:
     assert any(isinstance(a, Patch) and a.part is Part.EMAIL_CONFIGMAP for a in p.actions)
 
 
-def test_the_cache_keeps_the_deployment_selector_a_release_resets_by() -> None:
-    """A worker decides on its watch cache's stripped objects: the selector must survive."""
+def test_a_release_on_a_cached_view_reads_its_deployment_whole_from_the_server() -> None:
+    """A worker's cache keeps a Deployment's metadata alone (issue #28), so the selector a
+    release resets by is not in its view: it is read from the server, one GET of that
+    Deployment, and only where a holder's trace is on the instance."""
     view = released_view()
-    stripped = {part: strip(part.kind, {**obj, "kind": part.kind})
-                for part, obj in view.existing()}
-    facts = own_facts(InstanceView(1, stripped))
-    assert (facts.pod_selector, facts.problem) == ("java-17-1", None)
+    stripped = InstanceView(1, {part: strip(part.kind, {**obj, "kind": part.kind})
+                                for part, obj in view.existing()})
+    cached = stripped.get(Part.DEPLOYMENT)
+    assert cached is not None and "spec" not in cached
+    assert own_facts(stripped).pod_selector is None  # undecidable from the cache alone
+    asked: list[tuple[str, str, bool]] = []
+
+    class Server:
+        def object(self, kind: str, namespace: str, name: str, *, fresh: bool = False
+                   ) -> dict[str, Any] | None:
+            asked.append((kind, name, fresh))
+            return copy.deepcopy(dict(view.get(Part.DEPLOYMENT) or {}))
+
+    whole = _with_own_selector(cast(Reader, Server()), "ns", stripped)
+    assert asked == [("Deployment", cached["metadata"]["name"], True)]
+    assert (own_facts(whole).pod_selector, own_facts(whole).problem) == ("java-17-1", None)
+    reset = [a for a in decide(whole, [session(instance=1, deleting=True)]).actions
+             if isinstance(a, ResetPods)]
+    assert [a.app_selector for a in reset] == ["java-17-1"]
+    # Read whole already, or nothing to release: nothing asked.
+    asked.clear()
+    _with_own_selector(cast(Reader, Server()), "ns", view)
+    free = InstanceView(1, {part: strip(part.kind, {**obj, "kind": part.kind})
+                            for part, obj in instance(appdef(min_instances=2), 1).existing()})
+    assert _with_own_selector(cast(Reader, Server()), "ns", free) is free
+    assert asked == []
 
 
 def test_a_deployment_selector_that_is_not_the_instances_is_reported_not_used() -> None:

@@ -69,7 +69,14 @@ from warmpool.pool.decide import (
 )
 from warmpool.pool.emails import user_key
 from warmpool.pool.ingress import INGRESS_MISSING
-from warmpool.pool.instances import HolderIndex, InstanceView, holders, is_session_ref, refs
+from warmpool.pool.instances import (
+    HolderIndex,
+    InstanceView,
+    holders,
+    is_session_ref,
+    refs,
+    release_markers,
+)
 from warmpool.pool.meta import (
     labels_of,
     name_of,
@@ -234,6 +241,8 @@ def _observe_and_decide(
     appdef = None if isinstance(read, Invalid) else read
     sessions = reader.sessions(ns, key.appdef)
     view = reader.instance(ns, key.appdef, appdef, key.id, sessions, fresh=fresh)
+    if invalid is not None:
+        view = _with_own_selector(reader, ns, view)
     if appdef is None and settings.routing:  # invalid or gone: read without routes
         view = _routes_by_service(reader, ns, view, fresh=fresh)
     if fresh:
@@ -264,6 +273,24 @@ def _observe_and_decide(
                                                           fresh=fresh),
                                now_ms=reader.server_now_ms())
     return plan, appdef, invalid, view, sessions
+
+
+def _with_own_selector(reader: Reader, ns: str, view: InstanceView) -> InstanceView:
+    """`view` with its Deployment as the server has it, where a release without the
+    AppDefinition may reset its pods: `release.own_facts` reads the Deployment's selector,
+    which a worker's cache does not keep (it watches a Deployment's metadata alone, issue
+    #28). One GET, only while a holder's trace is on the instance (`release_markers`) of an
+    invalid AppDefinition; every other read goes without.
+
+    Safe although the Deployment may now be newer than the rest of the view: the plan's
+    writes are guarded as before (a patch of the Deployment carries the version read here),
+    and the reset deletes only the pods of the Deployment with the uid read here, after a
+    guarded write (`release._guard_reset`)."""
+    deployment = view.get(Part.DEPLOYMENT)
+    if deployment is None or "spec" in deployment or not release_markers(view):
+        return view
+    whole = reader.object(Part.DEPLOYMENT.kind, ns, name_of(deployment), fresh=True)
+    return dataclasses.replace(view, objects={**view.objects, Part.DEPLOYMENT: whole})
 
 
 def _claims_elsewhere(

@@ -38,7 +38,6 @@ versions that caused it (`wait_fresh`), so it cannot miss them either.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import logging
 import threading
 import time
@@ -64,12 +63,11 @@ Obj = dict[str, Any]
 
 APPDEFS = Watched(v.APPDEF_KIND, v.APPDEF_API_VERSION)
 SESSIONS = Watched(v.SESSION_KIND, v.SESSION_API_VERSION)
-#: The pool's kinds as a worker watches them (`POOL_WATCHES`): a Service's metadata alone,
-#: since `strip` keeps nothing else of one, so the server encodes and each worker decodes no
-#: Service spec. A Deployment's selector and the allow-list's data are read: those in full.
-CACHE_POOL_WATCHES: tuple[Watched, ...] = tuple(
-    dataclasses.replace(w, metadata_only=w.kind == "Service") for w in POOL_WATCHES)
-_POOL_WATCH = {w.kind: w for w in CACHE_POOL_WATCHES}
+#: The pool's kinds as a worker watches them (`POOL_WATCHES`: a Service's and a Deployment's
+#: metadata alone, since `strip` keeps nothing else of either; the one reader of a
+#: Deployment's spec, a release without its AppDefinition, asks the server:
+#: `reconcile._with_own_selector`).
+_POOL_WATCH = {w.kind: w for w in POOL_WATCHES}
 # The Services' watch keeps an index of its own: who holds what (`referenced_by`).
 SERVICES = _POOL_WATCH[Part.EXTERNAL_SERVICE.kind]
 PROXY_TEMPLATE = Watched("ConfigMap", "v1", None,
@@ -89,7 +87,7 @@ PODS = Watched("Pod", "v1", POOL_SELECTOR)
 # Deployment controls each, so a claim's pod refresh finds the instance's own pods here
 # (`warmpool.pool.pods.split_pods`) instead of two LISTs per claim (issue #28).
 REPLICA_SETS = Watched("ReplicaSet", "apps/v1", POOL_SELECTOR, metadata_only=True)
-WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, *CACHE_POOL_WATCHES, PROXY_TEMPLATE, PODS,
+WATCHES: tuple[Watched, ...] = (APPDEFS, SESSIONS, *POOL_WATCHES, PROXY_TEMPLATE, PODS,
                                 REPLICA_SETS)
 #: The kinds indexed by their `app=` label (an instance's pods and ReplicaSets).
 _BY_APP = (PODS, REPLICA_SETS)
@@ -120,10 +118,11 @@ def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
     """What the decisions read of `obj`; everything else is dropped as it arrives.
 
     Pool objects: their metadata (identity, labels, annotations with the shape hash and the
-    fence, owner references) and the allow-list of an e-mail ConfigMap; of a Deployment's
-    spec only its selector (immutable: what a release while the AppDefinition is invalid
-    resets the pods by, `warmpool.pool.release`), its status never (its shape annotation
-    says whether it is current).
+    fence, owner references) and the allow-list of an e-mail ConfigMap; of a Deployment
+    neither its spec (its shape annotation says whether it is current; a release while the
+    AppDefinition is invalid reads its selector from the server) nor its status. So a
+    Deployment read in full (a fresh read offered here) is kept as its watch, metadata
+    alone, sends it.
     AppDefinitions, Sessions, PoolSchedules and HTTPRoutes: metadata and spec (and a
     Session's and a PoolSchedule's status: the pool's job writes the latter only where it
     differs). The proxy template: its data. Pods: metadata (the ownership chain,
@@ -145,11 +144,6 @@ def strip(kind: str, obj: Mapping[str, Any]) -> Obj:
             out["data"] = {v.EMAILS_KEY: data.get(v.EMAILS_KEY)} if v.EMAILS_KEY in data else {}
     elif kind == "Pod":
         out["status"] = strip_pod_status(obj.get("status"))
-    elif kind == "Deployment":
-        spec = obj.get("spec")
-        selector = spec.get("selector") if isinstance(spec, Mapping) else None
-        if selector is not None:
-            out["spec"] = {"selector": selector}
     return out
 
 
@@ -422,7 +416,7 @@ class ClusterCache:
     def pool_objects(self, namespace: str) -> list[Obj]:
         """Every cached pool object of `namespace` (a scan: for resyncs and rare paths)."""
         out: list[Obj] = []
-        for watched in CACHE_POOL_WATCHES:
+        for watched in POOL_WATCHES:
             out += [o for o in self._reflector(watched, namespace).items()
                     if meta_of(o).get("namespace") == namespace]
         return out
@@ -569,7 +563,7 @@ class ClusterCache:
                 self._index_app(watched.kind, event_type, ns, name, obj, old)
             if watched is PODS:
                 pool_changed = self._index_pods(event_type, ns, name, obj, old)
-            if watched in CACHE_POOL_WATCHES:
+            if watched in POOL_WATCHES:
                 pool_changed = self._index_marks(event_type, ns, watched.kind, name, obj)
                 self._index_traces(event_type, ns, watched.kind, name, obj, old)
             if pool_changed:

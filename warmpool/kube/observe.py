@@ -16,10 +16,20 @@ from warmpool.pool.parts import PARTS, POOL_KINDS, Part
 
 # Every pool object carries the generation label: one selector finds them all, in a watch too.
 POOL_SELECTOR = v.LABEL_GENERATION
+#: The pool's kinds watched for their metadata alone: no decision reads a Service's or a
+#: Deployment's spec or status from a watch (the workers' caches keep their metadata:
+#: `warmpool.kube.cache.strip`; the scheduler maps their owner references and names, and a
+#: spec changed by hand moves a Deployment's metadata.generation), so the server encodes,
+#: and every watching process decodes, neither. A Deployment's status is written several
+#: times per pod start by the deployment controller: its events were 44 % of the watch
+#: bytes per Session at 2 Sessions/s (issue #28). ConfigMaps are watched whole: the
+#: allow-list's data is read, and its change by hand must requeue its instance.
+METADATA_ONLY_KINDS = frozenset({"Service", "Deployment"})
 #: A watch of each kind of pool object, by that selector: what the workers' caches and the
 #: scheduler keep (Services, Deployments, ConfigMaps: `POOL_KINDS`' order).
-POOL_WATCHES: tuple[Watched, ...] = tuple(Watched(kind, api_version, POOL_SELECTOR)
-                                          for api_version, kind in POOL_KINDS)
+POOL_WATCHES: tuple[Watched, ...] = tuple(
+    Watched(kind, api_version, POOL_SELECTOR, metadata_only=kind in METADATA_ONLY_KINDS)
+    for api_version, kind in POOL_KINDS)
 
 
 def read_appdef(kube: Kube, namespace: str, name: str) -> AppDefinition | Invalid | None:

@@ -45,7 +45,7 @@ from warmpool.pool.model import (
     Session,
     parse_session,
 )
-from warmpool.pool.parts import PARTS, Part
+from warmpool.pool.parts import PARTS, POOL_KINDS, Part
 from warmpool.pool.pods import Warmth, warmth_by_instance
 from warmpool.pool.pods import warmth as pod_warmth
 from warmpool.pool.schedule import scheduled
@@ -76,10 +76,13 @@ class Reader(Protocol):
         """The PoolSchedule objects of `namespace`, their status included."""
         ...
 
-    def object(self, kind: str, namespace: str, name: str) -> Obj | None:
-        """An AppDefinition or a Session as read (a cache's copy is stripped to metadata,
-        spec and status), for jobs that read fields the model does not keep as written (a
-        Session's status.lastActivity); None if it does not exist."""
+    def object(self, kind: str, namespace: str, name: str, *, fresh: bool = False
+               ) -> Obj | None:
+        """An AppDefinition, a Session or a pool object as read (a cache's copy is stripped:
+        `warmpool.kube.cache.strip`), for jobs that read fields the model does not keep as
+        written (a Session's status.lastActivity); None if it does not exist. `fresh`:
+        straight from the API server, whole (a Deployment's spec, which a cache does not
+        keep)."""
         ...
 
     def now(self) -> datetime:
@@ -255,7 +258,8 @@ class LiveReader:
     def schedules(self, namespace: str) -> list[Obj]:
         return observe.list_schedules(self.kube, namespace)
 
-    def object(self, kind: str, namespace: str, name: str) -> Obj | None:
+    def object(self, kind: str, namespace: str, name: str, *, fresh: bool = False
+               ) -> Obj | None:
         return self.kube.get(*_api_of(kind), namespace, name)
 
     def now(self) -> datetime:
@@ -379,9 +383,11 @@ class LiveReader:
 
 def _api_of(kind: str) -> tuple[str, str]:
     """(apiVersion, kind) of the kinds `Reader.object` reads."""
-    versions = {v.APPDEF_KIND: v.APPDEF_API_VERSION, v.SESSION_KIND: v.SESSION_API_VERSION}
+    versions = {v.APPDEF_KIND: v.APPDEF_API_VERSION, v.SESSION_KIND: v.SESSION_API_VERSION,
+                **{kind: api_version for api_version, kind in POOL_KINDS}}
     if kind not in versions:
-        raise ValueError(f"Reader.object reads AppDefinitions and Sessions, not {kind}")
+        raise ValueError(f"Reader.object reads AppDefinitions, Sessions and pool objects, "
+                         f"not {kind}")
     return versions[kind], kind
 
 
@@ -514,11 +520,15 @@ class CachedReader:
     def schedules(self, namespace: str) -> list[Obj]:
         return self.cache.schedules(namespace)
 
-    def object(self, kind: str, namespace: str, name: str) -> Obj | None:
-        cached = self.cache.get(kind, namespace, name)
-        if cached is not None or self.cache.deleted(kind, namespace, name):
-            return cached
-        obj = self.kube.get(*_api_of(kind), namespace, name)  # not seen yet: ask once
+    def object(self, kind: str, namespace: str, name: str, *, fresh: bool = False
+               ) -> Obj | None:
+        if not fresh:
+            cached = self.cache.get(kind, namespace, name)
+            if cached is not None or self.cache.deleted(kind, namespace, name):
+                return cached
+        # Not seen yet, or asked for whole: ask once. The cache keeps a stripped copy; the
+        # caller gets the object as the server sent it.
+        obj = self.kube.get(*_api_of(kind), namespace, name)
         if obj is not None:
             obj.setdefault("kind", kind)
             self.cache.offer(obj)
