@@ -329,3 +329,18 @@ def test_reverse_proxy_counts_as_on_unless_it_is_plainly_off(value: str | None,
     line = f"reverse_proxy = {value}\n" if value is not None else ""
     template = line + 'skip_auth_routes = ["/health"]\n'
     assert ("skip_auth_routes" not in config(template)) is refused
+
+
+def test_a_template_is_read_once_and_its_reading_is_shared_read_only() -> None:
+    """Every proxy ConfigMap built from one template shares one reading (memoized: the TOML
+    was parsed again for each instance); nothing a caller does to it reaches the next."""
+    policy = GATEWAY.proxy_policy
+    first = proxy.prepare(STOCK, policy)
+    assert proxy.prepare(STOCK, policy) is first
+    assert proxy.prepare(STOCK + "\n", policy) is not first  # another text, another reading
+    with pytest.raises(TypeError):
+        first.values["upstreams"] = "http://elsewhere/"  # type: ignore[index]
+    # Two instances rendered from the shared reading, each with its own URL and port.
+    one, two = config(STOCK, GATEWAY, k=1), config(STOCK, GATEWAY, k=2)
+    assert one["redirect_url"] != two["redirect_url"]
+    assert config(STOCK, GATEWAY, k=1) == one

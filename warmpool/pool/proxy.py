@@ -24,12 +24,14 @@ template ConfigMap (warmpool.pool.decide).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from warmpool.pool import vocabulary as v
@@ -204,9 +206,11 @@ class Finding:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """The template's values after the rewrite, and what was refused on the way."""
+    """The template's values after the rewrite, and what was refused on the way. Shared by
+    every caller of `prepare` with the same template (it is memoized): read-only, and
+    `render` writes a new file from it each time."""
 
-    values: dict[str, Any]
+    values: Mapping[str, Any]
     findings: tuple[Finding, ...] = ()
     # The literal paths of the kept skip routes, with their methods, anchored per instance.
     skip_routes: tuple[tuple[str, str], ...] = ()
@@ -224,11 +228,17 @@ class Prepared:
         return self.head + "".join(f"{k} = {_toml(val)}\n" for k, val in values.items())
 
 
+@functools.lru_cache(maxsize=16)
 def prepare(template: str | None, policy: ProxyPolicy) -> Prepared:
     """Read the namespace's template (None: warmpool's minimal one) with a bounded grammar and
     apply the policy. Never raises: what cannot be used is a Finding, and a template that
     cannot be read at all gives way to the minimal configuration (which names no client, so
-    the proxy does not start: the instance fails closed, and the event says why)."""
+    the proxy does not start: the instance fails closed, and the event says why).
+
+    Memoized by (template, policy), a few of them (a namespace's template changes rarely):
+    every proxy ConfigMap a job builds, and every shape it compares, parsed the same TOML
+    again (1-2 % of the workers' CPU while a pool grows, issue #28). Pure, and its answer
+    is read-only, so a shared one is safe."""
     if template is None:
         return _rewrite(tomllib.loads(MINIMAL_CONFIG), policy, head=HEAD_NO_TEMPLATE)
     if not isinstance(template, str):  # the API server stores strings; a fake cache might not
@@ -276,7 +286,7 @@ def _rewrite(raw: Mapping[str, Any], policy: ProxyPolicy, *, head: str) -> Prepa
     if policy.secret_name:
         for key in SECRET_KEYS:
             values.pop(key, None)  # read from the Secret (environment), not this ConfigMap
-    return Prepared(values, tuple(findings.found), tuple(routes), head)
+    return Prepared(MappingProxyType(values), tuple(findings.found), tuple(routes), head)
 
 
 def _writable(raw: Mapping[str, Any], findings: _Findings) -> dict[str, Any]:
