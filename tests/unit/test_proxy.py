@@ -340,6 +340,9 @@ def test_a_template_is_read_once_and_its_reading_is_shared_read_only() -> None:
     assert proxy.prepare(STOCK + "\n", policy) is not first  # another text, another reading
     with pytest.raises(TypeError):
         first.values["upstreams"] = "http://elsewhere/"  # type: ignore[index]
+    # The bounds come before the memo: a value that is no text (unhashable, too) is refused.
+    (finding,) = proxy.prepare(["a = 1"], policy).findings  # type: ignore[arg-type]
+    assert "is a list, not text" in finding.message
     # Two instances rendered from the shared reading, each with its own URL and port.
     one, two = config(STOCK, GATEWAY, k=1), config(STOCK, GATEWAY, k=2)
     assert one["redirect_url"] != two["redirect_url"]

@@ -285,7 +285,7 @@ def _with_own_selector(reader: Reader, ns: str, view: InstanceView) -> InstanceV
     Safe although the Deployment may now be newer than the rest of the view: the plan's
     writes are guarded as before (a patch of the Deployment carries the version read here),
     and the reset deletes only the pods of the Deployment with the uid read here, after a
-    guarded write (`release._guard_reset`)."""
+    guarded write (`decide._guard_reset`)."""
     deployment = view.get(Part.DEPLOYMENT)
     if deployment is None or "spec" in deployment or not release_markers(view):
         return view

@@ -228,35 +228,39 @@ class Prepared:
         return self.head + "".join(f"{k} = {_toml(val)}\n" for k, val in values.items())
 
 
-@functools.lru_cache(maxsize=16)
 def prepare(template: str | None, policy: ProxyPolicy) -> Prepared:
     """Read the namespace's template (None: warmpool's minimal one) with a bounded grammar and
     apply the policy. Never raises: what cannot be used is a Finding, and a template that
     cannot be read at all gives way to the minimal configuration (which names no client, so
-    the proxy does not start: the instance fails closed, and the event says why).
-
-    Memoized by (template, policy), a few of them (a namespace's template changes rarely):
-    every proxy ConfigMap a job builds, and every shape it compares, parsed the same TOML
-    again (1-2 % of the workers' CPU while a pool grows, issue #28). Pure, and its answer
-    is read-only, so a shared one is safe."""
+    the proxy does not start: the instance fails closed, and the event says why)."""
     if template is None:
-        return _rewrite(tomllib.loads(MINIMAL_CONFIG), policy, head=HEAD_NO_TEMPLATE)
+        return _read(MINIMAL_CONFIG, policy, HEAD_NO_TEMPLATE)
     if not isinstance(template, str):  # the API server stores strings; a fake cache might not
         return _unusable(policy, f"is a {type(template).__name__}, not text")
     if len(template) > MAX_TEMPLATE_CHARS:
         return _unusable(policy, f"is {len(template)} characters, more than "
                                  f"{MAX_TEMPLATE_CHARS}")
+    return _read(template, policy, HEAD_TEMPLATE)
+
+
+@functools.lru_cache(maxsize=16)
+def _read(text: str, policy: ProxyPolicy, head: str) -> Prepared:
+    """`prepare` of a text within the bounds, memoized by (text, policy, head), a few of
+    them (a namespace's template changes rarely): every proxy ConfigMap a job builds, and
+    every shape it compares, parsed the same TOML again (tomllib was 1.9 % of the samples
+    while a pool grew, issue #28). Pure, and its answer is read-only, so a shared one is
+    safe; only text already bounded (a string, at most `MAX_TEMPLATE_CHARS`) is kept."""
     try:
-        raw = tomllib.loads(template)
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         return _unusable(policy, f"is not TOML ({str(exc)[:200]})")
     if len(raw) > MAX_KEYS:
         return _unusable(policy, f"has {len(raw)} keys, more than {MAX_KEYS}")
-    return _rewrite(raw, policy, head=HEAD_TEMPLATE)
+    return _rewrite(raw, policy, head=head)
 
 
 def _unusable(policy: ProxyPolicy, why: str) -> Prepared:
-    minimal = _rewrite(tomllib.loads(MINIMAL_CONFIG), policy, head=HEAD_UNUSABLE)
+    minimal = _read(MINIMAL_CONFIG, policy, HEAD_UNUSABLE)
     finding = Finding(REASON_INVALID, TEMPLATE_FIELD,
                       f"ConfigMap {v.NAMESPACE_PROXY_TEMPLATE} {TEMPLATE_FIELD} {why}: not used; "
                       "instances get warmpool's minimal configuration, whose proxy does not "
