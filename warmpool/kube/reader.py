@@ -381,14 +381,18 @@ class LiveReader:
         return None
 
 
+#: kind -> apiVersion of the kinds `Reader.object` reads.
+_OBJECT_KINDS: dict[str, str] = {
+    v.APPDEF_KIND: v.APPDEF_API_VERSION, v.SESSION_KIND: v.SESSION_API_VERSION,
+    **{kind: api_version for api_version, kind in POOL_KINDS}}
+
+
 def _api_of(kind: str) -> tuple[str, str]:
     """(apiVersion, kind) of the kinds `Reader.object` reads."""
-    versions = {v.APPDEF_KIND: v.APPDEF_API_VERSION, v.SESSION_KIND: v.SESSION_API_VERSION,
-                **{kind: api_version for api_version, kind in POOL_KINDS}}
-    if kind not in versions:
+    if kind not in _OBJECT_KINDS:
         raise ValueError(f"Reader.object reads AppDefinitions, Sessions and pool objects, "
                          f"not {kind}")
-    return versions[kind], kind
+    return _OBJECT_KINDS[kind], kind
 
 
 def with_warmth(

@@ -240,6 +240,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.proxy = self.server.proxy
         self.client = self.server.client
         self.verb = "OTHER"
+        self.watched = ""  # a watch stream's resource (`_resource_of`), once per request
         self.upstream: http.client.HTTPSConnection | None = None
         self.proxy._track(self.connection, True)
 
@@ -310,6 +311,7 @@ class _Handler(BaseHTTPRequestHandler):
         method, path = self.command, self.path
         watch = method == "GET" and is_watch(path)
         self.verb = verb_of(method, path)
+        self.watched = _resource_of(path) if self.verb == "WATCH" else ""
         plan = p._plan(method, path, watch, self.client, self.verb)
         if plan.outage:
             return self._answer(503, "the API server is unavailable (injected outage)",
@@ -413,8 +415,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
         self.proxy._count_bytes(self.client, self.verb, len(data))
-        if self.verb == "WATCH":
-            self.proxy._count_watch_bytes(self.path, len(data))
+        if self.watched:
+            self.proxy._count_watch_bytes(self.watched, len(data))
 
     def _stream(self, resp: http.client.HTTPResponse, watch: bool,
                 cut_after: float | None) -> None:
@@ -991,8 +993,7 @@ class ApiProxy:
         with self._lock:
             self._shapes[(verb, _resource_of(path), status)] += 1
 
-    def _count_watch_bytes(self, path: str, n: int) -> None:
-        resource = _resource_of(path)
+    def _count_watch_bytes(self, resource: str, n: int) -> None:
         with self._lock:
             self._watch_bytes[resource] += n
 
