@@ -40,7 +40,8 @@ def test_every_lua_file_is_loaded_and_registered() -> None:
     assert lua_files() == {f"{LIB_NAME}.lua"} | {f"{name}.lua" for name in BODIES}
     assert set(s._scripts) == set(BODIES)
     # lib.lua is the head of every registered script, not a script of its own
-    assert all(reg.script.startswith(scripts._LIB) for reg in s._scripts.values())
+    lib = scripts.library(Layout("warmpool:", "dramatiq", "warmpool"))
+    assert all(reg.script.startswith(lib) for reg in s._scripts.values())
 
 
 def test_every_script_is_called_and_every_call_has_its_script() -> None:
@@ -52,10 +53,11 @@ def test_every_script_compiles_as_redis_lua() -> None:
     lua51 = pytest.importorskip("lupa.lua51")
     compiles = lua51.LuaRuntime().eval(
         "function(text, name) local f, err = loadstring(text, name); return err or '' end")
+    lib = scripts.library(Layout("x{1}:", "ns", 'q"\\'))  # quotes and escapes too
     for name, body in BODIES.items():
-        err = compiles(scripts._LIB + body, f"{name}.lua")
+        err = compiles(lib + body, f"{name}.lua")
         assert err == "", err
-        assert compiles(scripts._LIB + body + "\nlocal x = 1 +", name) != ""  # it does check
+        assert compiles(lib + body + "\nlocal x = 1 +", name) != ""  # it does check
 
 
 def test_every_file_keeps_its_header_comment() -> None:
@@ -65,7 +67,8 @@ def test_every_file_keeps_its_header_comment() -> None:
 
 
 def test_no_placeholder_is_left_unfilled() -> None:
-    assert "@" not in re.sub(r"--[^\n]*", "", scripts._LIB)
+    lib = scripts.library(Layout("warmpool:", "dramatiq", "warmpool"))
+    assert "@" not in re.sub(r"--[^\n]*", "", lib)
 
 
 def test_the_package_data_ships_every_lua_file() -> None:
@@ -79,7 +82,8 @@ def test_the_package_data_ships_every_lua_file() -> None:
 
 
 def test_no_script_spells_a_key_name() -> None:
-    """Key names come from `Layout` only (as KEYS, `KEY_NAMES`): no Lua derives one."""
+    """Key names come from `Layout` only (the generated head, `KEY_NAMES`): no Lua derives
+    one, and none reads KEYS (no call passes any)."""
     joined = re.compile(r'\.\.\s*"([^"]*)"|"([^"]*)"\s*\.\.')  # a literal in a `..`
     spelled = re.compile(r'"[^"]*\.(msgs|XQ)\b[^"]*"|"(lease|trig|own|maintenance):')
     for name, body in {LIB_NAME: scripts.LIB, **BODIES}.items():
@@ -90,17 +94,25 @@ def test_no_script_spells_a_key_name() -> None:
         assert "KEYS[" not in code, f"{name}.lua reads KEYS itself: use the head's names"
 
 
-def test_the_generated_head_declares_each_layout_name_in_keys_order() -> None:
+def test_the_generated_head_declares_each_layout_name_as_a_constant() -> None:
     lo = Layout("x{1}:", "ns", "q")
     keys = scripts.script_keys(lo)
     assert len(keys) == len(scripts.KEY_NAMES) == len(set(keys))
-    head = scripts._LIB[: len(scripts._LIB) - len(scripts.LIB)]
+    head = scripts.head(lo)
     for i, (local, attr) in enumerate(scripts.KEY_NAMES, 1):
-        assert f"local {local} = KEYS[{i}]\n" in head
+        assert f'local {local} = "{getattr(lo, attr)}"\n' in head
         assert keys[i - 1] == getattr(lo, attr)
+    assert "KEYS" not in head.partition("\n")[2]
     assert keys[scripts.KEY_NAMES.index(("LEASE", "lease_prefix"))] + "k" == lo.lease("k")
     assert keys[scripts.KEY_NAMES.index(("TRIG", "triggers_prefix"))] + "k" == lo.triggers("k")
     assert keys[scripts.KEY_NAMES.index(("OWN", "own_prefix"))] + "k" == lo.own("k")
+    # each layout its own scripts: a name is never shared by accident
+    assert scripts.head(Layout("y:", "ns", "q")) != head
+
+
+def test_a_name_lua_would_misread_is_refused() -> None:
+    with pytest.raises(ValueError, match="one-line"):
+        scripts.head(Layout("x\n:", "ns", "q"))
 
 
 def test_the_scripts_write_where_a_non_default_layout_says() -> None:

@@ -36,8 +36,9 @@ dramatiq keys (namespace `dramatiq`): `<ns>:<queue>` (list of message ids), `<qu
 same for the claims queue `<queue>-claims` (session keys, consumed first), except dead letters:
 both queues' go to the main queue's `.XQ`.
 
-This class is the one definition of these names: the Lua scripts receive theirs as KEYS
-(`warmpool.queue.scripts.KEY_NAMES` says which attribute is which local) and spell none.
+This class is the one definition of these names: the Lua scripts get theirs from a head
+generated from it (`warmpool.queue.scripts.KEY_NAMES` says which attribute is which local)
+and spell none.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 -- registers each as lib.lua + the script): the key names, the server clock (NOW) and the
 -- helpers the state changes share. See scripts.py's docstring for the invariants they keep.
 --
--- KEYS: every key name (or key-name prefix) the scripts use, as warmpool.queue.layout.Layout
--- defines it: no name is spelled here. scripts.py puts a generated head before this file
--- (scripts.KEY_NAMES, in KEYS order) that declares them as locals:
+-- Key names: every key name (or key-name prefix) the scripts use, as
+-- warmpool.queue.layout.Layout defines it: no name is spelled here. scripts.py puts a head
+-- generated for the layout before this file (scripts.head) that declares them as string
+-- constants, so no call passes KEYS:
 --   DIRTY INFLIGHT FAILURES DELAYED ERRORS ADDED_AT PENDING DEAD FENCE  project keys
 --   LEASE TRIG OWN WAIT            prefixes of lease:<k>, trig:<k>, own:<k>, wait:<k>
 --   QUEUE QUEUE_MSGS               dramatiq's main queue: its id list and messages hash
