@@ -119,6 +119,9 @@ class ChurnResult:
     #: LISTs etcd answered in the same window, by stored type (the API server's own
     #: counters, `warmpool.cluster.apimetrics`): issue #28 wants none on the claim path
     etcd_lists: Counter[str] = field(default_factory=Counter)
+    #: Of the LISTs the controller sent through the proxy in the window, those whose query
+    #: sends them to etcd, by resource (`ApiProxy.etcd_lists`): whose `etcd_lists` were.
+    controller_etcd_lists: Counter[str] = field(default_factory=Counter)
     #: Bytes of the watch streams' events by resource (`ApiProxy.watch_bytes`).
     watch_bytes: Counter[str] = field(default_factory=Counter)
 
@@ -318,6 +321,7 @@ def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, ra
     before = proxy.traffic() if proxy is not None else Traffic()
     shapes_before = proxy.shapes() if proxy is not None else Counter()
     watch_before = proxy.watch_bytes() if proxy is not None else Counter()
+    sent_before = proxy.etcd_lists() if proxy is not None else Counter()
     res.cpu.start()
     t0 = time.monotonic()
     gen: int | None = None
@@ -356,6 +360,7 @@ def churn_run(direct: Kube, ns: str, counter: PoolCounter, small: int | None, ra
             res.traffic = proxy.traffic() - before
             res.shapes = proxy.shapes() - shapes_before
             res.watch_bytes = proxy.watch_bytes() - watch_before
+            res.controller_etcd_lists = proxy.etcd_lists() - sent_before
         if cluster is not None:
             res.etcd_lists = apimetrics.lists_between(lists_before,
                                                       apimetrics.etcd_lists(cluster))
@@ -378,7 +383,11 @@ def etcd_lists_note(res: ChurnResult) -> str:
     per = max(1, len(res.served))
     total = sum(res.etcd_lists.values())
     kinds = ", ".join(f"{t} {n / per:.2f}" for t, n in res.etcd_lists.most_common(6))
-    return f"{total / per:.2f} per Session served" + (f" ({kinds})" if kinds else "")
+    sent = sum(res.controller_etcd_lists.values())
+    whose = ", ".join(f"{r} {n}" for r, n in res.controller_etcd_lists.most_common(6))
+    return (f"{total / per:.2f} per Session served" + (f" ({kinds})" if kinds else "")
+            + f"; of them sent by the controller (through the proxy): {sent}"
+            + (f" ({whose})" if whose else ""))
 
 
 @dataclass

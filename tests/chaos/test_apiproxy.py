@@ -21,7 +21,7 @@ from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
 from warmpool.kube import api
 from warmpool.kube.api import Conflict, Kube, KubeError, connect
-from warmpool.testing.apiproxy import ApiProxy, Faults
+from warmpool.testing.apiproxy import ApiProxy, Faults, list_goes_to_etcd
 
 pytestmark = pytest.mark.chaos
 
@@ -89,6 +89,34 @@ def test_list_and_watch_stream_through_the_proxy(
     watched = proxy.watch_bytes() - watched_before
     assert set(watched) == {"configmaps"}
     assert watched["configmaps"] >= 3 * len('{"type":"ADDED","object":{}}')
+
+
+def test_lists_the_server_sends_to_etcd_are_counted_by_client_and_resource(
+    proxy: ApiProxy, via: Kube, namespace: str
+) -> None:
+    """The proxy names the LISTs that reach etcd (no resourceVersion), not those the watch
+    cache answers ("0"): the API server's counters cannot say whose they were."""
+    before = proxy.etcd_lists()
+    via.list("v1", "ConfigMap", namespace)
+    via.list("v1", "ConfigMap", namespace, resource_version="0")
+    via.list("v1", "Service", namespace, resource_version="0")
+    assert proxy.etcd_lists() - before == {"configmaps": 1}
+    assert proxy.etcd_lists("main") - before == {"configmaps": 1}
+    assert not proxy.etcd_lists("someone-else")
+
+
+@pytest.mark.parametrize(("query", "etcd"), [
+    ("", True),
+    ("?resourceVersion=0", False),
+    ("?resourceVersion=0&limit=500", False),  # the cache answers it whole, limit ignored
+    ("?resourceVersion=12&limit=500", True),  # a page at an exact version: etcd's
+    ("?resourceVersion=12", False),  # not older than 12: the cache, once it has caught up
+    ("?limit=500&continue=abc", True),
+    ("?labelSelector=app%3Dx&limit=500", True),  # how every reflector's list starts
+    ("?resourceVersion=12&resourceVersionMatch=Exact", True),
+])
+def test_which_lists_go_to_etcd(query: str, etcd: bool) -> None:
+    assert list_goes_to_etcd(f"/api/v1/namespaces/ns/pods{query}") is etcd
 
 
 def test_large_list_and_writes_pass_unchanged(via: Kube, kube: Kube, namespace: str) -> None:

@@ -197,6 +197,20 @@ def verb_of(method: str, path: str) -> str:
     return "LIST" if res is not None and len(res[0]) == 1 else "GET"
 
 
+def list_goes_to_etcd(path: str) -> bool:
+    """Whether kube-apiserver 1.20 sends this LIST on to etcd rather than answer it from its
+    watch cache, by its query alone (the cacher's `shouldDelegateList`): no resourceVersion
+    (a consistent read), a continuation, a limit with any resourceVersion but "0", or an
+    exact match. The API server's own counters say how many LISTs etcd answered; this says
+    which client's request each was, for the ones that passed through the proxy."""
+    query = parse_qs(urlsplit(path).query)
+    rv = (query.get("resourceVersion") or [""])[-1]
+    limit = (query.get("limit") or [""])[-1]
+    return (rv == "" or bool(query.get("continue"))
+            or (limit not in ("", "0") and rv != "0")
+            or (query.get("resourceVersionMatch") or [""])[-1] == "Exact")
+
+
 @dataclass(frozen=True)
 class Traffic:
     """Requests and response body bytes by verb (`VERBS`), as counted by the proxy.
@@ -334,6 +348,8 @@ class _Handler(BaseHTTPRequestHandler):
         if held is not None:
             held.answered(resp.status)
         p._count_shape(self.verb, path, resp.status)
+        if self.verb == "LIST" and list_goes_to_etcd(path):
+            p._count_etcd_list(self.client, path)
         if method in MUTATING:
             p._wrote(self.client, method, path, resp.status)
         if method == "DELETE" and 200 <= resp.status < 300:
@@ -728,6 +744,7 @@ class ApiProxy:
         self._bytes: Counter[tuple[str, str]] = Counter()  # (client, verb) -> body bytes
         self._shapes: Counter[tuple[str, str, int]] = Counter()  # see `shapes`
         self._watch_bytes: Counter[str] = Counter()  # see `watch_bytes`
+        self._etcd_lists: Counter[tuple[str, str]] = Counter()  # see `etcd_lists`
         # Objects the proxied clients deleted (2xx from the server): path without query -> the
         # uids of the deletes' preconditions (None for a delete without one). A name is reused
         # by the next object of that name; the uid tells the two apart.
@@ -988,6 +1005,21 @@ class ApiProxy:
         subtract."""
         with self._lock:
             return Counter(self._watch_bytes)
+
+    def etcd_lists(self, client: str | None = None) -> Counter[str]:
+        """LISTs so far whose query makes the API server answer them from etcd
+        (`list_goes_to_etcd`), by resource, of one client (None: all of them): which of
+        the LISTs etcd answered were a proxied client's. Snapshots subtract."""
+        with self._lock:
+            out: Counter[str] = Counter()
+            for (c, resource), n in self._etcd_lists.items():
+                if client is None or c == client:
+                    out[resource] += n
+            return out
+
+    def _count_etcd_list(self, client: str, path: str) -> None:
+        with self._lock:
+            self._etcd_lists[(client, _resource_of(path))] += 1
 
     def _count_shape(self, verb: str, path: str, status: int) -> None:
         with self._lock:
