@@ -26,6 +26,11 @@ serve a benchmark that wants every pod to take its time.
 Run: python -m warmpool.cluster.fake_kubelet --kubeconfig PATH [--ready-file PATH]
      [--start-delay SECONDS] [--fail PATTERN=REASON ...]
 Resilient by design: any watch error, 410 Gone included, leads to a fresh list; SIGTERM exits.
+Every list is answered by the API server's watch cache (resourceVersion "0", as a real
+kubelet's informer lists), never by etcd: the benchmarks count the LISTs etcd answers, and a
+stand-in for the cluster's kubelets must not add ones the real ones would not. A list older
+than what the last watch showed is harmless: every status write carries the pod's
+resourceVersion, so a write from an old view is refused (409) and the watch brings the pod.
 """
 
 from __future__ import annotations
@@ -300,7 +305,8 @@ class FakeKubelet:
     def list_all(self) -> str:
         # _preload_content=False: the raw response, not the V1PodList the client is typed with
         resp = cast(urllib3.HTTPResponse,
-                    self.core.list_pod_for_all_namespaces(_preload_content=False))
+                    self.core.list_pod_for_all_namespaces(resource_version="0",
+                                                          _preload_content=False))
         data = json.loads(resp.data)
         for pod in data.get("items") or []:
             self.handle(pod)
