@@ -43,6 +43,19 @@ def test_settings_reject_nonsense(bad: dict[str, object]) -> None:
         QueueSettings(**bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("bad", [
+    {"prefix": "wp\n:"}, {"namespace": "dramatiq\0"}, {"queue_name": "q\r"},
+    {"prefix": "p" * 201},
+])
+def test_settings_refuse_names_the_scripts_could_not_hold(bad: dict[str, str]) -> None:
+    """The names become string constants in the Lua scripts: a line break or a control
+    character is refused by name, with the setting named, before any script is built."""
+    (name,) = bad
+    with pytest.raises(ValueError, match=f"queue setting {name} must be printable"):
+        QueueSettings(**bad)  # type: ignore[arg-type]
+    assert QueueSettings(prefix='odd "quoted\\" prefix:').prefix  # escaped, not refused
+
+
 def test_layout_keeps_dramatiq_names() -> None:
     lo = Layout.of(QueueSettings())
     assert lo.messages_list == "dramatiq:warmpool"

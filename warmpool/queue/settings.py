@@ -16,6 +16,8 @@ from typing import Any
 ENV_URL = "WARMPOOL_REDIS_URL"
 ENV_PREFIX = "WARMPOOL_QUEUE_"
 CLAIMS_SUFFIX = "-claims"
+#: The longest prefix, namespace or queue name the settings take (each is in every key name).
+NAME_LIMIT = 200
 
 
 def claims_queue_name(queue_name: str) -> str:
@@ -106,6 +108,13 @@ class QueueSettings:
             raise ValueError("queue settings max_failures and batch must be >= 1")
         if not self.queue_name or self.queue_name.endswith((".DQ", ".XQ")):
             raise ValueError(f"bad queue name {self.queue_name!r}")
+        # The names become Lua string constants in the scripts (`scripts.head`): one line of
+        # printable text, bounded, or a precise error here rather than a failed registration.
+        for name in ("prefix", "namespace", "queue_name"):
+            text = getattr(self, name)
+            if len(text) > NAME_LIMIT or not text.isprintable():
+                raise ValueError(f"queue setting {name} must be printable text of at most "
+                                 f"{NAME_LIMIT} characters, got {text[:60]!r}")
 
     @property
     def claims_queue_name(self) -> str:
