@@ -21,7 +21,7 @@ from tests.waiting import wait_for
 from warmpool.cluster.local import ClusterInfo
 from warmpool.kube import api
 from warmpool.kube.api import Conflict, Kube, KubeError, connect
-from warmpool.testing.apiproxy import ApiProxy, Faults, list_goes_to_etcd
+from warmpool.testing.apiproxy import ApiProxy, Faults, etcd_list_kind, list_goes_to_etcd
 
 pytestmark = pytest.mark.chaos
 
@@ -100,8 +100,11 @@ def test_lists_the_server_sends_to_etcd_are_counted_by_client_and_resource(
     via.list("v1", "ConfigMap", namespace)
     via.list("v1", "ConfigMap", namespace, resource_version="0")
     via.list("v1", "Service", namespace, resource_version="0")
-    assert proxy.etcd_lists() - before == {"configmaps": 1}
-    assert proxy.etcd_lists("main") - before == {"configmaps": 1}
+    for _ in via.list_pages("v1", "Service", namespace, page_size=100):
+        pass
+    assert proxy.etcd_lists() - before == {"configmaps consistent": 1, "services pages": 1}
+    assert proxy.etcd_lists("main") - before == {"configmaps consistent": 1,
+                                                 "services pages": 1}
     assert not proxy.etcd_lists("someone-else")
 
 
@@ -117,6 +120,9 @@ def test_lists_the_server_sends_to_etcd_are_counted_by_client_and_resource(
 ])
 def test_which_lists_go_to_etcd(query: str, etcd: bool) -> None:
     assert list_goes_to_etcd(f"/api/v1/namespaces/ns/pods{query}") is etcd
+    if etcd:
+        paged = "limit" in query or "continue" in query
+        assert etcd_list_kind(f"/api/v1/pods{query}") == ("pages" if paged else "consistent")
 
 
 def test_large_list_and_writes_pass_unchanged(via: Kube, kube: Kube, namespace: str) -> None:

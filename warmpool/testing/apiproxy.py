@@ -197,6 +197,15 @@ def verb_of(method: str, path: str) -> str:
     return "LIST" if res is not None and len(res[0]) == 1 else "GET"
 
 
+def etcd_list_kind(path: str) -> str:
+    """How a LIST that goes to etcd (`list_goes_to_etcd`) asked: "pages" (a limit or a
+    continuation: how every reflector lists) or "consistent" (no resourceVersion, no limit:
+    a read the caller wanted fresh)."""
+    query = parse_qs(urlsplit(path).query)
+    paged = bool(query.get("continue")) or (query.get("limit") or [""])[-1] not in ("", "0")
+    return "pages" if paged else "consistent"
+
+
 def list_goes_to_etcd(path: str) -> bool:
     """Whether kube-apiserver 1.20 sends this LIST on to etcd rather than answer it from its
     watch cache, by its query alone (the cacher's `shouldDelegateList`): no resourceVersion
@@ -1008,8 +1017,9 @@ class ApiProxy:
 
     def etcd_lists(self, client: str | None = None) -> Counter[str]:
         """LISTs so far whose query makes the API server answer them from etcd
-        (`list_goes_to_etcd`), by resource, of one client (None: all of them): which of
-        the LISTs etcd answered were a proxied client's. Snapshots subtract."""
+        (`list_goes_to_etcd`), by resource and how they asked (`etcd_list_kind`: "pods
+        pages", "pods consistent"), of one client (None: all of them): which of the LISTs
+        etcd answered were a proxied client's. Snapshots subtract."""
         with self._lock:
             out: Counter[str] = Counter()
             for (c, resource), n in self._etcd_lists.items():
@@ -1019,7 +1029,7 @@ class ApiProxy:
 
     def _count_etcd_list(self, client: str, path: str) -> None:
         with self._lock:
-            self._etcd_lists[(client, _resource_of(path))] += 1
+            self._etcd_lists[(client, f"{_resource_of(path)} {etcd_list_kind(path)}")] += 1
 
     def _count_shape(self, verb: str, path: str, status: int) -> None:
         with self._lock:
