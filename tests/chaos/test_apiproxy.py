@@ -102,9 +102,12 @@ def test_lists_the_server_sends_to_etcd_are_counted_by_client_and_resource(
     via.list("v1", "Service", namespace, resource_version="0")
     for _ in via.list_pages("v1", "Service", namespace, page_size=100):
         pass
-    assert proxy.etcd_lists() - before == {"configmaps consistent": 1, "services pages": 1}
-    assert proxy.etcd_lists("main") - before == {"configmaps consistent": 1,
-                                                 "services pages": 1}
+    via.create(cm(namespace, "one"))
+    one, _ = via.list("v1", "ConfigMap", namespace, field_selector="metadata.name=one")
+    assert [x["metadata"]["name"] for x in one] == ["one"]
+    counted = {"configmaps consistent": 1, "services pages": 1, "configmaps one object": 1}
+    assert proxy.etcd_lists() - before == counted
+    assert proxy.etcd_lists("main") - before == counted
     assert not proxy.etcd_lists("someone-else")
 
 
@@ -123,6 +126,10 @@ def test_which_lists_go_to_etcd(query: str, etcd: bool) -> None:
     if etcd:
         paged = "limit" in query or "continue" in query
         assert etcd_list_kind(f"/api/v1/pods{query}") == ("pages" if paged else "consistent")
+    assert etcd_list_kind("/api/v1/pods?fieldSelector=metadata.name%3Dp&labelSelector=a%3Db"
+                          ) == "one object"
+    assert etcd_list_kind("/api/v1/pods?fieldSelector=metadata.name%3Dp%2Cstatus.phase%3DX"
+                          ) == "consistent"
 
 
 def test_large_list_and_writes_pass_unchanged(via: Kube, kube: Kube, namespace: str) -> None:

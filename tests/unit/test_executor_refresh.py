@@ -11,7 +11,13 @@ import pytest
 from warmpool.controller.guard import Unguarded
 from warmpool.kube.api import Conflict
 from warmpool.kube.executor import Executor
-from warmpool.pool.actions import AnnotateSession, Patch, RefreshPods, SetSessionStatus
+from warmpool.pool.actions import (
+    AnnotateSession,
+    Patch,
+    RefreshPods,
+    ResetPods,
+    SetSessionStatus,
+)
 from warmpool.pool.parts import Part
 from warmpool.pool.pods import POD_TEMPLATE_HASH
 
@@ -139,3 +145,47 @@ def test_a_cached_pod_whose_replica_set_the_cache_lacks_is_listed() -> None:
         [RefreshPods("app-1", "dep", "dep-uid")])
     assert "list Pod" in kube.calls and "list ReplicaSet" in kube.calls
     assert kube.calls[-1] == "patch Pod"
+
+
+class _ChangedPodKube:
+    """The API server during a reset: the listed pod's kubelet wrote its status between the
+    list and the delete (the delete's resourceVersion is refused once)."""
+
+    def __init__(self) -> None:
+        self.lists: list[dict[str, Any]] = []
+        self.deleted: list[tuple[str, str | None]] = []
+
+    def list(self, api_version: str, kind: str, namespace: str, **query: Any
+             ) -> tuple[list[dict[str, Any]], str]:
+        self.lists.append({"kind": kind, **query})
+        if kind == "ReplicaSet":
+            return [dict(RS)], "8"
+        if query.get("field_selector"):  # the re-read: the pod at its new version
+            return [{"metadata": {**POD["metadata"], "resourceVersion": "9"}}], "9"
+        return [dict(POD)], "8"
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, *,
+               uid: str | None = None, resource_version: str | None = None) -> bool:
+        if resource_version == "7":
+            raise Conflict("the pod changed")
+        self.deleted.append((name, resource_version))
+        return True
+
+    def merge_patch(self, api_version: str, kind: str, namespace: str, name: str,
+                    patch: dict[str, Any], **_: Any) -> dict[str, Any]:
+        return {"kind": kind, "metadata": {"name": name, "resourceVersion": "12"}}
+
+
+def test_a_pod_changed_under_a_reset_is_read_again_by_its_name_not_by_a_scan() -> None:
+    kube = _ChangedPodKube()
+    Executor(kube, "ns", Unguarded()).apply([  # type: ignore[arg-type]
+        Patch(Part.EMAIL_CONFIGMAP, "emails", "3", {"data": {"x": ""}}, "release"),
+        ResetPods("app-1", "dep", "dep-uid")])
+    assert kube.deleted == [("pod-1", "9")]  # deleted at the version read again
+    reread = [q for q in kube.lists if q["kind"] == "Pod" and q.get("field_selector")]
+    # One pod's key, from etcd (no resourceVersion: the refused version's successor is
+    # unknown), still only while it carries the instance's label.
+    assert reread == [{"kind": "Pod", "label_selector": "app=app-1",
+                       "field_selector": "metadata.name=pod-1"}]
+    # The first listing was the watch cache's, not older than the plan's own write.
+    assert [q.get("resource_version") for q in kube.lists if q["kind"] == "Pod"] == ["12", None]

@@ -406,6 +406,7 @@ class Kube:
     def list(
         self, api_version: str, kind: str, namespace: str | None, *,
         label_selector: str | None = None, resource_version: str | None = None,
+        field_selector: str | None = None,
     ) -> tuple[list[Obj], str]:
         """All items (one page; the pools here are thousands, not millions) and the list's RV.
 
@@ -421,10 +422,15 @@ class Kube:
         notifications where the API server uses them (EfficientWatchResumption: on by
         default from 1.21; the local control plane turns it on). One that has not caught up
         within 3 s answers 504 ("Too large resource version"): the LIST is then sent to etcd,
-        so the answer is never older than asked, only dearer."""
+        so the answer is never older than asked, only dearer.
+
+        `field_selector` "metadata.name=<name>" makes the server read that one object's key
+        (its registry's single-name path), not scan the kind: a consistent read of one
+        object through the LIST verb."""
         _check_preconditions(kind, "(list)", resource_version=resource_version)
         path = self._path(api_version, kind, namespace)
-        query = [("labelSelector", label_selector)] if label_selector is not None else []
+        query = [(k, val) for k, val in (("labelSelector", label_selector),
+                                         ("fieldSelector", field_selector)) if val is not None]
         try:
             body = self._send("GET", path, query + (
                 [] if resource_version is None else [("resourceVersion", resource_version)]))

@@ -198,10 +198,14 @@ def verb_of(method: str, path: str) -> str:
 
 
 def etcd_list_kind(path: str) -> str:
-    """How a LIST that goes to etcd (`list_goes_to_etcd`) asked: "pages" (a limit or a
-    continuation: how every reflector lists) or "consistent" (no resourceVersion, no limit:
-    a read the caller wanted fresh)."""
+    """How a LIST that goes to etcd (`list_goes_to_etcd`) asked: "one object" (a field
+    selector naming one object, `metadata.name=`: the server reads that key alone, not a
+    scan), "pages" (a limit or a continuation: how every reflector lists) or "consistent"
+    (no resourceVersion, no limit: a scan the caller wanted fresh)."""
     query = parse_qs(urlsplit(path).query)
+    fields = (query.get("fieldSelector") or [""])[-1]
+    if fields.startswith("metadata.name=") and "," not in fields:
+        return "one object"
     paged = bool(query.get("continue")) or (query.get("limit") or [""])[-1] not in ("", "0")
     return "pages" if paged else "consistent"
 
