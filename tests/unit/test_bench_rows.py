@@ -64,6 +64,15 @@ def test_churn_cost_rows_hold_every_rate_to_the_goal() -> None:
     out.sweep[12.0].etcd_lists = Counter({"*[]core.LimitRange": 5})
     lists = {r.case: r for r in sweep_rows(out, 1000, 100, 20.0)}[lists.case]
     assert lists.verdict == "met" and "12/s 0.00 (0.05 with admission's)" in lists.result
+    # The API server's repair loops list every Service: not the controller's, unless the
+    # proxy saw the controller send Service scans (then as many as it sent count).
+    out.sweep[12.0].etcd_lists = Counter({"*[]core.Service": 2})
+    assert {r.case: r for r in sweep_rows(out, 1000, 100, 20.0)}[lists.case].verdict == "met"
+    out.sweep[12.0].controller_etcd_lists = Counter({"services consistent": 1,
+                                                     "pods one object": 7})
+    lists = {r.case: r for r in sweep_rows(out, 1000, 100, 20.0)}[lists.case]
+    assert lists.verdict == "MISSED" and "12/s 0.01 (0.02 with admission's)" in lists.result
+    assert "services consistent 1" in lists.note and "pods one object 7" in lists.note
     cpu = rows["controller CPU per served Session (workers + scheduler + Redis)"]
     assert cpu.result == "8/s 20 ms; 12/s 20 ms" and cpu.verdict == "met"  # apiserver not in
 
