@@ -271,6 +271,8 @@ KUBE_CALLS: dict[tuple[str, str], dict[str, set[Grant]]] = {
         "worker": {(THEIA, "sessions/status", "patch"), (THEIA, "sessions", "get")}},
     # Everything else the executor does runs in the workers' jobs only.
     ("warmpool.kube.executor", "Executor._pods"): {"worker": {("", "pods", "list")}},
+    # One pod by name, still a LIST (the server reads its one key): no `get` on pods.
+    ("warmpool.kube.executor", "Executor._pod_named"): {"worker": {("", "pods", "list")}},
     ("warmpool.kube.executor", "Executor._replica_sets"): {
         "worker": {("apps", "replicasets", "list")}},
     ("warmpool.kube.executor", "Executor._create"): {"worker": (
