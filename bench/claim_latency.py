@@ -125,7 +125,8 @@ class ChurnResult:
     #: counters, `warmpool.cluster.apimetrics`): issue #28 wants none on the claim path
     etcd_lists: Counter[str] = field(default_factory=Counter)
     #: Of the LISTs the controller sent through the proxy in the window, those whose query
-    #: sends them to etcd, by resource (`ApiProxy.etcd_lists`): whose `etcd_lists` were.
+    #: sends them to etcd, by resource and how they asked ("pods one object":
+    #: `ApiProxy.etcd_lists`): whose `etcd_lists` were.
     controller_etcd_lists: Counter[str] = field(default_factory=Counter)
     #: Bytes of the watch streams' events by resource (`ApiProxy.watch_bytes`).
     watch_bytes: Counter[str] = field(default_factory=Counter)

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from warmpool.queue.settings import ENV_PREFIX as QUEUE_PREFIX
-from warmpool.queue.settings import QueueSettings
+from warmpool.queue.settings import NAME_LIMIT, QueueSettings
 
 #: Who reads a setting. `cli`: the inspection and admin commands (`status`, `scale`, `queue`,
 #: `locks`, `workers`, `dead-letters`, `config`); `local`: `warmpool demo` and
@@ -270,7 +270,8 @@ def _queue_settings() -> tuple[Setting, ...]:
     for f in dataclasses.fields(QueueSettings):
         if f.name in _QUEUE_NOT_ENV:
             continue
-        grammar = {int: "an integer >= 1", float: "seconds > 0", str: "text"}[type(f.default)]
+        grammar = {int: "an integer >= 1", float: "seconds > 0",
+                   str: f"printable text, at most {NAME_LIMIT} characters"}[type(f.default)]
         if f.name == "drain_timeout":
             grammar = "seconds"
         out.append(Setting(QUEUE_PREFIX + f.name.upper(), "Queue", grammar, f"`{f.default}`",
