@@ -29,6 +29,7 @@ from warmpool.cluster.local import ClusterInfo, free_port
 from warmpool.invariants import check
 from warmpool.kube.api import Kube
 from warmpool.pool import vocabulary as v
+from warmpool.pool.decide import COLD_START_NOTE
 from warmpool.queue import QueueSettings
 from warmpool.testing.world import USERS, create_appdef, create_session, delete_session
 from workers.process import WorkerPool
@@ -130,6 +131,11 @@ class Prometheus:
 def sessions(kube: Kube, ns: str) -> list[dict[str, Any]]:
     items, _ = kube.list(v.SESSION_API_VERSION, v.SESSION_KIND, ns)
     return [s for s in items if not s["metadata"].get("deletionTimestamp")]
+
+
+def cold_told(session: dict[str, Any]) -> bool:
+    """Whether a Session's status told its user that its claim was a cold start."""
+    return COLD_START_NOTE in str((session.get("status") or {}).get("operatorMessage", ""))
 
 
 def holding(kube: Kube, ns: str) -> int:
@@ -285,6 +291,7 @@ def test_promql_answers_what_the_cluster_shows(stack: Stack, kube: Kube) -> None
     holder = next(s["metadata"]["name"] for s in sessions(kube, ns)
                   if (s["metadata"].get("annotations") or {}).get(v.ANNOTATION_INSTANCE_ID)
                   == "1")
+    told_before = {s["metadata"]["name"]: cold_told(s) for s in sessions(kube, ns)}
     delete_session(kube, ns, holder)  # its prewarmed instance goes to the waiting Session
     wait_for(lambda: claims_agree(3, 0), timeout=90, interval=0.5,
              message=lambda: f"the waiting Session served: {answers}")
@@ -299,11 +306,21 @@ def test_promql_answers_what_the_cluster_shows(stack: Stack, kube: Kube) -> None
     assert (ask('sum(warmpool_reconcile_total{result="success"})') or 0) > 0
     assert ask("sum(max by (kind) (warmpool_workqueue_dead_letters))") == 0
     assert ask("sum(warmpool_workqueue_dead_lettered_total)") == 0
-    # Warm and cold claims counted apart: three took a prewarmed instance (two at once, one
-    # after the release), one had its instance made for it.
-    wait_for(lambda: ask('sum(warmpool_claim_duration_seconds_count{start="warm"})') == 3
-             and ask('sum(warmpool_claim_duration_seconds_count{start="cold"})') == 1,
-             timeout=30, message=lambda: f"3 warm and 1 cold claims observed: {answers}")
+    # Warm and cold claims counted apart, each once, as each Session's status told its user.
+    # The burst's claim is cold (its instance was made for it). The claim after the release
+    # took the released instance, whose pod is being reset: warm only if the kubelet had
+    # replaced it by then, which this test does not control (CI, stop 43: it had not).
+    def told_cold() -> int:
+        told = dict(told_before)  # the deleted holder's, read while it lived
+        told.update((s["metadata"]["name"], cold_told(s)) for s in sessions(kube, ns))
+        return sum(told.values())
+
+    warm_q = 'sum(warmpool_claim_duration_seconds_count{start="warm"})'
+    cold_q = 'sum(warmpool_claim_duration_seconds_count{start="cold"})'
+    wait_for(lambda: (ask(warm_q) or 0) + (ask(cold_q) or 0) == 4
+             and ask(cold_q) == told_cold() >= 1, timeout=30,
+             message=lambda: f"4 claims, the cold ones as the Sessions say "
+                             f"({told_cold()}): {answers}")
     assert (ask('sum(warmpool_workqueue_adds_total{job="warmpool-scheduler"})') or 0) > 0
     assert (ask('sum(warmpool_scheduler_watch_events_total{kind="Session"})') or 0) >= 3
     assert ask('sum(warmpool_scheduler_resyncs_total{reason="new_leader"})') == 1
