@@ -16,8 +16,9 @@ from tests.chaos.config import ChaosConfig
 from tests.chaos.history import History
 from tests.chaos.hostile import Edit, HostileEdits
 from tests.chaos.liveness import obligations
+from tests.chaos.watchdog import of_its_pool
 from tests.chaos.world import World
-from warmpool.pool import builders, routes
+from warmpool.pool import builders, naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.model import AppDefinition, parse_appdefinition
 from warmpool.pool.parts import Part
@@ -130,6 +131,20 @@ def test_only_the_window_of_an_edit_is_covered() -> None:
     assert hostile.covered([first, second], 0.0, 10.0) == pytest.approx(4.0)
     assert hostile.covered([first], 3.0, 10.0) == pytest.approx(1.0)
     assert hostile.covered([], 0.0, 10.0) == 0.0
+
+
+def test_a_reference_to_another_pools_session_makes_no_holder() -> None:
+    """pool-spec §4: a claimant is a Session of the instance's own AppDefinition. A hostile
+    edit's plausible owner (a live Session of another pool) must not make the watchdog judge
+    the controller's release of that instance a deletion of a held object (CI, stop 43)."""
+    app, app2 = _appdef("app"), _appdef("app2")
+    app["metadata"]["uid"] = "0d5a3c1e-0000-4000-8000-034e9528e140"
+    app2["metadata"]["uid"] = "0d5a3c1e-0000-4000-8000-f57e419c34d7"
+    uid12 = naming.short_uid(app["metadata"]["uid"])
+    assert of_its_pool("app", uid12, [app, app2])
+    assert not of_its_pool("app2", uid12, [app, app2])
+    # its own AppDefinition deleted: the uid cannot be compared, the reference is believed
+    assert of_its_pool("gone", uid12, [app, app2])
 
 
 def test_liveness_obligations() -> None:

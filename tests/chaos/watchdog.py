@@ -205,7 +205,7 @@ class Watchdog:
                 continue
             for r in refs(obj):
                 s = live.get(str(r.get("uid"))) if is_session_ref(r) else None
-                if s is not None:
+                if s is not None and of_its_pool(s.appdef, name[-12:], world.appdefs[ns]):
                     keys.add((ns, s.uid, k, name[-12:]))
         for key in self._held:  # still annotated with it: held even if objects vanished
             if key[0] == ns and key[1] in live and live[key[1]].instance_id == key[2]:
@@ -236,6 +236,19 @@ class Watchdog:
             elif now[name][0] != uid:
                 self.violate(f"{ns}: {name} of {who} was replaced while held "
                              f"(uid {uid[:8]} -> {now[name][0][:8]})")
+
+
+def of_its_pool(session_appdef: str, uid12: str, appdefs: list[dict[str, Any]]) -> bool:
+    """Whether a Session of AppDefinition `session_appdef` can hold an instance whose names
+    carry the AppDefinition uid suffix `uid12`. pool-spec §4's claimant is a live Session *of
+    A*, as the controller's `HolderIndex` reads it: a reference to another AppDefinition's
+    Session (a hostile edit's plausible owner: CI, stop 43, seed 25) holds nothing, and the
+    controller rightly releases the instance, above minInstances by deleting it. With no
+    AppDefinition of that name listed (deleted) the uid cannot be compared, and the Session
+    is taken at its reference, as before."""
+    uids = [str(a["metadata"].get("uid")) for a in appdefs
+            if a["metadata"].get("name") == session_appdef]
+    return not uids or any(naming.short_uid(u) == uid12 for u in uids)
 
 
 def _instance_objects(world: World, ns: str, key: HeldKey) -> dict[str, tuple[str, bool]]:
@@ -367,8 +380,10 @@ class DeletionAudit:
             sname = svc["metadata"]["name"]
             if (naming.instance_id_from_name(sname) == k and uid12 in sname
                     and observe.classify(svc) is Part.EXTERNAL_SERVICE):
-                holders += [live[r["uid"]] for r in refs(svc)
-                            if is_session_ref(r) and r.get("uid") in live]
+                holders += [s for r in refs(svc)
+                            if is_session_ref(r) and (s := live.get(r.get("uid"))) is not None
+                            and of_its_pool(str((s.get("spec") or {}).get("appDefinition")),
+                                            uid12, appdefs)]
         if not holders:
             return
         holder = holders[0]
