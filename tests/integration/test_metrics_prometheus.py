@@ -309,7 +309,8 @@ def test_promql_answers_what_the_cluster_shows(stack: Stack, kube: Kube) -> None
     # Warm and cold claims counted apart, each once, as each Session's status told its user.
     # The burst's claim is cold (its instance was made for it). The claim after the release
     # took the released instance, whose pod is being reset: warm only if the kubelet had
-    # replaced it by then, which this test does not control (CI, stop 43: it had not).
+    # replaced it by then, which this test does not control (CI, stop 43, counted 2 warm
+    # where this test expected 3).
     def told_cold() -> int:
         told = dict(told_before)  # the deleted holder's, read while it lived
         told.update((s["metadata"]["name"], cold_told(s)) for s in sessions(kube, ns))
