@@ -20,7 +20,7 @@ import pytest
 from kubernetes import config
 
 from scheduler import mapping
-from tests.pool_world import assert_invariants, held_instance, session
+from tests.pool_world import assert_invariants, emails, held_instance, session
 from tests.waiting import wait_for
 from warmpool.cluster import apimetrics, local
 from warmpool.controller.guard import LocalLeases
@@ -130,6 +130,48 @@ def test_after_a_release_a_claim_takes_a_warm_instance_not_the_one_being_reset(
         assert held_instance(kube, ns, "s4") == 1
     finally:
         cache.stop()
+    run_until_quiet(kube, ns, SETTINGS)
+    assert_invariants(kube, ns)
+
+
+def test_a_deleted_sessions_key_leaves_a_busy_instance_to_that_instances_own_key(
+    kube: Kube, namespace: str
+) -> None:
+    """Issue #28: a release runs once. The Session's key releases what its uid holds when the
+    instance's lease is free; when the instance's own key holds it (queued by the scheduler
+    for the same deletion), it is left to that key, without parking for a second run. A
+    finalizer keeps the Session (being deleted) and its references while the test runs."""
+    ns = namespace
+    create_appdef(kube, ns, min_instances=1)
+    run_until_quiet(kube, ns, SETTINGS)
+    cache = _cache(kube, ns)
+    hold = {"metadata": {"finalizers": ["warmpool.test/hold"]}}
+    try:
+        reader = CachedReader(cache, kube)
+        _wait_warm(reader, ns, (1,))
+        assert _claim(reader, kube, ns, "s1").record.instance_id == 1
+        kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1", hold)
+        delete_session(kube, ns, "s1")
+        wait_for(lambda: (s := reader.session(ns, "s1")) is not None and s.deleting,
+                 timeout=30, message="the cache to see s1 being deleted")
+        leases, key, ikey = LocalLeases(), SessionKey(ns, "s1"), InstanceKey(ns, "java", 1)
+
+        with leases.try_lease(str(ikey)) as held:  # the instance's own job, running
+            assert held is not None
+            busy = claim_session(reader, kube, key, leases, SETTINGS, retried=False)
+        assert (busy.outcome, busy.parked_on, busy.requeue_after) == (
+            Outcome.SKIPPED, None, None), busy
+        assert "instance 1 is busy" in busy.message
+        assert emails(kube, ns, "java", 1) == USERS[1], "the skipped run released something"
+
+        # With the lease free, the Session's own key releases it.
+        freed = claim_session(reader, kube, key, leases, SETTINGS, retried=False)
+        assert (freed.outcome, freed.record.instance_id) == (Outcome.RELEASED, 1), freed
+        assert not emails(kube, ns, "java", 1)
+    finally:
+        cache.stop()
+        kube.merge_patch(v.SESSION_API_VERSION, v.SESSION_KIND, ns, "s1",
+                         {"metadata": {"finalizers": None}})
     run_until_quiet(kube, ns, SETTINGS)
     assert_invariants(kube, ns)
 

@@ -629,17 +629,27 @@ def _release(
     release and this run finds nothing left to do. Safe on a stale read like every instance
     reconcile: a reference the cache still shows but the server no longer has makes a write
     that the server refuses.
+
+    An instance whose lease is busy is left to its own key, without waiting: the scheduler
+    queued that key (or, for a Session deleted mid-claim, its pool's, whose resync queues
+    every instance that references a Session it does not know) for the same deletion, with
+    the deletion as the version its job must see, so a run of it starts after the holder
+    is done and releases what this one would have. Parking here instead ran every such
+    release twice: the instance's job, on the bulk queue, usually took the lease first, and
+    this key's rerun found nothing left (72 of 81 releases in a traced churn, issue #28).
     """
     ns = key.namespace
     uid = session.uid if session is not None else reader.gone_session_uid(ns, key.session)
     if not uid:
         return Result(Outcome.GONE)
     out = Result(Outcome.RELEASED)
+    busy: list[int] = []
     for appdef_name, k in reader.holdings(ns, uid):
         ikey = InstanceKey(ns, appdef_name, k)
         with leases.try_lease(str(ikey)) as g:
             if g is None:
-                return Result.deferred(f"instance {k} is busy", on=ikey)
+                busy.append(k)
+                continue
             result = reconcile_instance(reader, kube, ikey, g, settings, prober=prober)
             out.record = Record(plan=result.record.plan, instance=ikey, fence=g.fence,
                                 appdef=appdef_name)
@@ -650,7 +660,12 @@ def _release(
                  else (f"{v.SESSION_KIND}/{key.session}", session.resource_version))
         out.written[str(ikey)] = [*result.written_under(ikey), cause]
         out.follow_ups += result.follow_ups
-    return out if out.record.instance is not None else Result(Outcome.GONE)
+    if out.record.instance is not None:
+        return out
+    if busy:
+        return Result(Outcome.SKIPPED, message=f"instance {', '.join(map(str, busy))} is busy: "
+                      "its own key, queued for the same deletion, releases it")
+    return Result(Outcome.GONE)
 
 
 def claim_session(
