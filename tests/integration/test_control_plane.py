@@ -131,6 +131,35 @@ def test_an_empty_precondition_is_refused_before_any_write(kube: Kube, namespace
     assert now["metadata"]["resourceVersion"] == cm["metadata"]["resourceVersion"]
 
 
+def test_a_metadata_only_write_answers_the_objects_metadata_typed_as_its_kind(
+    kube: Kube, namespace: str
+) -> None:
+    """Issue #28: a write whose caller keeps only the answer's metadata asks for nothing else
+    (the server encodes, the worker decodes, a fraction of a Deployment). The answer is typed
+    as the object, as a metadata-only watch's objects are, and carries the written version."""
+    body = {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "meta", "namespace": namespace, "labels": {"a": "1"}},
+            "spec": {"selector": {"matchLabels": {"app": "meta"}},
+                     "template": {"metadata": {"labels": {"app": "meta"}},
+                                  "spec": {"containers": [{"name": "c", "image": "i"}]}}}}
+    created = kube.create(body, metadata_only=True)
+    assert (created["apiVersion"], created["kind"], set(created)) == (
+        "apps/v1", "Deployment", {"apiVersion", "kind", "metadata"})
+    patched = kube.merge_patch("apps/v1", "Deployment", namespace, "meta",
+                               {"metadata": {"labels": {"a": "2"}}},
+                               resource_version=created["metadata"]["resourceVersion"],
+                               metadata_only=True)
+    assert (patched["kind"], set(patched), patched["metadata"]["labels"]) == (
+        "Deployment", {"apiVersion", "kind", "metadata"}, {"a": "2"})
+    now = kube.get("apps/v1", "Deployment", namespace, "meta")
+    assert now is not None and now["spec"]["template"]["spec"]["containers"][0]["image"] == "i"
+    assert now["metadata"]["resourceVersion"] == patched["metadata"]["resourceVersion"]
+    # A delete's answer is not read: asked for as metadata, it still deletes, once.
+    assert kube.delete("apps/v1", "Deployment", namespace, "meta",
+                       uid=created["metadata"]["uid"])
+    assert not kube.delete("apps/v1", "Deployment", namespace, "meta")
+
+
 def test_garbage_collector_deletes_dependents_of_core_and_custom_owners(
     core_v1: client.CoreV1Api, custom_objects: client.CustomObjectsApi, namespace: str
 ) -> None:

@@ -44,10 +44,19 @@ JSON_PATCH = "application/json-patch+json"
 #: What a metadata-only LIST and WATCH ask for (client-go's metadata client, the garbage
 #: collector's informers): each object as a PartialObjectMetadata, its metadata alone. For a
 #: kind whose reader keeps nothing but metadata, the server sends (and the reader decodes) a
-#: fraction of the object. Served by every API server from 1.15.
+#: fraction of the object. Served by every API server from 1.15, for the answer to a create,
+#: a patch or a delete as well (the API server's handlers all transform their response by
+#: the Accept header).
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 METADATA_ONLY_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 Obj = dict[str, Any]
+
+
+def _typed_as(answer: Obj, api_version: str, kind: str) -> Obj:
+    """A metadata-only answer (a PartialObjectMetadata) typed as the object it describes, as
+    a metadata-only watch's objects are (`warmpool.kube.reflector`): readers key on `kind`."""
+    answer["apiVersion"], answer["kind"] = api_version, kind
+    return answer
 
 
 class Conflict(Exception):
@@ -483,20 +492,27 @@ class Kube:
             if not token:
                 return
 
-    def create(self, body: Mapping[str, Any]) -> Obj:
+    def create(self, body: Mapping[str, Any], *, metadata_only: bool = False) -> Obj:
+        """POST `body`; the created object as the server answered it. `metadata_only`: ask
+        for its metadata alone (`METADATA_ONLY`), typed as `body`'s kind: for a caller that
+        keeps nothing else of the answer (its version, its cache's metadata-only copy)."""
         # A Theia Cloud object goes at the cluster's version of its kind, said in its body too
         # (the server refuses a body whose apiVersion is not the endpoint's).
         api_version = self.served_api_version(body["apiVersion"], body["kind"])
         path = self._path(api_version, body["kind"],
                           namespace_of(body) or None)  # None: cluster-scoped
-        return self._send("POST", path, body={**body, "apiVersion": api_version})
+        answer = self._send("POST", path, body={**body, "apiVersion": api_version},
+                            accept=METADATA_ONLY if metadata_only else "application/json")
+        return _typed_as(answer, api_version, body["kind"]) if metadata_only else answer
 
     def merge_patch(
         self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any],
         *, resource_version: str | None = None, status: bool = False, dry_run: bool = False,
+        metadata_only: bool = False,
     ) -> Obj:
         """A JSON merge patch; with `resource_version` the server refuses it (409) if stale.
         `dry_run`: the server checks and answers as if it wrote (dryRun=All), stores nothing.
+        `metadata_only`: the answer is the patched object's metadata alone (as `create`).
 
         An empty `resource_version` raises ValueError: the server would take it as no
         precondition at all, so a write meant to be guarded would be applied unguarded (an
@@ -506,8 +522,11 @@ class Kube:
         if resource_version is not None:
             body["metadata"] = {**body.get("metadata", {}), "resourceVersion": resource_version}
         path = self._path(api_version, kind, namespace, name, "status" if status else None)
-        return self._send("PATCH", path, [("dryRun", "All")] if dry_run else None, body,
-                          MERGE_PATCH)
+        answer = self._send("PATCH", path, [("dryRun", "All")] if dry_run else None, body,
+                            MERGE_PATCH,
+                            accept=METADATA_ONLY if metadata_only else "application/json")
+        return (_typed_as(answer, self.served_api_version(api_version, kind), kind)
+                if metadata_only else answer)
 
     def json_patch(
         self, api_version: str, kind: str, namespace: str, name: str,
@@ -533,7 +552,10 @@ class Kube:
         if preconditions:
             body["preconditions"] = preconditions
         try:
-            self._send("DELETE", self._path(api_version, kind, namespace, name), body=body)
+            # The answer (the object as deleted, or a Status) is not read: its metadata alone
+            # is asked for, so the server encodes, and this process decodes, the least.
+            self._send("DELETE", self._path(api_version, kind, namespace, name), body=body,
+                       accept=METADATA_ONLY)
         except KubeError as exc:
             if exc.status == 404:
                 return False

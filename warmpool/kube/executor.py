@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from warmpool.kube.api import Conflict, Kube, KubeError
 from warmpool.kube.guard import Guard
+from warmpool.kube.observe import METADATA_ONLY_KINDS
 from warmpool.kube.pacing import Pacer
 from warmpool.pool import vocabulary as v
 from warmpool.pool.actions import (
@@ -267,6 +268,10 @@ class Executor:
         return self._versions.get((v.SESSION_KIND, session.name), session.resource_version)
 
     def _wrote(self, kind: str, obj: dict[str, Any]) -> None:
+        """A write's answer: its version guards this plan's next write of the object and
+        tells the queue the event is ours; the sink (a worker's cache) keeps what it keeps of
+        such an object. Nothing else of it is read, so a Service's or a Deployment's answer
+        is asked for as metadata alone (`METADATA_ONLY_KINDS`: all a cache keeps of them)."""
         obj.setdefault("kind", kind)
         rv = resource_version_of(obj)
         if rv:
@@ -560,7 +565,8 @@ class Executor:
         part, body = action.part, action.body
         # Safe on a stale read: the server refuses a create whose name exists (409).
         try:
-            created = self.kube.create({**body, "metadata": self._fenced(body["metadata"])})
+            created = self.kube.create({**body, "metadata": self._fenced(body["metadata"])},
+                                       metadata_only=part.kind in METADATA_ONLY_KINDS)
         except KubeError as exc:
             if part is Part.ROUTE:
                 raise RouteWriteFailed(exc.status, str(exc)) from exc
@@ -580,7 +586,8 @@ class Executor:
             patched = self.kube.merge_patch(
                 part.api_version, part.kind, self.namespace, name, body,
                 resource_version=self._versions.get((part.kind, name),
-                                                    action.resource_version))
+                                                    action.resource_version),
+                metadata_only=part.kind in METADATA_ONLY_KINDS)
         except KubeError as exc:
             if exc.status == 404:
                 raise Conflict(f"{part.kind} {name} vanished") from exc
