@@ -196,6 +196,27 @@ def test_an_offered_write_is_read_back_until_the_watch_brings_it(make_cache) -> 
     assert c.get("Service", NS, "ws-java-1") is None
 
 
+def test_an_answer_offered_after_the_watch_saw_its_object_deleted_does_not_bring_it_back(
+    make_cache,
+) -> None:
+    """A write's answer (or a direct read) sent before a deletion and offered after the
+    watch delivered it: the object is gone, and stays gone in the cache, its indexes and its
+    freshness; a newer version (the name created again) is kept as before. Kept, the
+    stale copy outlived the deletion with no event left to remove it (chaos tier, seed 2)."""
+    kube = Scripted({"Service": [ext_service(1, 5)]})
+    c = make_cache(kube)
+    answer = ext_service(1, 6, session_uid="S1")  # the claim's write, its answer on its way
+    kube.push("Service", "MODIFIED", ext_service(1, 6, session_uid="S1"))
+    kube.push("Service", "DELETED", ext_service(1, 7, session_uid="S1"))
+    wait_for(lambda: c.get("Service", NS, "ws-java-1") is None, timeout=5)
+    c.offer(answer)
+    assert c.get("Service", NS, "ws-java-1") is None
+    assert c.referenced_by("S1") == []
+    assert c.fresh(NS, {"Service/ws-java-1#gone": "u-ws-java-1"})
+    c.offer(ext_service(1, 9))  # made again since: newer than the deletion, kept
+    assert c.get("Service", NS, "ws-java-1")["metadata"]["resourceVersion"] == "9"
+
+
 def test_a_claims_pool_facts_from_the_indexes_match_those_read_from_every_object(
     make_cache,
 ) -> None:

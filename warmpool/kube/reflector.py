@@ -148,6 +148,9 @@ class Reflector:
     def __post_init__(self) -> None:
         self.cache: dict[CacheKey, dict[str, Any]] = {}
         self.last_rv: str | None = None
+        # The cache is the server's state as of this version (set with each change, under
+        # the lock; `last_rv` moves only after the handlers): what `offer` compares against.
+        self._applied_rv = 0
         self.synced = threading.Event()
         self._lock = threading.Lock()
         self._need_list = True
@@ -216,12 +219,22 @@ class Reflector:
         writes before the watch delivers them. When the watch then brings that version it
         finds it already cached and reports nothing; anything newer replaces it as usual.
         resourceVersions are compared as integers, as that cache does: etcd's revisions.
+
+        An object the cache does not hold, at a version the cache already reflects, is
+        refused: the watch brought that version (or the list held it), so its absence means
+        a deletion (or its labels leaving the selector) came after it. Kept, a write's answer
+        or a direct read that was sent before the deletion and offered after its event
+        brought the object back for good: no later event would remove it, the instance's
+        decisions would see an object that is gone, and a resync would find nothing to do
+        (the chaos tier's seed 2 once: a held instance's deleted allow-list never rebuilt).
         """
         obj.setdefault("kind", self.watched.kind)
         obj.setdefault("apiVersion", self.watched.api_version)
         key = _cache_key(obj)
         with self._lock:
             old = self.cache.get(key)
+            if old is None and 0 < rv_int(obj) <= self._applied_rv:
+                return None
             if old is not None and rv_int(old) >= rv_int(obj):
                 return None
             summary = self.summarize(self.watched.kind, obj)
@@ -314,6 +327,7 @@ class Reflector:
         with self._lock:
             old_cache = self.cache
             self.cache = fresh
+            self._applied_rv = int(rv) if rv.isdigit() else 0
         self._need_list = False
         if report:
             for key, obj in fresh.items():
@@ -357,6 +371,8 @@ class Reflector:
         rv = resource_version_of(obj)
         if etype == "BOOKMARK":
             if rv:
+                with self._lock:
+                    self._applied_rv = max(self._applied_rv, rv_int(obj))
                 self.last_rv = rv
             return
         if etype not in EVENT_TYPES:
@@ -365,6 +381,7 @@ class Reflector:
         self._type(obj)
         key = _cache_key(obj)
         with self._lock:
+            self._applied_rv = max(self._applied_rv, rv_int(obj))
             old = self.cache.get(key)
             if (etype != DELETED and old is not None and rv_int(old) > rv_int(obj)
                     and uid_of(old) == uid_of(obj)):
