@@ -46,7 +46,8 @@ class Outcome(StrEnum):
     #: No instance for the Session now (`Record.wait` says why, `Result.message` in words); a
     #: release or a new instance wakes it.
     WAITING = "waiting"
-    #: Nothing to do for the Session (already being served elsewhere, or not ours).
+    #: Nothing to do for the Session (already being served elsewhere, or not ours; or, deleted,
+    #: its release is left to the busy instance's own key: `reconcile._release`).
     SKIPPED = "skipped"
     #: A deleted Session's instances were released from its own key.
     RELEASED = "released"
