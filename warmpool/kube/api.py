@@ -52,11 +52,12 @@ METADATA_ONLY_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.i
 Obj = dict[str, Any]
 
 
-def _typed_as(answer: Obj, api_version: str, kind: str) -> Obj:
-    """A metadata-only answer (a PartialObjectMetadata) typed as the object it describes, as
-    a metadata-only watch's objects are (`warmpool.kube.reflector`): readers key on `kind`."""
-    answer["apiVersion"], answer["kind"] = api_version, kind
-    return answer
+def as_kind(obj: Obj, api_version: str, kind: str) -> Obj:
+    """A metadata-only object (the server says PartialObjectMetadata: a metadata-only list's
+    or watch's item, a metadata-only write's answer) typed as the object it describes, since
+    readers key on `kind`. The one place such objects are typed."""
+    obj["apiVersion"], obj["kind"] = api_version, kind
+    return obj
 
 
 class Conflict(Exception):
@@ -503,7 +504,7 @@ class Kube:
                           namespace_of(body) or None)  # None: cluster-scoped
         answer = self._send("POST", path, body={**body, "apiVersion": api_version},
                             accept=METADATA_ONLY if metadata_only else "application/json")
-        return _typed_as(answer, api_version, body["kind"]) if metadata_only else answer
+        return as_kind(answer, api_version, body["kind"]) if metadata_only else answer
 
     def merge_patch(
         self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any],
@@ -525,7 +526,7 @@ class Kube:
         answer = self._send("PATCH", path, [("dryRun", "All")] if dry_run else None, body,
                             MERGE_PATCH,
                             accept=METADATA_ONLY if metadata_only else "application/json")
-        return (_typed_as(answer, self.served_api_version(api_version, kind), kind)
+        return (as_kind(answer, self.served_api_version(api_version, kind), kind)
                 if metadata_only else answer)
 
     def json_patch(

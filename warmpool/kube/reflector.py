@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmpool.kube.api import Gone, Kube
+from warmpool.kube.api import Gone, Kube, as_kind
 from warmpool.pool.meta import name_of, namespace_of, resource_version_of, uid_of
 
 log = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ class Reflector:
         with self._lock:
             old_cache = self.cache
             self.cache = fresh
-            self._applied_rv = int(rv) if rv.isdigit() else 0
+            self._applied_rv = int(rv) if rv.isascii() and rv.isdigit() else 0
         self._need_list = False
         if report:
             for key, obj in fresh.items():
@@ -410,10 +410,10 @@ class Reflector:
     def _type(self, obj: dict[str, Any]) -> None:
         """Say the watched kind on `obj`: a list's items and a watch's objects of a built-in
         kind may leave it out; a metadata-only list's and watch's say PartialObjectMetadata
-        (`Kube` hands both over as the server sent them): the one place they are typed."""
+        (`Kube` hands both over as the server sent them; `as_kind` types them)."""
         w = self.watched
         if w.metadata_only:
-            obj["kind"], obj["apiVersion"] = w.kind, w.api_version
+            as_kind(obj, w.api_version, w.kind)
         else:
             obj.setdefault("kind", w.kind)
             obj.setdefault("apiVersion", w.api_version)
