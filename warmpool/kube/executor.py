@@ -601,10 +601,20 @@ class Executor:
     def _delete(self, action: Delete) -> int:
         part, name, uid = action.part, action.name, action.uid
         # Safe on a stale read: uid and resourceVersion are both preconditions.
-        self.kube.delete(part.api_version, part.kind, self.namespace, name, uid=uid,
-                         resource_version=self._versions.get((part.kind, name),
-                                                             action.resource_version))
+        found = self.kube.delete(part.api_version, part.kind, self.namespace, name, uid=uid,
+                                 resource_version=self._versions.get((part.kind, name),
+                                                                     action.resource_version))
         self._deleted(part.kind, name, uid)
+        if not found and part is Part.EXTERNAL_SERVICE:
+            # The external Service's delete guards the deletes after it (a retirement's,
+            # `decide._claim_guard_first`): at the version read, a claim since makes the
+            # server refuse it. Found gone, it guards nothing. Someone else deleted it (by
+            # hand, the chaos tier), and the read may predate a claim whose other four
+            # objects the plan would now delete at the versions it read, which a cache whose
+            # Service watch lags its ConfigMap watch holds as they are now
+            # (docs/reliability.md, finding 20). The caller reads the server and decides
+            # again (`unguarded_deletes`: no Service there, so nothing is deleted unread).
+            raise Conflict(f"{part.kind} {name} was already gone: its guard vanished")
         log.info("deleted %s %s (%s)", part.kind, name, action.why)
         return 1
 
