@@ -47,7 +47,7 @@ from typing import Any, TypeVar, cast
 
 from warmpool.kube.api import Kube
 from warmpool.kube.observe import POOL_SELECTOR, POOL_WATCHES, classify
-from warmpool.kube.reflector import DELETED, Backoff, Reflector, Watched, rv_int
+from warmpool.kube.reflector import DELETED, Backoff, Reflector, Watched, rv_int, rv_number
 from warmpool.pool import naming, routes
 from warmpool.pool import vocabulary as v
 from warmpool.pool.emails import user_key
@@ -466,14 +466,14 @@ class ClusterCache:
                 if obj is not None and meta_of(obj).get("uid") == value:
                     return False
                 continue
-            want = int(value) if value.isdigit() else 0
+            want = rv_number(value)  # from Redis: bounded, 0 if not a version
             reflector = self._reflector(watched, namespace)
             with self._lock:
                 tomb = self._tombstones.get((kind, namespace, name))
             if max(rv_int(obj), tomb[0] if tomb else 0) >= want:
                 continue
             past = reflector.last_rv
-            if obj is None and past is not None and past.isdigit() and int(past) >= want:
+            if obj is None and past is not None and rv_number(past) >= want:
                 continue
             return False
         return True

@@ -108,10 +108,18 @@ def _cache_key(obj: dict[str, Any]) -> CacheKey:
     return (namespace_of(obj), name_of(obj))
 
 
+def rv_number(raw: str | None) -> int:
+    """A resourceVersion as a number: etcd's revision, an int64, so at most 19 ASCII digits;
+    0 for anything else (missing, empty, too long, or digits `int` would refuse, such as
+    non-ASCII ones `str.isdigit` accepts). The one place a version is parsed."""
+    if not raw or len(raw) > 19 or not (raw.isascii() and raw.isdigit()):
+        return 0
+    return int(raw)
+
+
 def rv_int(obj: dict[str, Any] | None) -> int:
-    """An object's resourceVersion as a number (0 when missing or not a number)."""
-    raw = resource_version_of(obj)
-    return int(raw) if raw and raw.isdigit() else 0
+    """An object's resourceVersion as a number (`rv_number`)."""
+    return rv_number(resource_version_of(obj))
 
 
 #: A watch open at least this long (or that brought events) before it failed worked: its end
@@ -327,7 +335,7 @@ class Reflector:
         with self._lock:
             old_cache = self.cache
             self.cache = fresh
-            self._applied_rv = int(rv) if rv.isascii() and rv.isdigit() else 0
+            self._applied_rv = rv_number(rv)
         self._need_list = False
         if report:
             for key, obj in fresh.items():
